@@ -1,0 +1,188 @@
+"""The vocabulary every algorithm is written in.
+
+An algorithm is a pure generator ``f(rank, size, ...) -> Step*``: the steps one rank performs.
+A *step* posts all its receives and sends at once, waits for all of them, then runs its local
+operations (copies and reductions) in order. Data lives in named flat buffers; a *region* is
+``(buffer, offset, count)`` in elements of the collective's dtype.
+
+Buffer conventions, per collective (``counts[i]`` is rank i's block; ``c`` a single count):
+
+    all_reduce      output (c): holds this rank's data at the start, the result at the end
+    broadcast       output (c): holds the data at the root at the start, everywhere at the end
+    reduce          input (c) read-only; output (c) written only at the root
+    reduce_scatter  input (sum counts) read-only; output (counts[rank])
+    all_gather      input (counts[rank]); output (sum counts)
+    all_to_all      input (sum_j counts[rank][j]); output (sum_i counts[i][rank])
+    gather          input (counts[rank]); output (sum counts), written only at the root
+    scatter         input (sum counts), read only at the root; output (counts[rank])
+    barrier         one-element uint8 messages in scratch; no user data
+
+``scratch`` is private working space; its size is derived from the regions that use it.
+Names used throughout: *block* = one rank's share of a buffer; *segment* = one message of a
+pipelined block; ``right``/``left`` = ring neighbours.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable, Iterable, NamedTuple
+
+BUFFERS = ("input", "output", "scratch")
+
+
+class Region(NamedTuple):
+    buffer: str
+    offset: int
+    count: int
+
+    def sub(self, offset: int, count: int) -> "Region":
+        """The part of this region ``count`` elements long, ``offset`` elements in."""
+        return Region(self.buffer, self.offset + offset, count)
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.count
+
+
+class Send(NamedTuple):
+    peer: int
+    region: Region
+
+
+class Recv(NamedTuple):
+    peer: int
+    region: Region
+
+
+class Copy(NamedTuple):
+    src: Region
+    dst: Region
+
+
+class Reduce(NamedTuple):
+    """dst = a (op) b, element-wise. ``dst`` may alias ``a`` or ``b``."""
+    dst: Region
+    a: Region
+    b: Region
+
+
+@dataclass(frozen=True)
+class Step:
+    sends: tuple = ()
+    recvs: tuple = ()
+    local: tuple = ()     # Copy / Reduce, run in order after every transfer of the step is done
+
+
+def partition(count: int, size: int, buffer: str = "output", base: int = 0) -> list[Region]:
+    """Split ``count`` elements into ``size`` contiguous blocks; the first ``count % size``
+    blocks get one extra element, so blocks differ by at most one and may be empty."""
+    q, r = divmod(count, size)
+    blocks, offset = [], base
+    for i in range(size):
+        n = q + (1 if i < r else 0)
+        blocks.append(Region(buffer, offset, n))
+        offset += n
+    return blocks
+
+
+def layout(counts: Iterable[int], buffer: str, base: int = 0) -> list[Region]:
+    """Consecutive blocks of the given counts (allgatherv / alltoallv layouts)."""
+    blocks, offset = [], base
+    for n in counts:
+        blocks.append(Region(buffer, offset, n))
+        offset += n
+    return blocks
+
+
+def sendrecv(send_peer=None, send_region=None, recv_peer=None, recv_region=None, *,
+             reduce: bool = False, scratch_offset: int = 0) -> Step:
+    """One exchange. With ``reduce=True`` the incoming data lands in scratch and is then
+    reduced into ``recv_region`` (recv_region = recv_region op incoming)."""
+    sends = () if send_peer is None else (Send(send_peer, send_region),)
+    if recv_peer is None:
+        return Step(sends=sends)
+    if not reduce:
+        return Step(sends=sends, recvs=(Recv(recv_peer, recv_region),))
+    landing = Region("scratch", scratch_offset, recv_region.count)
+    return Step(sends=sends, recvs=(Recv(recv_peer, landing),),
+                local=(Reduce(recv_region, recv_region, landing),))
+
+
+def send(peer, region) -> Step:
+    return Step(sends=(Send(peer, region),))
+
+
+def recv(peer, region, *, reduce: bool = False, scratch_offset: int = 0) -> Step:
+    return sendrecv(None, None, peer, region, reduce=reduce, scratch_offset=scratch_offset)
+
+
+def copy(src: Region, dst: Region) -> Step:
+    return Step(local=(Copy(src, dst),))
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans: a materialized, cached schedule
+
+
+@dataclass(frozen=True)
+class Plan:
+    collective: str
+    algorithm: str
+    rank: int
+    size: int
+    steps: tuple
+    scratch: int          # elements of scratch the plan needs (derived from its regions)
+
+    @property
+    def messages(self) -> int:
+        return sum(len(s.sends) for s in self.steps)
+
+
+def _drop_empty(step: Step) -> Step | None:
+    """Zero-element transfers are dropped on both sides alike (both sides derive the count
+    from the same partition), so small counts at large world sizes cost nothing."""
+    sends = tuple(s for s in step.sends if s.region.count > 0)
+    recvs = tuple(r for r in step.recvs if r.region.count > 0)
+    local = tuple(op for op in step.local if op.dst.count > 0)
+    if not (sends or recvs or local):
+        return None
+    return Step(sends, recvs, local)
+
+
+def _scratch_needed(steps) -> int:
+    end = 0
+    for step in steps:
+        regions = [s.region for s in step.sends] + [r.region for r in step.recvs]
+        for op in step.local:
+            regions.extend(op)      # Copy and Reduce are tuples of regions
+        for region in regions:
+            if region.buffer == "scratch":
+                end = max(end, region.end)
+    return end
+
+
+# collective -> algorithm name -> schedule function
+REGISTRY: dict[str, dict[str, Callable]] = {}
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all",
+               "broadcast", "reduce", "gather", "scatter", "barrier")
+
+
+def algorithm(collective: str, name: str):
+    """Register a schedule function as ``name`` for ``collective``."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+
+    def register(fn):
+        REGISTRY.setdefault(collective, {})[name] = fn
+        return fn
+    return register
+
+
+@functools.lru_cache(maxsize=4096)
+def build_plan(collective: str, name: str, rank: int, size: int, *args) -> Plan:
+    """Materialize (and cache) one rank's steps. ``args`` are the collective's hashable
+    arguments after (rank, size): a count, a tuple of counts, a matrix of counts, a root."""
+    fn = REGISTRY[collective][name]
+    steps = tuple(s for s in map(_drop_empty, fn(rank, size, *args)) if s is not None)
+    return Plan(collective, name, rank, size, steps, _scratch_needed(steps))

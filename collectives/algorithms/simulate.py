@@ -1,0 +1,251 @@
+"""The simulator: every rank's plan run in one process, no threads, no transport.
+
+Matching is rendezvous: a send completes only when the receiver has posted the matching
+receive in its current step, so a schedule that could deadlock on a real transport deadlocks
+here too, and is reported. Messages between a pair match in FIFO order; a size mismatch is an
+error. Used by the tests to prove schedules at world sizes no machine here has, and by
+research code to run an algorithm on a list of arrays:
+
+    >>> from collectives.algorithms.simulate import run
+    >>> outs = run("all_reduce", "ring", [np.ones(5), np.arange(5.0), np.full(5, 2.0)])
+"""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from ..errors import CollectiveError
+from ..kernels.reduce import check_op, finish_average, reducer
+from ..ops import ReduceOp
+from .schedule import Copy, build_plan
+
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
+
+
+def plan_args(collective, size, counts, root=0):
+    """The schedule arguments after (rank, size) for ``collective``."""
+    if collective == "barrier":
+        return ()
+    if collective in ("broadcast", "reduce", "gather", "scatter"):
+        return (counts, root)
+    return (counts,)
+
+
+def buffer_sizes(collective, rank, size, counts, root=0):
+    """(input elements, output elements) this rank's buffers must hold."""
+    if collective in ("all_reduce", "broadcast", "reduce"):
+        return counts, counts
+    if collective == "reduce_scatter":
+        return sum(counts), counts[rank]
+    if collective == "all_gather":
+        return counts[rank], sum(counts)
+    if collective == "all_to_all":
+        return sum(counts[rank]), sum(row[rank] for row in counts)
+    if collective == "gather":
+        return counts[rank], sum(counts)
+    if collective == "scatter":
+        return sum(counts), counts[rank]
+    return 0, 0
+
+
+def execute_all(plans, buffers, reduce=None):
+    """Run one plan per rank to completion over ``buffers`` (one dict of flat arrays per rank,
+    scratch included). Raises CollectiveError on a deadlock or a size mismatch."""
+    size = len(plans)
+    step_of = [0] * size
+    outstanding = [0] * size
+    sends = collections.defaultdict(collections.deque)   # (src, dst) -> posted send regions
+    recvs = collections.defaultdict(collections.deque)   # (src, dst) -> posted recv regions
+    ready = collections.deque()
+
+    def view(rank, region):
+        return buffers[rank][region.buffer][region.offset:region.end]
+
+    def match(src, dst):
+        s, r = sends[(src, dst)], recvs[(src, dst)]
+        while s and r:
+            sent, into = s.popleft(), r.popleft()
+            if sent.count != into.count:
+                raise CollectiveError(
+                    f"{plans[src].collective} ({plans[src].algorithm}): rank {src} step "
+                    f"{step_of[src] + 1} sends {sent.count} elements to rank {dst}, whose step "
+                    f"{step_of[dst] + 1} receives {into.count}")
+            view(dst, into)[...] = view(src, sent)
+            for rank in (src, dst):
+                outstanding[rank] -= 1
+                if outstanding[rank] == 0:
+                    ready.append(rank)
+
+    def post(rank):
+        if step_of[rank] >= len(plans[rank].steps):
+            return
+        step = plans[rank].steps[step_of[rank]]
+        outstanding[rank] = len(step.sends) + len(step.recvs)
+        if outstanding[rank] == 0:
+            ready.append(rank)
+            return
+        for r in step.recvs:
+            recvs[(r.peer, rank)].append(r.region)
+        for s in step.sends:
+            sends[(rank, s.peer)].append(s.region)
+        for r in step.recvs:
+            match(r.peer, rank)
+        for s in step.sends:
+            match(rank, s.peer)
+
+    for rank in range(size):
+        post(rank)
+    while ready:
+        rank = ready.popleft()
+        for op in plans[rank].steps[step_of[rank]].local:
+            if isinstance(op, Copy):
+                view(rank, op.dst)[...] = view(rank, op.src)
+            else:
+                reduce(view(rank, op.dst), view(rank, op.a), view(rank, op.b))
+        step_of[rank] += 1
+        post(rank)
+
+    stuck = [r for r in range(size) if step_of[r] < len(plans[r].steps)]
+    if stuck:
+        first = stuck[0]
+        step = plans[first].steps[step_of[first]]
+        raise CollectiveError(
+            f"{plans[first].collective} ({plans[first].algorithm}) deadlocks at world size "
+            f"{size}: {len(stuck)} ranks never finish; rank {first} waits in step "
+            f"{step_of[first] + 1} (sends to {[s.peer for s in step.sends]}, receives from "
+            f"{[r.peer for r in step.recvs]})")
+
+
+def run(collective, algorithm, arrays, *, op=ReduceOp.SUM, root=0, counts=None):
+    """Run ``algorithm`` for ``collective`` on one array per rank; return one output per rank.
+
+    Inputs by collective: all_reduce/reduce/reduce_scatter/all_gather/gather: each rank's
+    data; broadcast: ``arrays[root]`` is the data (others give arrays of the same size);
+    scatter: ``arrays[root]`` is the whole buffer, split by ``counts`` (default: evenly);
+    all_to_all: each rank's send buffer, split by ``counts[i][j]`` (default: evenly).
+    reduce_scatter splits by ``counts`` (default: evenly). Ranks that receive nothing
+    (non-roots of reduce and gather) get ``None``.
+    """
+    size = len(arrays)
+    arrays = [None if a is None else np.ascontiguousarray(a).reshape(-1) for a in arrays]
+    op = ReduceOp.parse(op)
+    dtype = next(a.dtype for a in arrays if a is not None)
+    counts = _default_counts(collective, arrays, size, root, counts)
+    if collective in ("all_reduce", "reduce", "reduce_scatter"):
+        check_op(op, dtype, collective, 0)
+    reduce = reducer(op, dtype)
+    plans, buffers = [], []
+    for rank in range(size):
+        plan = build_plan(collective, algorithm, rank, size, *plan_args(collective, size, counts, root))
+        n_in, n_out = buffer_sizes(collective, rank, size, counts, root)
+        data = arrays[rank]
+        if collective in ("all_reduce", "broadcast"):
+            inp, out = None, data.copy()
+        elif collective == "scatter" and rank != root:
+            inp, out = np.empty(0, dtype), np.empty(n_out, dtype)
+        else:
+            inp, out = data, np.zeros(n_out, dtype)
+        if inp is not None and inp.size != n_in and not (collective == "scatter" and rank != root):
+            raise ValueError(f"{collective}: rank {rank} gives {inp.size} elements, expected {n_in}")
+        plans.append(plan)
+        buffers.append({"input": inp, "output": out, "scratch": np.empty(plan.scratch, dtype)})
+    execute_all(plans, buffers, reduce)
+    outputs = [b["output"] for b in buffers]
+    if op == ReduceOp.AVG and collective in ("all_reduce", "reduce", "reduce_scatter"):
+        for rank, out in enumerate(outputs):
+            if collective != "reduce" or rank == root:
+                finish_average(out, size)
+    if collective in ("reduce", "gather"):
+        outputs = [out if rank == root else None for rank, out in enumerate(outputs)]
+    return outputs
+
+
+def _default_counts(collective, arrays, size, root, counts):
+    if counts is not None:
+        if collective == "all_to_all":
+            return tuple(tuple(int(c) for c in row) for row in counts)
+        return tuple(int(c) for c in counts) if not np.isscalar(counts) else int(counts)
+    if collective in ("all_reduce", "broadcast", "reduce"):
+        return arrays[root if collective == "broadcast" else 0].size
+    if collective in ("all_gather", "gather"):
+        return tuple(a.size for a in arrays)
+    if collective in ("reduce_scatter", "scatter"):
+        total = arrays[root if collective == "scatter" else 0].size
+        return tuple(r.count for r in _even(total, size))
+    if collective == "all_to_all":
+        return tuple(tuple(r.count for r in _even(a.size, size)) for a in arrays)
+    return ()
+
+
+def _even(total, size):
+    from .schedule import partition
+    return partition(total, size)
+
+
+def reference(collective, arrays, *, op=ReduceOp.SUM, root=0, counts=None):
+    """What ``run`` must return, computed directly with numpy."""
+    size = len(arrays)
+    arrays = [None if a is None else np.ascontiguousarray(a).reshape(-1) for a in arrays]
+    op = ReduceOp.parse(op)
+    counts = _default_counts(collective, arrays, size, root, counts)
+
+    def reduced():
+        acc = arrays[0].copy()
+        fn = reducer(op, acc.dtype)
+        for a in arrays[1:]:
+            fn(acc, acc, a)
+        if op == ReduceOp.AVG:
+            finish_average(acc, size)
+        return acc
+
+    if collective == "all_reduce":
+        total = reduced()
+        return [total.copy() for _ in range(size)]
+    if collective == "reduce":
+        return [reduced() if r == root else None for r in range(size)]
+    if collective == "reduce_scatter":
+        total = reduced()
+        offsets = np.cumsum((0,) + counts)
+        return [total[offsets[r]:offsets[r + 1]].copy() for r in range(size)]
+    if collective == "broadcast":
+        return [arrays[root].copy() for _ in range(size)]
+    if collective == "all_gather":
+        return [np.concatenate(arrays) for _ in range(size)]
+    if collective == "gather":
+        return [np.concatenate(arrays) if r == root else None for r in range(size)]
+    if collective == "scatter":
+        offsets = np.cumsum((0,) + counts)
+        return [arrays[root][offsets[r]:offsets[r + 1]].copy() for r in range(size)]
+    if collective == "all_to_all":
+        offsets = [np.cumsum((0,) + row) for row in counts]
+        return [np.concatenate([arrays[i][offsets[i][j]:offsets[i][j + 1]] for i in range(size)])
+                for j in range(size)]
+    if collective == "barrier":
+        return [None] * size
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+def verify(collective, algorithm, size, counts, root=0, seed=0):
+    """Prove one algorithm at one world size and counts: random 64-bit words reduced with a
+    wrapping SUM, so a missing or doubled contribution changes the result (up to 2**-64)."""
+    rng = np.random.default_rng(seed)
+    if collective == "barrier":
+        plans = [build_plan("barrier", algorithm, r, size) for r in range(size)]
+        execute_all(plans, [{"scratch": np.zeros(p.scratch, np.uint8)} for p in plans])
+        return
+    n_in = [buffer_sizes(collective, r, size, counts, root)[0] for r in range(size)]
+    if collective in ("all_reduce", "broadcast", "reduce"):
+        n_in = [counts] * size
+    arrays = [rng.integers(0, 2**63, n, dtype=np.uint64, endpoint=True) for n in n_in]
+    got = run(collective, algorithm, arrays, root=root, counts=counts)
+    want = reference(collective, arrays, root=root, counts=counts)
+    for rank, (g, w) in enumerate(zip(got, want)):
+        if (g is None) != (w is None) or (g is not None and not np.array_equal(g, w)):
+            raise AssertionError(f"{collective} ({algorithm}) at world size {size}, counts "
+                                 f"{_short(counts)}: rank {rank} holds a wrong result")
+
+
+def _short(counts):
+    text = repr(counts)
+    return text if len(text) < 80 else text[:77] + "..."

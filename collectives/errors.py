@@ -1,0 +1,15 @@
+"""Errors. Bad arguments are ValueError/TypeError, raised before any byte moves; failures
+while data moves are CollectiveError or its subclasses, and name the operation, this rank,
+the peer and the step."""
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed after it started (mismatch seen on the wire, peer failure...)."""
+
+
+class CollectiveTimeout(CollectiveError, TimeoutError):
+    """A bounded wait ran out: the peer never sent, or never received."""
+
+
+class TransportError(CollectiveError):
+    """The transport itself failed: a peer died, a connection broke, a frame was malformed."""

@@ -1,0 +1,1 @@
+"""Executors walk a plan on a transport: host.py for CPU transports, nccl.py for GPUs."""

@@ -1,0 +1,36 @@
+"""ReduceOp, with torch.distributed's member names and integer values."""
+import enum
+
+
+class ReduceOp(enum.IntEnum):
+    SUM = 0
+    AVG = 1
+    PRODUCT = 2
+    MIN = 3
+    MAX = 4
+    BAND = 5
+    BOR = 6
+    BXOR = 7
+    PREMUL_SUM = 8
+    UNUSED = 9
+
+    @classmethod
+    def parse(cls, op) -> "ReduceOp":
+        """Accept a ReduceOp, its integer value, its name in any case, or a torch ReduceOp."""
+        if isinstance(op, ReduceOp):
+            return op
+        if isinstance(op, str):
+            try:
+                return cls[op.upper()]
+            except KeyError:
+                pass
+        elif isinstance(op, int):
+            try:
+                return cls(op)
+            except ValueError:
+                pass
+        else:  # torch.distributed.ReduceOp / RedOpType: match by name, no torch import here
+            name = getattr(op, "name", None) or str(op).rsplit(".", 1)[-1]
+            if name.upper() in cls.__members__:
+                return cls[name.upper()]
+        raise ValueError(f"unknown reduce op {op!r}; known: {', '.join(cls.__members__)}")

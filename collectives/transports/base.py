@@ -1,0 +1,62 @@
+"""The transport contract: nonblocking point-to-point on flat contiguous buffers.
+
+A transport knows its ``rank`` and ``size`` and the array module its buffers come from
+(``numpy`` or ``cupy``). ``isend``/``irecv`` return requests; ``wait_all`` completes a list of
+them or raises (CollectiveTimeout after ``timeout`` seconds, TransportError when a peer
+failed). Messages between one pair with one tag are delivered in the order they were sent.
+A transport may expose its library's own collectives as ``native`` (the benchmark baseline).
+"""
+from __future__ import annotations
+
+from ..errors import CollectiveError
+
+
+class Request:
+    """A pending transfer. ``peer`` and ``kind`` ('send'/'recv') make errors readable."""
+    peer: int
+    kind: str
+
+    def test(self) -> bool:
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None = None) -> None:
+        raise NotImplementedError
+
+
+class Transport:
+    name = "base"
+    rank: int
+    size: int
+    xp = None           # the array module of buffers: numpy or cupy
+    native = None       # an object with the library's own collectives, or None
+
+    def isend(self, buf, peer: int, tag: int) -> Request:
+        raise NotImplementedError
+
+    def irecv(self, buf, peer: int, tag: int) -> Request:
+        raise NotImplementedError
+
+    def wait_all(self, requests, timeout: float | None = None) -> None:
+        """Complete every request; the default waits on each in turn within one deadline."""
+        import time
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for req in requests:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            req.wait(left)
+
+    def send(self, buf, peer: int, tag: int = 0, timeout: float | None = None) -> None:
+        self.wait_all([self.isend(buf, peer, tag)], timeout)
+
+    def recv(self, buf, peer: int, tag: int = 0, timeout: float | None = None) -> None:
+        self.wait_all([self.irecv(buf, peer, tag)], timeout)
+
+    def close(self) -> None:
+        pass
+
+    def check_peer(self, peer: int, operation: str) -> None:
+        if not 0 <= peer < self.size:
+            raise ValueError(f"{operation} on rank {self.rank}: peer {peer} is out of range "
+                             f"for world size {self.size}")
+
+
+__all__ = ["Request", "Transport", "CollectiveError"]
