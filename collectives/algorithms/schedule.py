@@ -120,6 +120,35 @@ def copy(src: Region, dst: Region) -> Step:
     return Step(local=(Copy(src, dst),))
 
 
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
+
+
+def plan_args(collective, size, counts, root=0):
+    """The schedule arguments after (rank, size) for ``collective``."""
+    if collective == "barrier":
+        return ()
+    if collective in ROOTED:
+        return (counts, root)
+    return (counts,)
+
+
+def buffer_sizes(collective, rank, size, counts, root=0):
+    """(input elements, output elements) this rank's buffers must hold."""
+    if collective in ("all_reduce", "broadcast", "reduce"):
+        return counts, counts
+    if collective == "reduce_scatter":
+        return sum(counts), counts[rank]
+    if collective == "all_gather":
+        return counts[rank], sum(counts)
+    if collective == "all_to_all":
+        return sum(counts[rank]), sum(row[rank] for row in counts)
+    if collective == "gather":
+        return counts[rank], sum(counts)
+    if collective == "scatter":
+        return sum(counts), counts[rank]
+    return 0, 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Plans: a materialized, cached schedule
 

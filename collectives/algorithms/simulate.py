@@ -18,36 +18,7 @@ import numpy as np
 from ..errors import CollectiveError
 from ..kernels.reduce import check_op, finish_average, reducer
 from ..ops import ReduceOp
-from .schedule import Copy, build_plan
-
-ROOTED = ("broadcast", "reduce", "gather", "scatter")
-
-
-def plan_args(collective, size, counts, root=0):
-    """The schedule arguments after (rank, size) for ``collective``."""
-    if collective == "barrier":
-        return ()
-    if collective in ("broadcast", "reduce", "gather", "scatter"):
-        return (counts, root)
-    return (counts,)
-
-
-def buffer_sizes(collective, rank, size, counts, root=0):
-    """(input elements, output elements) this rank's buffers must hold."""
-    if collective in ("all_reduce", "broadcast", "reduce"):
-        return counts, counts
-    if collective == "reduce_scatter":
-        return sum(counts), counts[rank]
-    if collective == "all_gather":
-        return counts[rank], sum(counts)
-    if collective == "all_to_all":
-        return sum(counts[rank]), sum(row[rank] for row in counts)
-    if collective == "gather":
-        return counts[rank], sum(counts)
-    if collective == "scatter":
-        return sum(counts), counts[rank]
-    return 0, 0
-
+from .schedule import Copy, buffer_sizes, build_plan, plan_args
 
 def execute_all(plans, buffers, reduce=None):
     """Run one plan per rank to completion over ``buffers`` (one dict of flat arrays per rank,
