@@ -26,4 +26,26 @@ def check_algorithm(collective: str, name: str, *, native_available: bool = Fals
         raise ValueError(f"{collective} has no algorithm {name!r}; valid: {', '.join(valid)}")
 
 
-__all__ = ["AUTO", "NATIVE", "Plan", "build_plan", "capabilities", "check_algorithm"]
+def choose(collective: str, size: int, nbytes: int, transport: str = "") -> str:
+    """``auto``: latency-bound sizes take log-p algorithms, bandwidth-bound ones the ring.
+    Simple thresholds; the cost model (cost.py) refines this where it is calibrated."""
+    have = capabilities()[collective]
+    small = nbytes < 64 * 1024 or size <= 2 and nbytes < 1024 * 1024
+    preference = {
+        "all_reduce": ("recursive_doubling", "tree", "ring") if small else ("ring", "recursive_doubling"),
+        "reduce_scatter": ("recursive_doubling", "ring") if small else ("ring", "recursive_doubling"),
+        "all_gather": ("recursive_doubling", "ring") if small else ("ring", "recursive_doubling"),
+        "all_to_all": ("recursive_doubling", "ring") if small else ("ring",),
+        "broadcast": ("tree",) if small else ("recursive_doubling", "ring", "tree"),
+        "reduce": ("tree",) if small else ("recursive_doubling", "ring", "tree"),
+        "gather": ("tree",),
+        "scatter": ("tree",),
+        "barrier": ("recursive_doubling", "tree", "ring"),
+    }[collective]
+    for name in preference + tuple(have):
+        if name in have:
+            return name
+    raise ValueError(f"{collective} has no algorithm registered")
+
+
+__all__ = ["AUTO", "NATIVE", "Plan", "build_plan", "capabilities", "check_algorithm", "choose"]

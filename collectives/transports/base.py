@@ -4,7 +4,20 @@ A transport knows its ``rank`` and ``size`` and the array module its buffers com
 (``numpy`` or ``cupy``). ``isend``/``irecv`` return requests; ``wait_all`` completes a list of
 them or raises (CollectiveTimeout after ``timeout`` seconds, TransportError when a peer
 failed). Messages between one pair with one tag are delivered in the order they were sent.
-A transport may expose its library's own collectives as ``native`` (the benchmark baseline).
+A transport may expose its library's own collectives as ``native`` (the benchmark baseline):
+an object with ``supports(collective, dtype, op) -> bool`` and, on flat arrays,
+
+    all_reduce(sendbuf, recvbuf, op)          reduce_scatter(sendbuf, recvbuf, counts, op)
+    all_gather(sendbuf, recvbuf, counts)      all_to_all(sendbuf, recvbuf, send_counts, recv_counts)
+    broadcast(buf, root)                      reduce(sendbuf, recvbuf, root, op)
+    gather(sendbuf, recvbuf, counts, root)    scatter(sendbuf, recvbuf, counts, root)
+    barrier()
+
+``op`` is never AVG there (the group sums and divides). ``recvbuf`` is None on ranks that
+receive nothing. A transport may also provide ``execute`` (same signature as
+``executors.host.execute``) to run plans its own way (the NCCL executor, a compiled one), and
+``subgroup(ranks) -> Transport`` for new_group (a real sub-communicator where the library has
+one; otherwise the facade wraps the parent transport and translates ranks).
 """
 from __future__ import annotations
 

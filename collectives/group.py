@@ -1,0 +1,259 @@
+"""ProcessGroup: a set of ranks over one transport.
+
+The group is the one layer that sees arguments, algorithms and transports together: it
+validates a call completely (before any byte moves), picks the algorithm (explicit argument,
+then ``COLLECTIVES_ALGORITHM``, then ``auto``), assigns the call its tag in program order,
+and returns a ready-to-run operation. Buffers here are flat, contiguous numpy or cupy arrays;
+turning tensors into such views is the facade's job.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .algorithms import AUTO, NATIVE, check_algorithm, choose
+from .algorithms.schedule import ROOTED, buffer_sizes, build_plan, plan_args
+from .executors import host
+from .kernels.reduce import check_op, finish_average, reducer
+from .ops import ReduceOp
+
+ENV_ALGORITHM = "COLLECTIVES_ALGORITHM"
+REDUCING = ("all_reduce", "reduce_scatter", "reduce")
+
+# Wire tags fit in 23 bits, the smallest MPI_TAG_UB seen in practice (Open MPI over UCX):
+# bit 0 tells collectives from user point-to-point, 16 bits of sequence or user tag, 6 of group.
+_SEQ_BITS, _GROUP_BITS = 16, 6
+
+
+def algorithm_overrides(text: str | None) -> dict[str, str]:
+    """Parse ``all_reduce=ring,all_gather=recursive_doubling`` (the environment override)."""
+    overrides = {}
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        collective, sep, name = item.partition("=")
+        if not sep:
+            raise ValueError(f"{ENV_ALGORITHM}: {item!r} is not of the form collective=algorithm")
+        check_algorithm(collective.strip(), name.strip(), native_available=True)
+        overrides[collective.strip()] = name.strip()
+    return overrides
+
+
+class ProcessGroup:
+    """``ranks`` are the global ranks of the members, in group-rank order."""
+
+    def __init__(self, transport, *, backend: str, timeout: float = 1800.0, group_id: int = 0,
+                 ranks=None, name: str = ""):
+        self.transport = transport
+        self.backend = backend
+        self.timeout = timeout
+        self.group_id = group_id
+        self.ranks = list(range(transport.size)) if ranks is None else list(ranks)
+        self.name = name
+        self._sequence = 0
+        self.overrides = algorithm_overrides(os.environ.get(ENV_ALGORITHM))
+
+    @property
+    def rank(self) -> int:
+        return self.transport.rank
+
+    @property
+    def size(self) -> int:
+        return self.transport.size
+
+    @property
+    def xp(self):
+        return self.transport.xp
+
+    # -- tags ------------------------------------------------------------------------------
+
+    def _wire_tag(self, value: int, collective: bool) -> int:
+        group = (self.group_id % (1 << _GROUP_BITS)) << (_SEQ_BITS + 1)
+        return group | ((value % (1 << _SEQ_BITS)) << 1) | int(collective)
+
+    def next_tag(self) -> int:
+        """The tag of the next collective; every rank calls collectives in the same order."""
+        self._sequence += 1
+        return self._wire_tag(self._sequence, collective=True)
+
+    def p2p_tag(self, tag: int) -> int:
+        if not isinstance(tag, (int, np.integer)) or tag < 0:
+            raise ValueError(f"rank {self.rank}: tag must be a non-negative integer, got {tag!r}")
+        return self._wire_tag(int(tag), collective=False)
+
+    # -- algorithms ------------------------------------------------------------------------
+
+    def resolve_algorithm(self, collective: str, algorithm: str | None, nbytes: int) -> str:
+        name = algorithm or self.overrides.get(collective) or AUTO
+        native = self.transport.native is not None
+        check_algorithm(collective, name, native_available=native)
+        if name == AUTO:
+            name = choose(collective, self.size, nbytes, transport=self.transport.name)
+        return name
+
+    # -- the one entry point ---------------------------------------------------------------
+
+    def prepare(self, collective: str, *, input=None, output=None, counts=None, root: int = 0,
+                op=ReduceOp.SUM, algorithm: str | None = None, timeout: float | None = None):
+        """Validate a call and return ``run()`` that performs it. Nothing moves before run()."""
+        op = ReduceOp.parse(op)
+        self._check_root(collective, root)
+        data = output if input is None else input
+        dtype = None if data is None else data.dtype
+        for name, buf in (("input", input), ("output", output)):
+            self._check_buffer(collective, name, buf, dtype)
+        if collective in REDUCING and dtype is not None:
+            check_op(op, dtype, collective, self.rank)
+        counts = self._counts(collective, counts, input, output, root)
+        n_in, n_out = buffer_sizes(collective, self.rank, self.size, counts, root)
+        self._check_sizes(collective, input, output, n_in, n_out, root)
+        nbytes = 0 if data is None else n_out * data.itemsize if collective != "reduce_scatter" \
+            else n_in * data.itemsize
+        name = self.resolve_algorithm(collective, algorithm, nbytes)
+        tag = self.next_tag()
+        deadline = self.timeout if timeout is None else timeout
+        if name == NATIVE:
+            return self._native(collective, input, output, counts, root, op, name)
+
+        plan = build_plan(collective, name, self.rank, self.size,
+                          *plan_args(collective, self.size, counts, root))
+        execute = getattr(self.transport, "execute", None) or host.execute
+        reduce = reducer(op, dtype) if collective in REDUCING else None
+
+        def run():
+            buffers = self._buffers(collective, input, output)
+            if collective == "barrier":
+                buffers = {"scratch": self.xp.zeros(plan.scratch, dtype=np.uint8)}
+            execute(plan, self.transport, buffers, reduce, tag=tag, timeout=deadline,
+                    operation=collective, dtype=dtype)
+            self._finish(collective, op, output, root)
+        return run
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _buffers(self, collective, input, output):
+        if collective in ("all_reduce", "broadcast"):
+            if input is not None and not _same_memory(input, output):
+                output[...] = input
+            return {"output": output}
+        if input is not None and output is not None and _overlap(input, output):
+            input = input.copy()      # schedules read input while writing output
+        return {"input": input, "output": output}
+
+    def _finish(self, collective, op, output, root):
+        if op == ReduceOp.AVG and collective in REDUCING:
+            if collective != "reduce" or self.rank == root:
+                finish_average(output, self.size)
+
+    def _native(self, collective, input, output, counts, root, op, name):
+        native = self.transport.native
+        base_op = ReduceOp.SUM if op == ReduceOp.AVG else op
+        if not native.supports(collective, output.dtype if output is not None else np.uint8, base_op):
+            raise ValueError(f"{collective} on rank {self.rank}: the native {self.backend} "
+                             f"collective does not support this dtype/op; use another algorithm")
+
+        def run():
+            call = getattr(native, collective)
+            if collective == "all_reduce":
+                call(input if input is not None else output, output, base_op)
+            elif collective == "broadcast":
+                call(output, root)
+            elif collective in ("reduce_scatter",):
+                call(input, output, counts, base_op)
+            elif collective == "reduce":
+                call(input, output, root, base_op)
+            elif collective == "all_gather":
+                call(input, output, counts)
+            elif collective == "all_to_all":
+                call(input, output, counts[self.rank], tuple(row[self.rank] for row in counts))
+            elif collective in ("gather", "scatter"):
+                call(input, output, counts, root)
+            else:
+                call()
+            self._finish(collective, op, output, root)
+        return run
+
+    def _check_root(self, collective, root):
+        if collective in ROOTED and not (isinstance(root, (int, np.integer)) and 0 <= root < self.size):
+            raise ValueError(f"{collective} on rank {self.rank}: root {root!r} is out of range "
+                             f"for a group of size {self.size}")
+
+    def _check_buffer(self, collective, name, buf, dtype):
+        if buf is None:
+            return
+        if not hasattr(buf, "dtype") or not hasattr(buf, "ndim"):
+            raise TypeError(f"{collective} on rank {self.rank}: {name} must be an array, "
+                            f"got {type(buf).__name__}")
+        if buf.ndim != 1 or not buf.flags.c_contiguous:
+            raise ValueError(f"{collective} on rank {self.rank}: {name} must be a flat "
+                             f"contiguous array (got ndim={buf.ndim}, "
+                             f"contiguous={buf.flags.c_contiguous})")
+        if buf.dtype != dtype:
+            raise TypeError(f"{collective} on rank {self.rank}: input and output dtypes differ "
+                            f"({dtype} vs {buf.dtype})")
+        if name == "output" and not buf.flags.writeable:
+            raise ValueError(f"{collective} on rank {self.rank}: the output buffer is read-only")
+
+    def _counts(self, collective, counts, input, output, root):
+        p = self.size
+        if collective == "barrier":
+            return None
+        if collective in ("all_reduce", "broadcast"):
+            return output.size
+        if collective == "reduce":
+            return input.size
+        if counts is not None:
+            if collective == "all_to_all":
+                counts = tuple(tuple(int(c) for c in row) for row in counts)
+                bad = len(counts) != p or any(len(row) != p for row in counts)
+            else:
+                counts = tuple(int(c) for c in counts)
+                bad = len(counts) != p
+            if bad or any(c < 0 for c in np.ravel(counts)):
+                raise ValueError(f"{collective} on rank {self.rank}: counts must be {p} "
+                                 f"non-negative integers per rank, got {counts!r}")
+            return counts
+        if collective in ("all_gather", "gather"):
+            return (input.size,) * p
+        if collective == "reduce_scatter":
+            return (output.size,) * p
+        if collective == "scatter":
+            return (output.size,) * p
+        if collective == "all_to_all":
+            if input.size % p:
+                raise ValueError(f"all_to_all on rank {self.rank}: {input.size} elements do not "
+                                 f"split evenly over {p} ranks; give split sizes")
+            return ((input.size // p,) * p,) * p
+        raise ValueError(f"unknown collective {collective!r}")
+
+    def _check_sizes(self, collective, input, output, n_in, n_out, root):
+        rooted_out = collective in ("reduce", "gather") and self.rank != root
+        rooted_in = collective == "scatter" and self.rank != root
+        if input is not None and not rooted_in and input.size != n_in \
+                and collective not in ("all_reduce", "broadcast"):
+            raise ValueError(f"{collective} on rank {self.rank}: input has {input.size} "
+                             f"elements, expected {n_in}")
+        if output is not None and not rooted_out and output.size != n_out:
+            raise ValueError(f"{collective} on rank {self.rank}: output has {output.size} "
+                             f"elements, expected {n_out}")
+        if collective == "all_reduce" and input is not None and input.size != output.size:
+            raise ValueError(f"all_reduce on rank {self.rank}: input has {input.size} elements, "
+                             f"output {output.size}")
+
+
+def _same_memory(a, b) -> bool:
+    return a is b or (a.size == b.size and a.size > 0 and _address(a) == _address(b))
+
+
+def _overlap(a, b) -> bool:
+    if a.size == 0 or b.size == 0:
+        return False
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return np.shares_memory(a, b)
+    lo_a, lo_b = _address(a), _address(b)
+    return lo_a < lo_b + b.nbytes and lo_b < lo_a + a.nbytes
+
+
+def _address(a) -> int:
+    if isinstance(a, np.ndarray):
+        return a.__array_interface__["data"][0]
+    return a.data.ptr          # cupy
