@@ -73,6 +73,9 @@ class Step:
     local: tuple = ()     # Copy / Reduce, run in order after every transfer of the step is done
 
 
+EMPTY = Step()
+
+
 def partition(count: int, size: int, buffer: str = "output", base: int = 0) -> list[Region]:
     """Split ``count`` elements into ``size`` contiguous blocks; the first ``count % size``
     blocks get one extra element, so blocks differ by at most one and may be empty."""
@@ -98,6 +101,8 @@ def sendrecv(send_peer=None, send_region=None, recv_peer=None, recv_region=None,
              reduce: bool = False, scratch_offset: int = 0) -> Step:
     """One exchange. With ``reduce=True`` the incoming data lands in scratch and is then
     reduced into ``recv_region`` (recv_region = recv_region op incoming)."""
+    if (send_peer is None or not send_region.count) and (recv_peer is None or not recv_region.count):
+        return EMPTY          # nothing moves (small counts at large world sizes): keep it cheap
     sends = () if send_peer is None else (Send(send_peer, send_region),)
     if recv_peer is None:
         return Step(sends=sends)
@@ -170,6 +175,11 @@ class Plan:
 def _drop_empty(step: Step) -> Step | None:
     """Zero-element transfers are dropped on both sides alike (both sides derive the count
     from the same partition), so small counts at large world sizes cost nothing."""
+    if step is EMPTY:
+        return None
+    if all(s.region.count for s in step.sends) and all(r.region.count for r in step.recvs) \
+            and all(op.dst.count for op in step.local) and (step.sends or step.recvs or step.local):
+        return step
     sends = tuple(s for s in step.sends if s.region.count > 0)
     recvs = tuple(r for r in step.recvs if r.region.count > 0)
     local = tuple(op for op in step.local if op.dst.count > 0)

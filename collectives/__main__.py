@@ -1,0 +1,86 @@
+"""``python -m collectives info``: what this installation can do here, and why not."""
+from __future__ import annotations
+
+import importlib
+import platform
+import sys
+
+
+def _version(module_name: str) -> str:
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any failure to import is information here
+        return f"not usable ({type(exc).__name__}: {exc})"
+    return getattr(module, "__version__", "installed")
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("collectives")
+    except PackageNotFoundError:
+        return "(not installed; running from a source tree)"
+
+
+def _mpi_library() -> str:
+    try:
+        from mpi4py import MPI
+    except Exception as exc:  # noqa: BLE001
+        return f"none ({exc})"
+    return MPI.Get_library_version().strip().splitlines()[0]
+
+
+def _gpus() -> str:
+    try:
+        import cupy
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001
+        return f"none seen ({type(exc).__name__}: {str(exc)[:80]})"
+    names = []
+    for index in range(count):
+        props = cupy.cuda.runtime.getDeviceProperties(index)
+        names.append(props["name"].decode() if isinstance(props["name"], bytes) else props["name"])
+    return f"{count}: " + ", ".join(names)
+
+
+def _kernels() -> list[str]:
+    try:
+        from .kernels.reduce import kernel_status
+    except ImportError:
+        return ["numpy reductions only (no compiled kernel module)"]
+    return [f"{name}: {state}" for name, state in kernel_status().items()]
+
+
+def info() -> str:
+    from . import transports
+    from .algorithms import capabilities
+
+    lines = [f"collectives {_package_version()}",
+             f"python {platform.python_version()} ({sys.executable}) on {platform.machine()}",
+             f"numpy {_version('numpy')}, ml_dtypes {_version('ml_dtypes')}, "
+             f"numba {_version('numba')}, mpi4py {_version('mpi4py')}, "
+             f"cupy {_version('cupy')}, torch {_version('torch')}",
+             f"MPI library: {_mpi_library()}",
+             f"GPUs: {_gpus()}",
+             "transports:"]
+    for name in ["local"] + sorted(transports.BACKENDS):
+        ok, why = (True, "threads in one process") if name == "local" else transports.available(name)
+        lines.append(f"  {name:7s} {'usable' if ok else 'not usable'}" + (f" ({why})" if why else ""))
+    lines.append("compiled kernels:")
+    lines.extend(f"  {line}" for line in _kernels())
+    lines.append("algorithms:")
+    lines.extend(f"  {c:15s} {', '.join(a)}" for c, a in capabilities().items())
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] != ["info"]:
+        print("usage: python -m collectives info", file=sys.stderr)
+        return 2
+    print(info())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
