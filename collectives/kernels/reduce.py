@@ -80,3 +80,40 @@ def finish_average(out, size: int) -> None:
         np.divide(out, size, out=out)
     else:  # float16 / bfloat16: divide in float32, round once
         out[...] = (out.astype(np.float32) / size).astype(out.dtype)
+
+
+# Operands of at least this many bytes go to the compiled kernels even where numpy's own loop
+# is vectorised (float32, ints): there only the kernels' threads can win (benchmarks/kernels.py).
+FAST_MIN_BYTES = 4 << 20
+
+
+def fast_reducer(op: ReduceOp, dtype):
+    """Like ``reducer`` but through the Numba kernels where they pay: always for float16 and
+    bfloat16 (numpy's half loops are scalar), from FAST_MIN_BYTES up for the rest; the numpy
+    twin otherwise, and whenever numba is missing (``kernel_status`` says why)."""
+    op = ReduceOp.parse(op)
+    twin = reducer(op, dtype)
+    try:
+        from . import numba_reduce
+    except Exception:  # a broken numba must never break a collective
+        return twin
+    if not numba_reduce.available()[0]:
+        return twin
+    compiled = numba_reduce.reducer(op, dtype)
+    dtype = np.dtype(dtype)
+    if dtype == np.float16 or dtype == BFLOAT16:
+        return compiled
+
+    def apply(dst, a, b):
+        (compiled if dst.nbytes >= FAST_MIN_BYTES else twin)(dst, a, b)
+    return apply
+
+
+def kernel_status() -> dict:
+    """Which reduction kernels run here, for ``python -m collectives info``."""
+    try:
+        from . import numba_reduce
+    except Exception as exc:
+        return {"backend": "numpy", "available": False,
+                "detail": f"collectives.kernels.numba_reduce failed to import: {exc}"}
+    return numba_reduce.status()
