@@ -14,6 +14,7 @@ import numpy as np
 
 from .algorithms import AUTO, NATIVE, check_algorithm, choose
 from .algorithms.schedule import ROOTED, buffer_sizes, build_plan, plan_args
+from . import debug
 from .executors import host
 from .kernels.reduce import check_op, finish_average, reducer
 from .ops import ReduceOp
@@ -109,10 +110,11 @@ class ProcessGroup:
         nbytes = 0 if data is None else n_out * data.itemsize if collective != "reduce_scatter" \
             else n_in * data.itemsize
         name = self.resolve_algorithm(collective, algorithm, nbytes)
-        tag = self.next_tag()
         deadline = self.timeout if timeout is None else timeout
+        check = self._call_check(collective, name, dtype, counts, root, op, deadline)
+        tag = self.next_tag()
         if name == NATIVE:
-            return self._native(collective, input, output, counts, root, op, name)
+            return self._native(collective, input, output, counts, root, op, check)
 
         plan = build_plan(collective, name, self.rank, self.size,
                           *plan_args(collective, self.size, counts, root))
@@ -120,6 +122,7 @@ class ProcessGroup:
         reduce = reducer(op, dtype) if collective in REDUCING else None
 
         def run():
+            check()
             buffers = self._buffers(collective, input, output)
             if collective == "barrier":
                 buffers = {"scratch": self.xp.zeros(plan.scratch, dtype=np.uint8)}
@@ -144,7 +147,30 @@ class ProcessGroup:
             if collective != "reduce" or self.rank == root:
                 finish_average(output, self.size)
 
-    def _native(self, collective, input, output, counts, root, op, name):
+    def _call_check(self, collective, name, dtype, counts, root, op, timeout):
+        """Under COLLECTIVES_DEBUG=DETAIL, a function that all-gathers every rank's call
+        fingerprint and raises on any mismatch; otherwise a no-op."""
+        if debug.level() != "DETAIL" or self.size == 1:
+            return lambda: None
+        mine = dict(operation=collective, algorithm=name, dtype=str(dtype), counts=counts,
+                    root=root if collective in ROOTED else None,
+                    op=op.name if collective in REDUCING else None)
+        record = self.xp.asarray(debug.fingerprint(**mine))
+        n = record.size
+        execute = getattr(self.transport, "execute", None) or host.execute
+        plan = build_plan("all_gather", choose("all_gather", self.size, n), self.rank,
+                          self.size, (n,) * self.size)
+        tag = self.next_tag()
+
+        def check():
+            table = self.xp.empty(n * self.size, dtype=np.uint8)
+            execute(plan, self.transport, {"input": record, "output": table}, None,
+                    tag=tag, timeout=timeout, operation=f"{collective} (call check)", dtype=np.uint8)
+            debug.compare(table.get() if hasattr(table, "get") else table, mine, self.rank,
+                          collective)
+        return check
+
+    def _native(self, collective, input, output, counts, root, op, check):
         native = self.transport.native
         base_op = ReduceOp.SUM if op == ReduceOp.AVG else op
         if not native.supports(collective, output.dtype if output is not None else np.uint8, base_op):
@@ -152,6 +178,7 @@ class ProcessGroup:
                              f"collective does not support this dtype/op; use another algorithm")
 
         def run():
+            check()
             call = getattr(native, collective)
             if collective == "all_reduce":
                 call(input if input is not None else output, output, base_op)
