@@ -1,0 +1,403 @@
+"""The MPI transport: mpi4py point-to-point under any MPI (MPICH wheel, Open MPI wheel or system).
+
+Rank and size come from ``MPI.COMM_WORLD`` (run under ``mpiexec``). Every buffer travels as raw
+bytes (``[uint8 view, MPI.BYTE]``), so every dtype moves, bfloat16 included, and a receive
+checks that the message had exactly the bytes it expected (a smaller message is a
+CollectiveError naming the sender, not silent garbage; a larger one is MPI_ERR_TRUNCATE, also
+reported with the sender). ``wait_all`` without a timeout is one ``Waitall``; with one it
+polls ``Testall`` (MPI has no timed wait): it spins first, then yields the CPU, then sleeps
+with a growing backoff capped at ``_MAX_SLEEP``, so latency stays low and oversubscribed runs
+still make progress. On timeout the pending receives are cancelled and the error names this
+rank, the peers still pending and the tag.
+
+``native`` runs MPI's own collectives on the same buffers (the benchmark baseline).
+Reductions need a real MPI datatype: float16/bfloat16 have none in the MPI standard, so
+``supports`` says False for reducing them; data movement (gather, all_to_all, ...) moves any
+dtype as bytes. ``subgroup(ranks)`` builds a real sub-communicator with ``Create_group``
+(only the members call it), so ``native`` works inside subgroups too.
+
+Cost per message: one mpi4py call plus a numpy view (~1 µs of Python); the collective
+algorithms themselves are the host executor's job.
+"""
+from __future__ import annotations
+
+import functools
+import time
+
+import numpy as np
+
+from ..errors import CollectiveError, CollectiveTimeout, TransportError
+from ..ops import ReduceOp
+from .base import Request, Transport
+
+ANY_SOURCE = -1
+_SPIN_POLLS = 200          # Testall polls before the first yield: most steps finish here
+_YIELD_SECONDS = 2e-3      # then yield the CPU (sleep(0)) until this long has passed
+_MAX_SLEEP = 1e-3          # then sleep, doubling from 20 µs up to this
+
+
+def _mpi():
+    from mpi4py import MPI
+    return MPI
+
+
+def available() -> tuple[bool, str]:
+    try:
+        MPI = _mpi()
+    except ImportError as exc:
+        return False, f"mpi4py is not importable ({exc}); pip install mpi4py mpich"
+    except Exception as exc:      # mpi4py present but no MPI library found / init failed
+        return False, f"mpi4py cannot load an MPI library: {exc}"
+    return True, library_name(MPI)
+
+
+def library_name(MPI=None) -> str:
+    """The first line of MPI_Get_library_version, e.g. 'MPICH Version: 5.0.2'."""
+    MPI = MPI or _mpi()
+    first = MPI.Get_library_version().strip().splitlines()[0]
+    return " ".join(first.split())
+
+
+def create(rank=None, world_size=None, store=None, timeout: float = 1800.0) -> "MPITransport":
+    """The world transport. ``rank``/``world_size`` may be None or -1 (take MPI's); when
+    given they must agree with MPI's, since mpiexec, not the caller, decides them."""
+    MPI = _mpi()
+    comm = MPI.COMM_WORLD
+    for name, given, actual in (("rank", rank, comm.Get_rank()),
+                                ("world_size", world_size, comm.Get_size())):
+        if given is not None and given != -1 and int(given) != actual:
+            raise ValueError(f"mpi transport: {name}={given} was given but MPI says {actual} "
+                             f"(under mpiexec the launcher decides rank and size)")
+    return MPITransport(comm, timeout=timeout)
+
+
+class MPIRequest(Request):
+    """One pending Isend/Irecv. ``source`` is the sender of a completed receive."""
+    __slots__ = ("handle", "peer", "kind", "tag", "nbytes", "source")
+
+    def __init__(self, handle, peer, kind, tag, nbytes):
+        self.handle, self.peer, self.kind, self.tag, self.nbytes = handle, peer, kind, tag, nbytes
+        self.source = None if peer == ANY_SOURCE else peer
+
+    def test(self) -> bool:
+        if self.handle is None:
+            return True
+        status = _mpi().Status()
+        if not self.handle.Test(status):
+            return False
+        _check_received(self, status, rank=None)
+        self.handle = None
+        return True
+
+
+def _as_bytes(buf):
+    """A flat uint8 view: the one MPI buffer spec that works for every dtype."""
+    if buf.dtype != np.uint8:
+        buf = buf.reshape(-1).view(np.uint8)
+    return buf
+
+
+def _check_received(req, status, rank):
+    if req.kind != "recv":
+        return
+    got = status.Get_count(_mpi().BYTE)
+    req.source = status.Get_source()
+    if got != req.nbytes:
+        raise CollectiveError(
+            f"rank {rank}: message from rank {req.source} (tag {req.tag}) has {got} bytes but "
+            f"the receive expects {req.nbytes}: the ranks called mismatched operations or sizes")
+
+
+class MPITransport(Transport):
+    name = "mpi"
+    xp = np
+
+    def __init__(self, comm, *, timeout: float = 1800.0, world_ranks=None):
+        MPI = _mpi()
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.timeout = timeout
+        # global (COMM_WORLD) rank of each member, for error messages and the facade
+        self.world_ranks = list(range(self.size)) if world_ranks is None else list(world_ranks)
+        self._MPI = MPI
+        self._subgroups = []
+        self.native = MPINative(comm)
+
+    # -- point to point --------------------------------------------------------------------
+
+    def isend(self, buf, peer, tag):
+        if not 0 <= peer < self.size:
+            self.check_peer(peer, "send")
+        data = _as_bytes(buf)
+        try:
+            handle = self.comm.Isend([data, self._MPI.BYTE], peer, tag)
+        except self._MPI.Exception as exc:
+            raise TransportError(f"rank {self.rank}: send to rank {peer} (tag {tag}) failed: "
+                                 f"{exc}") from exc
+        return MPIRequest(handle, peer, "send", tag, data.nbytes)
+
+    def irecv(self, buf, peer, tag):
+        if peer != ANY_SOURCE and not 0 <= peer < self.size:
+            self.check_peer(peer, "recv")
+        data = _as_bytes(buf)
+        source = self._MPI.ANY_SOURCE if peer == ANY_SOURCE else peer
+        try:
+            handle = self.comm.Irecv([data, self._MPI.BYTE], source, tag)
+        except self._MPI.Exception as exc:
+            raise TransportError(f"rank {self.rank}: receive from rank {peer} (tag {tag}) "
+                                 f"failed: {exc}") from exc
+        return MPIRequest(handle, peer, "recv", tag, data.nbytes)
+
+    def wait_all(self, requests, timeout=None):
+        MPI = self._MPI
+        requests = [r for r in requests if r.handle is not None]
+        if not requests:
+            return
+        handles = [r.handle for r in requests]
+        statuses = [MPI.Status() for _ in handles]
+        try:
+            if timeout is None:
+                MPI.Request.Waitall(handles, statuses)
+            elif not self._poll(handles, statuses, timeout):
+                self._timed_out(requests, timeout)
+        except MPI.Exception as exc:
+            self._failed(requests, statuses, exc)
+        for req, status in zip(requests, statuses):
+            req.handle = None
+            _check_received(req, status, self.rank)
+
+    def _poll(self, handles, statuses, timeout) -> bool:
+        testall = self._MPI.Request.Testall
+        for _ in range(_SPIN_POLLS):
+            if testall(handles, statuses):
+                return True
+        start = time.monotonic()
+        deadline = start + timeout
+        yield_until = start + _YIELD_SECONDS
+        pause = 2e-5
+        while True:
+            if testall(handles, statuses):
+                return True
+            now = time.monotonic()
+            if now >= deadline:
+                return False
+            if now < yield_until:
+                time.sleep(0)
+            else:
+                time.sleep(min(pause, deadline - now))
+                pause = min(pause * 2, _MAX_SLEEP)
+
+    def _timed_out(self, requests, timeout):
+        pending = [r for r in requests if not r.handle.Test()]
+        for req in pending:
+            if req.kind == "recv":      # cancelled so a late message cannot land in freed memory
+                try:
+                    req.handle.Cancel()
+                    req.handle.Wait()
+                except self._MPI.Exception:
+                    pass
+            req.handle = None
+        for req in requests:
+            req.handle = None
+        peers = ", ".join(sorted({("any rank" if r.peer == ANY_SOURCE else f"rank {r.peer}")
+                                  + f" ({r.kind})" for r in pending}))
+        tags = sorted({r.tag for r in pending})
+        raise CollectiveTimeout(f"rank {self.rank}: still waiting after {timeout:.3g} s on "
+                                f"{peers}, tag {', '.join(map(str, tags))}")
+
+    def _failed(self, requests, statuses, exc):
+        MPI = self._MPI
+        for req in requests:
+            req.handle = None
+        culprits = []
+        for req, status in zip(requests, statuses):
+            code = status.Get_error()
+            if code not in (MPI.SUCCESS, MPI.ERR_PENDING):
+                culprits.append((req, status, code))
+        if not culprits and exc.Get_error_class() != MPI.ERR_IN_STATUS:
+            culprits = [(r, s, exc.Get_error_class()) for r, s in zip(requests, statuses)
+                        if r.kind == "recv"][:1]
+        for req, status, code in culprits:
+            if MPI.Get_error_class(code) == MPI.ERR_TRUNCATE:
+                source = status.Get_source()
+                source = req.peer if source in (MPI.ANY_SOURCE, MPI.UNDEFINED) or source < 0 \
+                    else source
+                raise CollectiveError(
+                    f"rank {self.rank}: message from rank {source} (tag {req.tag}) is larger "
+                    f"than the {req.nbytes}-byte receive: the ranks called mismatched "
+                    f"operations or sizes") from exc
+        peers = ", ".join(f"rank {r.peer} ({r.kind})" for r, _, _ in culprits) or "unknown peer"
+        raise TransportError(f"rank {self.rank}: MPI failed on {peers}: {exc}") from exc
+
+    # -- groups ------------------------------------------------------------------------------
+
+    def subgroup(self, ranks):
+        """A transport over a real sub-communicator of ``ranks`` (ranks of this transport, in
+        the new group's rank order). Only members call this (MPI_Comm_create_group); a
+        non-member gets None without communicating."""
+        ranks = [int(r) for r in ranks]
+        if len(set(ranks)) != len(ranks) or any(not 0 <= r < self.size for r in ranks):
+            raise ValueError(f"subgroup on rank {self.rank}: ranks {ranks} must be distinct and "
+                             f"within 0..{self.size - 1}")
+        if self.rank not in ranks:
+            return None
+        group = self.comm.Get_group().Incl(ranks)
+        try:
+            comm = self.comm.Create_group(group, tag=_SUBGROUP_TAG)
+        finally:
+            group.Free()
+        sub = MPITransport(comm, timeout=self.timeout,
+                           world_ranks=[self.world_ranks[r] for r in ranks])
+        self._subgroups.append(sub)
+        return sub
+
+    def abort(self, reason: str) -> None:
+        """Tear the whole job down: MPI cannot wake peers blocked in other processes."""
+        self._MPI.COMM_WORLD.Abort(1)
+
+    def close(self) -> None:
+        for sub in self._subgroups:
+            sub.close()
+        self._subgroups = []
+        MPI = self._MPI
+        if self.comm not in (MPI.COMM_WORLD, MPI.COMM_SELF) and not MPI.Is_finalized() \
+                and self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+
+
+_SUBGROUP_TAG = 12345
+
+
+# ---------------------------------------------------------------------------------------------
+# native: MPI's own collectives
+
+
+def _reduce_types():
+    """numpy dtype -> MPI datatype for reductions (only types MPI can reduce)."""
+    MPI = _mpi()
+    table = {
+        np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE,
+        np.dtype(np.int8): MPI.INT8_T, np.dtype(np.int16): MPI.INT16_T,
+        np.dtype(np.int32): MPI.INT32_T, np.dtype(np.int64): MPI.INT64_T,
+        np.dtype(np.uint8): MPI.UINT8_T, np.dtype(np.uint16): MPI.UINT16_T,
+        np.dtype(np.uint32): MPI.UINT32_T, np.dtype(np.uint64): MPI.UINT64_T,
+        np.dtype(np.bool_): MPI.C_BOOL,
+        np.dtype(np.complex64): MPI.C_FLOAT_COMPLEX, np.dtype(np.complex128): MPI.C_DOUBLE_COMPLEX,
+    }
+    return {k: v for k, v in table.items() if v != MPI.DATATYPE_NULL}
+
+
+def _op_table():
+    """(dtype kind, ReduceOp) -> MPI.Op. bool follows the package's meaning of each op
+    (SUM = or, PRODUCT = and, MIN = and, MAX = or), which on 0/1 values are MPI's logical ops."""
+    MPI = _mpi()
+    table = {}
+    for kind in ("f", "i", "u", "c"):
+        table[kind, ReduceOp.SUM] = MPI.SUM
+        table[kind, ReduceOp.PRODUCT] = MPI.PROD
+    for kind in ("f", "i", "u"):          # MPI defines no MIN/MAX on complex
+        table[kind, ReduceOp.MIN] = MPI.MIN
+        table[kind, ReduceOp.MAX] = MPI.MAX
+    for kind in ("i", "u"):               # bitwise ops are for integers only
+        table[kind, ReduceOp.BAND] = MPI.BAND
+        table[kind, ReduceOp.BOR] = MPI.BOR
+        table[kind, ReduceOp.BXOR] = MPI.BXOR
+    for op, mpi_op in ((ReduceOp.SUM, MPI.LOR), (ReduceOp.PRODUCT, MPI.LAND),
+                       (ReduceOp.MIN, MPI.LAND), (ReduceOp.MAX, MPI.LOR),
+                       (ReduceOp.BAND, MPI.LAND), (ReduceOp.BOR, MPI.LOR),
+                       (ReduceOp.BXOR, MPI.LXOR)):
+        table["b", op] = mpi_op
+    return table
+
+
+@functools.lru_cache(maxsize=256)
+def _displacements(counts: tuple, scale: int) -> tuple:
+    """(counts, displacements) in units of ``scale``-byte items, for the v-collectives."""
+    scaled = tuple(c * scale for c in counts)
+    displs, offset = [], 0
+    for c in scaled:
+        displs.append(offset)
+        offset += c
+    return scaled, tuple(displs)
+
+
+REDUCING = ("all_reduce", "reduce_scatter", "reduce")
+MOVING = ("all_gather", "all_to_all", "broadcast", "gather", "scatter", "barrier")
+
+
+class MPINative:
+    """MPI's own collectives on flat numpy arrays (see transports/base.py for the interface)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self._types = _reduce_types()
+        self._ops = _op_table()
+
+    def supports(self, collective, dtype, op=ReduceOp.SUM) -> bool:
+        dtype = np.dtype(dtype)
+        if collective in MOVING:
+            return True
+        if collective not in REDUCING:
+            return False
+        return dtype in self._types and (dtype.kind, ReduceOp.parse(op)) in self._ops
+
+    def _typed(self, buf):
+        return [buf, self._types[buf.dtype]]
+
+    def _op(self, dtype, op):
+        return self._ops[np.dtype(dtype).kind, ReduceOp.parse(op)]
+
+    def all_reduce(self, sendbuf, recvbuf, op):
+        MPI = _mpi()
+        send = MPI.IN_PLACE if _same(sendbuf, recvbuf) else self._typed(sendbuf)
+        self.comm.Allreduce(send, self._typed(recvbuf), self._op(recvbuf.dtype, op))
+
+    def reduce_scatter(self, sendbuf, recvbuf, counts, op):
+        self.comm.Reduce_scatter(self._typed(sendbuf), self._typed(recvbuf),
+                                 list(counts), self._op(recvbuf.dtype, op))
+
+    def reduce(self, sendbuf, recvbuf, root, op):
+        recv = self._typed(recvbuf) if recvbuf is not None else None
+        self.comm.Reduce(self._typed(sendbuf), recv, self._op(sendbuf.dtype, op), root)
+
+    def all_gather(self, sendbuf, recvbuf, counts):
+        MPI = _mpi()
+        sizes, displs = _displacements(tuple(counts), recvbuf.itemsize)
+        self.comm.Allgatherv([_as_bytes(sendbuf), MPI.BYTE],
+                             [_as_bytes(recvbuf), sizes, displs, MPI.BYTE])
+
+    def all_to_all(self, sendbuf, recvbuf, send_counts, recv_counts):
+        MPI = _mpi()
+        item = (sendbuf if sendbuf is not None else recvbuf).itemsize
+        s_sizes, s_displs = _displacements(tuple(send_counts), item)
+        r_sizes, r_displs = _displacements(tuple(recv_counts), item)
+        self.comm.Alltoallv([_as_bytes(sendbuf), s_sizes, s_displs, MPI.BYTE],
+                            [_as_bytes(recvbuf), r_sizes, r_displs, MPI.BYTE])
+
+    def broadcast(self, buf, root):
+        self.comm.Bcast([_as_bytes(buf), _mpi().BYTE], root)
+
+    def gather(self, sendbuf, recvbuf, counts, root):
+        MPI = _mpi()
+        recv = None
+        if recvbuf is not None and self.comm.Get_rank() == root:
+            sizes, displs = _displacements(tuple(counts), recvbuf.itemsize)
+            recv = [_as_bytes(recvbuf), sizes, displs, MPI.BYTE]
+        self.comm.Gatherv([_as_bytes(sendbuf), MPI.BYTE], recv, root)
+
+    def scatter(self, sendbuf, recvbuf, counts, root):
+        MPI = _mpi()
+        send = None
+        if sendbuf is not None and self.comm.Get_rank() == root:
+            sizes, displs = _displacements(tuple(counts), sendbuf.itemsize)
+            send = [_as_bytes(sendbuf), sizes, displs, MPI.BYTE]
+        self.comm.Scatterv(send, [_as_bytes(recvbuf), MPI.BYTE], root)
+
+    def barrier(self):
+        self.comm.Barrier()
+
+
+def _same(a, b) -> bool:
+    return a is b or (a is not None and b is not None and a.size == b.size and a.size > 0
+                      and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
