@@ -1,0 +1,507 @@
+"""collectives: collective algorithms behind a torch.distributed-shaped facade.
+
+``import collectives as dist`` runs code written for ``torch.distributed``: the same function
+names, parameters, defaults, ``Work`` handles and error types. Each collective here is thin:
+adapt the buffers to flat views (``tensors``), let the ProcessGroup validate the call and
+assign its tag (``group.prepare``), then run it now or queue it on the group's worker
+(``work``). Extensions beyond torch are keyword-only: ``algorithm="ring" | "tree" |
+"recursive_doubling" | "native" | "auto"``.
+
+Backends: ``mpi`` (under mpiexec), ``socket`` (``gloo`` is its alias), ``nccl``, and
+``local`` (ranks are threads of one process; see ``spawn_local``).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from datetime import timedelta
+
+from . import state, tensors, transports, work as _work
+from .errors import CollectiveError, CollectiveTimeout, TransportError
+from .group import ProcessGroup
+from .ops import ReduceOp
+from .state import GroupMember, group, seconds as _seconds
+from .work import Future, Work
+
+__all__ = [
+    "Backend", "CollectiveError", "CollectiveTimeout", "Future", "GroupMember", "P2POp",
+    "ProcessGroup", "ReduceOp", "TransportError", "Work", "all_gather", "all_gather_into_tensor",
+    "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single", "barrier",
+    "batch_isend_irecv", "broadcast", "broadcast_object_list", "destroy_process_group",
+    "gather", "gather_object", "get_backend", "get_global_rank", "get_group_rank",
+    "get_process_group_ranks", "get_rank", "get_world_size", "group", "init_process_group",
+    "irecv", "is_available", "is_gloo_available", "is_initialized", "is_mpi_available",
+    "is_nccl_available", "is_torchelastic_launched", "isend", "monitored_barrier",
+    "new_group", "new_subgroups", "recv", "reduce", "reduce_op", "reduce_scatter",
+    "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "spawn_local",
+]
+
+reduce_op = ReduceOp      # torch's deprecated alias
+
+# Launchers that set these are MPI launchers (MPICH/Hydra, Intel MPI, Open MPI, PMIx, MVAPICH).
+_MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+            "HYDI_CONTROL_FD", "MPI_LOCALRANKID", "MV2_COMM_WORLD_RANK")
+LOCAL = "local"
+
+
+class Backend(str):
+    """A backend name: ``Backend("GLOO") == "gloo"``; unknown names are a ValueError."""
+    UNDEFINED = "undefined"
+    GLOO = "gloo"
+    NCCL = "nccl"
+    MPI = "mpi"
+    SOCKET = "socket"
+    LOCAL = LOCAL
+
+    def __new__(cls, name):
+        if not isinstance(name, str):
+            raise TypeError(f"Backend name must be a string, got {type(name).__name__}")
+        value = name.lower()
+        if value not in (cls.UNDEFINED, LOCAL):
+            transports.canonical(value)          # raises, listing the known backends
+        return super().__new__(cls, value)
+
+
+# -- setup --------------------------------------------------------------------------------
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_initialized() -> bool:
+    return state.current() is not None
+
+
+def is_torchelastic_launched() -> bool:
+    return os.environ.get("TORCHELASTIC_RUN_ID") is not None
+
+
+def is_mpi_available() -> bool:
+    return transports.available("mpi")[0]
+
+
+def is_nccl_available() -> bool:
+    return transports.available("nccl")[0]
+
+
+def is_gloo_available() -> bool:
+    return transports.available("socket")[0]
+
+
+def _launched_by_mpi() -> bool:
+    return any(name in os.environ for name in _MPI_ENV) and \
+        importlib.util.find_spec("mpi4py") is not None
+
+
+def _backend_name(backend, init_method, store) -> str:
+    """torch's "cpu:gloo,cuda:nccl" form picks the CPU entry; None picks mpi under mpiexec."""
+    if backend is None or str(backend).lower() == Backend.UNDEFINED:
+        direct = init_method is None and store is None
+        return Backend.MPI if direct and _launched_by_mpi() else Backend.SOCKET
+    name = str(backend).lower()
+    if ":" in name:
+        pairs = dict(item.split(":", 1) for item in name.split(",") if ":" in item)
+        name = pairs.get("cpu") or next(iter(pairs.values()))
+    return Backend(name.strip())
+
+
+def init_process_group(backend=None, init_method=None, timeout=timedelta(minutes=30),
+                       world_size=-1, rank=-1, store=None, group_name="", pg_options=None,
+                       device_id=None):
+    """Join the job. ``local``: ``store`` is the LocalWorld; mpi: rank and size come from MPI;
+    socket/nccl: rendezvous through ``init_method`` / ``store`` / the environment."""
+    if state.current() is not None:
+        raise ValueError("trying to initialize the default process group twice!")
+    name, limit = _backend_name(backend, init_method, store), _seconds(timeout)
+    if name == LOCAL:
+        transport = _local_transport(store, rank, world_size)
+    elif name == Backend.MPI:
+        transport = transports.create("mpi", rank=rank, world_size=world_size, timeout=limit)
+    else:
+        from .rendezvous import rendezvous
+        store, rank, world_size = rendezvous(init_method, rank, world_size, limit, store)
+        transport = transports.create(name, rank=rank, world_size=world_size, store=store,
+                                      timeout=limit)
+    pg = ProcessGroup(transport, backend=name, timeout=limit, group_id=0, name=group_name)
+    state.install(state.World(name, transport, pg, thread_local=name == LOCAL, timeout=limit))
+
+
+def _local_transport(world, rank, world_size):
+    from .transports.local import LocalWorld
+    if not isinstance(world, LocalWorld):
+        raise ValueError("init_process_group('local') needs store=<a LocalWorld>; "
+                         "collectives.spawn_local(world_size, fn) makes one and starts the ranks")
+    if world_size not in (-1, None) and world_size != world.size:
+        raise ValueError(f"init_process_group: world_size={world_size} but the LocalWorld has "
+                         f"{world.size} ranks")
+    if not isinstance(rank, int) or not 0 <= rank < world.size:
+        raise ValueError(f"init_process_group('local'): rank {rank!r} is out of range for "
+                         f"world size {world.size}")
+    return world.transport(rank)
+
+
+def destroy_process_group(group=None) -> None:
+    """Finish pending async work and release ``group`` (default: everything)."""
+    world = state.world()
+    if group is None or group is world.default:
+        for pg in world.groups:
+            _work.stop(pg)
+        for pg in world.groups[1:]:
+            if pg.transport is not world.transport:
+                pg.transport.close()
+        world.transport.close()
+        state.uninstall(world)
+    elif group is not GroupMember.NON_GROUP_MEMBER and group in world.groups:
+        _work.stop(group)
+        world.groups.remove(group)
+
+
+def get_backend(group=None) -> Backend:
+    world = state.world()
+    pg = state.resolve(group, "get_backend")
+    if pg is None:
+        raise ValueError("get_backend: this rank is not a member of the group")
+    return Backend(world.backend)
+
+
+def get_rank(group=None) -> int:
+    pg = state.resolve(group, "get_rank")
+    return -1 if pg is None else pg.rank
+
+
+def get_world_size(group=None) -> int:
+    pg = state.resolve(group, "get_world_size")
+    return -1 if pg is None else pg.size
+
+
+def get_process_group_ranks(group) -> list[int]:
+    pg = state.resolve(group, "get_process_group_ranks")
+    if pg is None:
+        raise ValueError("get_process_group_ranks: this rank is not a member of the group")
+    return list(pg.ranks)
+
+
+def get_global_rank(group, group_rank: int) -> int:
+    ranks = get_process_group_ranks(group)
+    if not isinstance(group_rank, int) or not 0 <= group_rank < len(ranks):
+        raise ValueError(f"get_global_rank: group rank {group_rank!r} is not in the group "
+                         f"(size {len(ranks)})")
+    return ranks[group_rank]
+
+
+def get_group_rank(group, global_rank: int) -> int:
+    ranks = get_process_group_ranks(group)
+    if global_rank not in ranks:
+        raise ValueError(f"get_group_rank: global rank {global_rank!r} is not part of the "
+                         f"group (ranks {ranks})")
+    return ranks.index(global_rank)
+
+
+def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
+              use_local_synchronization=False, group_desc=None):
+    """A subgroup of the default group. Every rank must call it, in the same order;
+    non-members get GroupMember.NON_GROUP_MEMBER."""
+    world = state.world()
+    size = world.default.size
+    ranks = list(range(size)) if ranks is None else sorted(int(r) for r in ranks)
+    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < size for r in ranks):
+        raise ValueError(f"new_group on rank {world.default.rank}: ranks {ranks} must be "
+                         f"distinct ranks within 0..{size - 1}")
+    group_id = world.next_group_id
+    world.next_group_id += 1
+    if world.default.rank not in ranks:
+        return GroupMember.NON_GROUP_MEMBER
+    transport = _subgroup_transport(world.transport, ranks)
+    limit = world.timeout if timeout is None else _seconds(timeout)
+    pg = ProcessGroup(transport, backend=world.backend, timeout=limit, group_id=group_id,
+                      ranks=ranks, name=group_desc or f"group{group_id}")
+    world.groups.append(pg)
+    return pg
+
+
+def _subgroup_transport(parent, ranks):
+    from .transports.subgroup import SubgroupTransport
+    make = getattr(parent, "subgroup", None)
+    return make(ranks) if make is not None else SubgroupTransport(parent, ranks)
+
+
+def new_subgroups(group_size=None, group=None, timeout=None, backend=None, pg_options=None,
+                  group_desc=None):
+    """Split the world into consecutive groups of ``group_size`` ranks (default: the
+    launcher's LOCAL_WORLD_SIZE, else the whole world). Returns (this rank's group, all)."""
+    world_size = get_world_size()
+    if group_size is None:
+        group_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if group_size <= 0 or world_size % group_size:
+        raise ValueError(f"new_subgroups: group_size {group_size} must be positive and divide "
+                         f"the world size {world_size}")
+    subgroups, mine = [], None
+    for start in range(0, world_size, group_size):
+        pg = new_group(list(range(start, start + group_size)), timeout=timeout)
+        subgroups.append(pg)
+        if pg is not GroupMember.NON_GROUP_MEMBER:
+            mine = pg
+    return mine, subgroups
+
+
+# -- collectives --------------------------------------------------------------------------
+
+
+def _group(group, operation):
+    return state.resolve(group, operation)
+
+
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, algorithm=None):
+    pg = _group(group, "broadcast")
+    if pg is None:
+        return None
+    root = state.group_rank(pg, src, group_src, "broadcast", "src")
+    buf = tensors.flat(tensor, "broadcast", pg.rank)
+    run = pg.prepare("broadcast", output=buf, root=root, algorithm=algorithm)
+    return _work.call(pg, run, async_op, [tensor])
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm=None):
+    pg = _group(group, "all_reduce")
+    if pg is None:
+        return None
+    buf = tensors.flat(tensor, "all_reduce", pg.rank)
+    run = pg.prepare("all_reduce", output=buf, op=op, algorithm=algorithm)
+    return _work.call(pg, run, async_op, [tensor])
+
+
+def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None, *,
+           algorithm=None):
+    """The result lands in ``tensor`` on ``dst`` only; other ranks' tensors stay untouched."""
+    pg = _group(group, "reduce")
+    if pg is None:
+        return None
+    root = state.group_rank(pg, dst, group_dst, "reduce", "dst")
+    buf = tensors.flat(tensor, "reduce", pg.rank)
+    run = pg.prepare("reduce", input=buf, output=buf if pg.rank == root else None, root=root,
+                     op=op, algorithm=algorithm)
+    return _work.call(pg, run, async_op, [tensor])
+
+
+def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm=None):
+    """Differently sized entries of ``tensor_list`` make this an all-gather-v."""
+    pg = _group(group, "all_gather")
+    if pg is None:
+        return None
+    outs = tensors.flat_list(tensor_list, "all_gather", pg.rank, "tensor_list", pg.size)
+    buf = tensors.flat(tensor, "all_gather", pg.rank)
+    _check_outputs("all_gather", pg, outs)
+    whole = tensors.empty(buf, sum(o.size for o in outs))
+    run = pg.prepare("all_gather", input=buf, output=whole, counts=[o.size for o in outs],
+                     algorithm=algorithm)
+    return _work.call(pg, _then(run, tensors.split_into, whole, outs), async_op, tensor_list)
+
+
+def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, *,
+                           algorithm=None):
+    pg = _group(group, "all_gather_into_tensor")
+    if pg is None:
+        return None
+    out = tensors.flat(output_tensor, "all_gather_into_tensor", pg.rank, "output_tensor")
+    buf = tensors.flat(input_tensor, "all_gather_into_tensor", pg.rank, "input_tensor")
+    run = pg.prepare("all_gather", input=buf, output=out, algorithm=algorithm)
+    return _work.call(pg, run, async_op, [output_tensor])
+
+
+def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None, *,
+           algorithm=None):
+    """``gather_list`` (one tensor per rank, each the size of ``tensor``) only on ``dst``."""
+    pg = _group(group, "gather")
+    if pg is None:
+        return None
+    root = state.group_rank(pg, dst, group_dst, "gather", "dst")
+    buf = tensors.flat(tensor, "gather", pg.rank)
+    outs, whole = _rooted_list("gather", pg, root, gather_list, "gather_list", buf)
+    run = pg.prepare("gather", input=buf, output=whole, root=root, algorithm=algorithm)
+    finish = _then(run, tensors.split_into, whole, outs) if whole is not None else run
+    return _work.call(pg, finish, async_op, list(gather_list or []))
+
+
+def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None, *,
+            algorithm=None):
+    """``scatter_list`` (one tensor per rank, each the size of ``tensor``) only on ``src``."""
+    pg = _group(group, "scatter")
+    if pg is None:
+        return None
+    root = state.group_rank(pg, src, group_src, "scatter", "src")
+    out = tensors.flat(tensor, "scatter", pg.rank)
+    ins, _ = _rooted_list("scatter", pg, root, scatter_list, "scatter_list", out)
+    whole = tensors.concatenate(ins, out) if pg.rank == root else None
+    run = pg.prepare("scatter", input=whole, output=out, root=root, algorithm=algorithm)
+    return _work.call(pg, run, async_op, [tensor])
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, *,
+                   algorithm=None):
+    """Differently sized entries of ``input_list`` make this an uneven reduce-scatter."""
+    pg = _group(group, "reduce_scatter")
+    if pg is None:
+        return None
+    out = tensors.flat(output, "reduce_scatter", pg.rank, "output")
+    ins = tensors.flat_list(input_list, "reduce_scatter", pg.rank, "input_list", pg.size)
+    _check_same_dtype("reduce_scatter", pg, out, ins)
+    whole = tensors.concatenate(ins, out)
+    run = pg.prepare("reduce_scatter", input=whole, output=out, counts=[i.size for i in ins],
+                     op=op, algorithm=algorithm)
+    return _work.call(pg, run, async_op, [output])
+
+
+def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,
+                          algorithm=None):
+    pg = _group(group, "reduce_scatter_tensor")
+    if pg is None:
+        return None
+    out = tensors.flat(output, "reduce_scatter_tensor", pg.rank, "output")
+    buf = tensors.flat(input, "reduce_scatter_tensor", pg.rank, "input")
+    run = pg.prepare("reduce_scatter", input=buf, output=out, op=op, algorithm=algorithm)
+    return _work.call(pg, run, async_op, [output])
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, *,
+               algorithm=None):
+    """Entry j of ``input_tensor_list`` goes to rank j; sizes may differ (all-to-all-v)."""
+    pg = _group(group, "all_to_all")
+    if pg is None:
+        return None
+    outs = tensors.flat_list(output_tensor_list, "all_to_all", pg.rank, "output_tensor_list",
+                             pg.size)
+    ins = tensors.flat_list(input_tensor_list, "all_to_all", pg.rank, "input_tensor_list",
+                            pg.size)
+    _check_same_dtype("all_to_all", pg, outs[0] if outs else None, ins)
+    like = (ins or outs)[0]
+    counts = _all_to_all_counts(pg, [i.size for i in ins], [o.size for o in outs], algorithm)
+    whole_in = tensors.concatenate(ins, like)
+    whole_out = tensors.empty(like, sum(o.size for o in outs))
+    run = pg.prepare("all_to_all", input=whole_in, output=whole_out, counts=counts,
+                     algorithm=algorithm)
+    finish = _then(run, tensors.split_into, whole_out, outs)
+    return _work.call(pg, finish, async_op, output_tensor_list)
+
+
+def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
+                      group=None, async_op=False, *, algorithm=None):
+    """Split sizes count rows of dim 0, as in torch; without them the split is even."""
+    pg = _group(group, "all_to_all_single")
+    if pg is None:
+        return None
+    out = tensors.flat(output, "all_to_all_single", pg.rank, "output")
+    buf = tensors.flat(input, "all_to_all_single", pg.rank, "input")
+    counts = None
+    if output_split_sizes is not None or input_split_sizes is not None:
+        sends = _splits(pg, input_split_sizes, buf.size, tensors.rows(input), "input_split_sizes")
+        recvs = _splits(pg, output_split_sizes, out.size, tensors.rows(output),
+                        "output_split_sizes")
+        counts = _all_to_all_counts(pg, sends, recvs, algorithm)
+    run = pg.prepare("all_to_all", input=buf, output=out, counts=counts, algorithm=algorithm)
+    return _work.call(pg, run, async_op, [output])
+
+
+def barrier(group=None, async_op=False, device_ids=None, *, algorithm=None):
+    pg = _group(group, "barrier")
+    if pg is None:
+        return None
+    run = pg.prepare("barrier", algorithm=algorithm)
+    return _work.call(pg, run, async_op, [])
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """A barrier that fails with CollectiveTimeout after ``timeout`` instead of hanging."""
+    pg = _group(group, "monitored_barrier")
+    if pg is None:
+        return None
+    run = pg.prepare("barrier", timeout=_seconds(timeout))
+    return _work.call(pg, run, False, [])
+
+
+# -- helpers of the list-shaped collectives -----------------------------------------------
+
+
+def _then(run, finish, *args):
+    def run_and_finish():
+        run()
+        finish(*args)
+    return run_and_finish
+
+
+def _check_outputs(operation, pg, outs):
+    for i, view in enumerate(outs):
+        if not view.flags.writeable:
+            raise ValueError(f"{operation} on rank {pg.rank}: output tensor {i} is read-only")
+
+
+def _check_same_dtype(operation, pg, one, many):
+    for i, view in enumerate(many):
+        if one is not None and view.dtype != one.dtype:
+            raise TypeError(f"{operation} on rank {pg.rank}: input and output dtypes differ "
+                            f"({view.dtype} at index {i} vs {one.dtype})")
+
+
+def _rooted_list(operation, pg, root, items, name, like):
+    """gather_list / scatter_list: required on the root (one per rank, each like ``like``),
+    forbidden elsewhere, as in torch. Returns (views, a flat buffer for gather's output)."""
+    if pg.rank != root:
+        if items:
+            raise ValueError(f"{operation} on rank {pg.rank}: {name} must not be given on "
+                             f"ranks other than the root ({root})")
+        return [], None
+    if items is None:
+        raise ValueError(f"{operation} on rank {pg.rank}: {name} is required on the root")
+    views = tensors.flat_list(items, operation, pg.rank, name, pg.size)
+    for i, view in enumerate(views):
+        if view.size != like.size or view.dtype != like.dtype:
+            raise ValueError(f"{operation} on rank {pg.rank}: {name}[{i}] has {view.size} "
+                             f"{view.dtype} elements; each entry must match the tensor "
+                             f"({like.size} {like.dtype})")
+    if operation == "gather":
+        _check_outputs(operation, pg, views)
+    return views, tensors.empty(like, like.size * pg.size)
+
+
+def _splits(pg, sizes, total, per_row, name):
+    if sizes is None:
+        if total % pg.size:
+            raise ValueError(f"all_to_all_single on rank {pg.rank}: {total} elements do not "
+                             f"split evenly over {pg.size} ranks; give {name}")
+        return [total // pg.size] * pg.size
+    sizes = [int(s) for s in sizes]
+    if len(sizes) != pg.size or any(s < 0 for s in sizes) or sum(sizes) * per_row != total:
+        raise ValueError(f"all_to_all_single on rank {pg.rank}: {name} {sizes} must be "
+                         f"{pg.size} non-negative row counts adding up to the tensor's rows")
+    return [s * per_row for s in sizes]
+
+
+def _all_to_all_counts(pg, sends, recvs, algorithm):
+    """The full matrix counts[i][j] (i sends to j). Our schedules need every rank's row, so
+    rows and columns are all-gathered first (one small collective) and every rank checks
+    them all: a size mismatch is then the same ValueError on every rank, before any data
+    moves. MPI's native all-to-all needs only this rank's row and column."""
+    p, me = pg.size, pg.rank
+    if (algorithm or pg.overrides.get("all_to_all")) == "native":
+        matrix = [[0] * p for _ in range(p)]
+        matrix[me] = list(sends)
+        for i in range(p):
+            matrix[i][me] = recvs[i]
+        return matrix
+    table = pg.xp.empty(2 * p * p, dtype="int64")
+    mine = pg.xp.asarray(list(sends) + list(recvs), dtype="int64")
+    _work.call(pg, pg.prepare("all_gather", input=mine, output=table), False, [])
+    table = table.reshape(p, 2, p).tolist()
+    matrix = [table[i][0] for i in range(p)]
+    for j in range(p):
+        column = [matrix[i][j] for i in range(p)]
+        if column != table[j][1]:
+            raise ValueError(f"all_to_all on rank {me}: rank {j} expects {table[j][1]} "
+                             f"elements from the ranks, but they send it {column}")
+    return matrix
+
+
+from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send  # noqa: E402
+from .objects import (all_gather_object, broadcast_object_list, gather_object,  # noqa: E402
+                      scatter_object_list)
+from .testing import spawn_local  # noqa: E402
