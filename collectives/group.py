@@ -127,7 +127,7 @@ class ProcessGroup:
             if collective == "barrier":
                 buffers = {"scratch": self.xp.zeros(plan.scratch, dtype=np.uint8)}
             execute(plan, self.transport, buffers, reduce, tag=tag, timeout=deadline,
-                    operation=collective, dtype=dtype)
+                    operation=collective, dtype=dtype, op=op)
             self._finish(collective, op, output, root)
         return run
 

@@ -15,10 +15,12 @@ from ..errors import CollectiveError
 
 
 def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
-            timeout: float | None = None, operation: str | None = None, dtype=None) -> None:
+            timeout: float | None = None, operation: str | None = None, dtype=None,
+            op=None) -> None:
     """Run ``plan`` over ``buffers`` ({'input': flat array, 'output': flat array}).
 
     ``reduce(dst, a, b)`` computes dst = a op b; it is needed only by plans that reduce.
+    ``op`` (the ReduceOp) is for executors that reduce with kernels of their own.
     Scratch is allocated here, with the dtype of the data.
     """
     arrays = dict(buffers)

@@ -1,0 +1,140 @@
+"""Glue for the compiled MPI executor (``_mpi_exec.pyx``): flattens a plan into integer
+arrays once (cached on the plan), maps dtypes and ops to the codes the C loops know, and
+falls back to the host executor for what the C side does not do (float16, bfloat16,
+complex, messages of 2 GiB or more) or where the extension is not built.
+
+``status()`` says whether it is in use and, if not, why (``python -m collectives info``).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+
+from ..algorithms.schedule import Copy
+from ..errors import CollectiveError, CollectiveTimeout, TransportError
+from ..ops import ReduceOp
+from . import host
+
+_DTYPES = {np.dtype(t): code for code, t in enumerate(
+    (np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
+     np.uint8, np.uint16, np.uint32, np.uint64))}
+_BOOL_OPS = {ReduceOp.SUM: ReduceOp.BOR, ReduceOp.PRODUCT: ReduceOp.BAND,
+             ReduceOp.MIN: ReduceOp.BAND, ReduceOp.MAX: ReduceOp.BOR}
+_BUFFER_IDS = {"input": 0, "output": 1, "scratch": 2}
+_MAX_MESSAGE = 2**31 - 1            # MPI int counts, in bytes
+
+
+def _load():
+    """Import the extension after making libmpi's symbols global (mpi4py loads it RTLD_LOCAL,
+    and the extension leaves MPI symbols to be resolved from the library already loaded)."""
+    if os.environ.get("COLLECTIVES_COMPILED", "1") == "0":
+        return None, "disabled by COLLECTIVES_COMPILED=0"
+    try:
+        from mpi4py import MPI
+    except Exception as exc:  # noqa: BLE001
+        return None, f"mpi4py unusable: {exc}"
+    for line in open("/proc/self/maps") if os.path.exists("/proc/self/maps") else ():
+        path = line.split()[-1]
+        if "libmpi" in os.path.basename(path) and ".so" in path:
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            break
+    try:
+        from . import _mpi_exec
+    except ImportError as exc:
+        return None, f"extension not built ({exc}); reinstall with Cython and an MPI compiler"
+    library = MPI.Get_library_version()
+    if _mpi_exec.BUILT_FOR not in library:
+        return None, (f"built against {_mpi_exec.BUILT_FOR} headers but running on "
+                      f"{library.splitlines()[0].strip()}; rebuild to use it")
+    return _mpi_exec, f"in use (built for {_mpi_exec.BUILT_FOR})"
+
+
+_module, _why = None, None
+
+
+def status() -> str:
+    global _module, _why
+    if _why is None:
+        _module, _why = _load()
+    return _why
+
+
+def available() -> bool:
+    status()
+    return _module is not None
+
+
+def _flatten(plan):
+    flat = getattr(plan, "_flat", None)
+    if flat is None:
+        steps, xfers, ops = [], [], []
+        for step in plan.steps:
+            steps.append((len(step.recvs), len(step.sends), len(step.local)))
+            for t in step.recvs + step.sends:
+                xfers.append((t.peer, _BUFFER_IDS[t.region.buffer], t.region.offset, t.region.count))
+            for op in step.local:
+                if isinstance(op, Copy):
+                    ops.append((0, _BUFFER_IDS[op.dst.buffer], op.dst.offset,
+                                _BUFFER_IDS[op.src.buffer], op.src.offset, 0, 0, op.dst.count))
+                else:
+                    ops.append((1, _BUFFER_IDS[op.dst.buffer], op.dst.offset,
+                                _BUFFER_IDS[op.a.buffer], op.a.offset,
+                                _BUFFER_IDS[op.b.buffer], op.b.offset, op.dst.count))
+
+        def table(rows, width):
+            return np.array(rows, dtype=np.int64).reshape(-1, width)
+        largest = max((t[3] for t in xfers), default=0)
+        flat = (table(steps, 3), table(xfers, 4), table(ops, 8), largest)
+        object.__setattr__(plan, "_flat", flat)
+    return flat
+
+
+def _address(array) -> int:
+    return 0 if array is None or array.size == 0 else array.__array_interface__["data"][0]
+
+
+def make_executor(comm):
+    """An ``execute`` with host.execute's signature, bound to ``comm``; None if unavailable."""
+    if not available():
+        return None
+    run = _module.execute
+
+    def execute(plan, transport, buffers, reduce=None, *, tag=0, timeout=None,
+                operation=None, dtype=None, op=ReduceOp.SUM):
+        arrays = dict(buffers)
+        if dtype is None:
+            dtype = next(a.dtype for a in arrays.values() if a is not None)
+        dtype = np.dtype(dtype)
+        code = _DTYPES.get(dtype)
+        if dtype == np.bool_:
+            code, op = _DTYPES[np.dtype(np.uint8)], _BOOL_OPS.get(op, op)
+        steps, xfers, ops, largest = _flatten(plan)
+        if code is None or largest * dtype.itemsize > _MAX_MESSAGE:
+            return host.execute(plan, transport, buffers, reduce, tag=tag, timeout=timeout,
+                                operation=operation, dtype=dtype)
+        scratch = np.empty(plan.scratch, dtype) if plan.scratch else None
+        if op == ReduceOp.AVG:
+            op = ReduceOp.SUM        # the group divides afterwards
+        failure = run(comm, steps, xfers, ops, _address(arrays.get("input")),
+                      _address(arrays.get("output")), _address(scratch), dtype.itemsize,
+                      code, int(op), tag, -1.0 if timeout is None else float(timeout))
+        if failure is not None:
+            _raise(plan, operation, failure, timeout, transport.rank, tag)
+    return execute
+
+
+def _raise(plan, operation, failure, timeout, rank, tag):
+    step, kind, peer, detail = failure
+    where = (f"{operation or plan.collective} ({plan.algorithm}) on rank {rank}, step "
+             f"{step + 1} of {len(plan.steps)}")
+    if kind == "timeout":
+        peers = sorted({t.peer for t in plan.steps[step].recvs + plan.steps[step].sends})
+        raise CollectiveTimeout(f"{where}: still waiting after {timeout:.3g} s on rank(s) "
+                                f"{', '.join(map(str, peers))}, tag {tag}")
+    if kind == "size":
+        raise CollectiveError(f"{where}: message from rank {peer} has {detail} bytes, not what "
+                              f"the receive expects: the ranks called mismatched operations "
+                              f"or sizes")
+    raise TransportError(f"{where}: MPI error class {detail} talking to rank {peer}")

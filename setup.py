@@ -1,0 +1,66 @@
+"""Builds the optional compiled MPI executor. Everything else is in setup.cfg.
+
+The extension needs Cython, mpi4py's Cython declarations and an MPI's mpi.h (found through
+``$MPICC`` or ``mpicc -show``; the mpich wheel in the build requirements provides one). If
+any of that is missing, or the compile fails, the package installs without it and
+``python -m collectives info`` says why.
+"""
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+def mpi_include_dirs():
+    mpicc = os.environ.get("MPICC") or shutil.which("mpicc")
+    if mpicc:
+        try:
+            flags = subprocess.run([mpicc, "-show"], capture_output=True, text=True,
+                                   check=True).stdout
+            dirs = [f[2:] for f in shlex.split(flags) if f.startswith("-I")]
+            if dirs:
+                return dirs
+        except (OSError, subprocess.CalledProcessError):
+            pass
+    header = os.path.join(sys.prefix, "include", "mpi.h")      # the mpich wheel's layout
+    return [os.path.dirname(header)] if os.path.exists(header) else []
+
+
+def extensions():
+    try:
+        import mpi4py
+        from Cython.Build import cythonize
+    except ImportError as exc:
+        print(f"collectives: not building the compiled executor ({exc})", file=sys.stderr)
+        return []
+    include = mpi_include_dirs()
+    if not include:
+        print("collectives: not building the compiled executor (no mpi.h found)", file=sys.stderr)
+        return []
+    ext = Extension("collectives.executors._mpi_exec", ["collectives/executors/_mpi_exec.pyx"],
+                    include_dirs=include + [mpi4py.get_include()],
+                    extra_compile_args=["-O3"])
+    return cythonize([ext], compiler_directives={"language_level": 3}, quiet=True)
+
+
+class OptionalBuildExt(build_ext):
+    """A failed compile is a warning, not a failed install: the Python executor remains."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as exc:  # noqa: BLE001
+            print(f"collectives: compiled executor not built: {exc}", file=sys.stderr)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # noqa: BLE001
+            print(f"collectives: compiled executor not built: {exc}", file=sys.stderr)
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})
