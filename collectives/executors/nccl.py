@@ -1,0 +1,243 @@
+"""The NCCL executor: a whole plan enqueued on CUDA streams, no host synchronization.
+
+Each step becomes one NCCL group (``groupStart``, every ``recv`` and ``send`` of the step,
+``groupEnd``) followed by its local copies and reductions as CuPy kernels. Nothing waits on the
+host: ``execute`` returns once everything is enqueued, and the results are ordered on the
+caller's current CuPy stream (see ``collectives.transports.nccl`` for what completes when).
+
+Two modes:
+
+* **in order** (steps whose transfers are smaller than ``segment_bytes``, or segmentation
+  off): every transfer and kernel on the caller's stream, in plan order. Fewest launches; this
+  is what small messages want.
+* **pipelined** (any larger step): each step is cut into ``ceil(bytes / segment_bytes)``
+  segments (every region of the step split in the same proportions, so segment k of a
+  reduction reads exactly segment k of its landing zone). Transfers run on the transport's
+  private communication stream, kernels on the caller's stream, and CUDA events order them:
+  an operation waits for the latest operation of the other stream whose regions conflict with
+  its own (read-after-write, write-after-read, write-after-write). So the reduction of segment
+  k overlaps the transfer of segment k+1, and a send waits only for the kernels that wrote
+  what it sends.
+
+NCCL point-to-point bandwidth grows with message size (fewer, larger messages fill more
+channels), so segments trade transfer bandwidth for overlap; ``COLLECTIVES_NCCL_SEGMENT_BYTES``
+(0 = never segment) sets the size, and BENCHMARKS.md records what it costs and buys.
+
+Limits: the NCCL calls of one plan are issued from one host thread; every rank must issue its
+plans in the same order (NCCL requires it of any communicator). ``timeout`` is not enforced
+here (nothing is waited for); ``NcclTransport.synchronize(timeout)`` enforces it.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from ..algorithms.schedule import Copy, Plan
+from ..errors import TransportError
+
+ENV_SEGMENT = "COLLECTIVES_NCCL_SEGMENT_BYTES"
+DEFAULT_SEGMENT_BYTES = 0          # set from the device measurements (BENCHMARKS.md)
+_UINT8 = 1                          # ncclUint8: transfers move bytes, whatever the dtype
+_D2D = 3                            # cudaMemcpyDeviceToDevice
+
+
+def segment_bytes() -> int:
+    text = os.environ.get(ENV_SEGMENT)
+    if text is None:
+        return DEFAULT_SEGMENT_BYTES
+    try:
+        value = int(float(text))
+    except ValueError:
+        raise ValueError(f"{ENV_SEGMENT}={text!r} is not a number of bytes") from None
+    if value < 0:
+        raise ValueError(f"{ENV_SEGMENT} must be >= 0, got {value}")
+    return value
+
+
+def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
+            timeout: float | None = None, operation: str | None = None, dtype=None,
+            op=None, segment: int | None = None) -> None:
+    """Enqueue ``plan`` over device ``buffers`` on the current CuPy stream.
+
+    ``op`` (the ReduceOp) selects the CUDA kernel; without it ``reduce`` (the group's host
+    reducer) is called as is: numpy ufuncs dispatch to CuPy. ``segment`` overrides
+    ``COLLECTIVES_NCCL_SEGMENT_BYTES``.
+    """
+    import cupy
+
+    arrays = {k: v for k, v in buffers.items() if v is not None}
+    if dtype is None:
+        dtype = next(iter(arrays.values())).dtype
+    dtype = np.dtype(dtype)
+    if plan.scratch and "scratch" not in arrays:
+        arrays["scratch"] = transport.scratch(plan.scratch, dtype)
+    kernel = _device_reducer(reduce, op, dtype)
+    name = f"{operation or plan.collective} ({plan.algorithm}) on rank {plan.rank}"
+    run = _Run(transport, arrays, dtype.itemsize, kernel, name, cupy)
+    limit = segment_bytes() if segment is None else segment
+    biggest = max((_step_bytes(s) for s in plan.steps), default=0) * dtype.itemsize
+    if limit <= 0 or biggest <= limit:
+        run.in_order(plan.steps)
+    else:
+        run.pipelined(plan.steps, limit // dtype.itemsize)
+
+
+def _step_bytes(step) -> int:
+    """Elements of the largest single transfer of a step."""
+    return max([s.region.count for s in step.sends] + [r.region.count for r in step.recvs],
+               default=0)
+
+
+def _device_reducer(reduce, op, dtype):
+    if reduce is None:
+        return None
+    if op is None:
+        return reduce
+    from ..kernels.cuda import reduce_kernel
+    return reduce_kernel(op, dtype)
+
+
+class _Run:
+    """One plan's enqueueing state."""
+
+    def __init__(self, transport, arrays, itemsize, kernel, name, cupy):
+        self.transport = transport
+        self.comm = transport.comm
+        self.arrays = arrays
+        self.itemsize = itemsize
+        self.kernel = kernel
+        self.name = name
+        self.cupy = cupy
+        self.nccl = transport.nccl
+        self.base = {k: (a.data.ptr, a.size) for k, a in arrays.items()}
+
+    # -- addressing --------------------------------------------------------------------------
+
+    def ptr(self, region) -> int:
+        base, size = self.base[region.buffer]
+        if region.end > size:      # a schedule bug must never become a wild device write
+            raise ValueError(f"{self.name}: region {region} overruns {region.buffer} "
+                             f"({size} elements)")
+        return base + region.offset * self.itemsize
+
+    def view(self, region):
+        return self.arrays[region.buffer][region.offset:region.end]
+
+    # -- the two primitives ------------------------------------------------------------------
+
+    def transfer(self, sends, recvs, stream_ptr, index, total):
+        nccl, comm = self.nccl, self.comm
+        try:
+            nccl.groupStart()
+            try:
+                for r in recvs:
+                    comm.recv(self.ptr(r.region), r.region.count * self.itemsize, _UINT8,
+                              r.peer, stream_ptr)
+                for s in sends:
+                    comm.send(self.ptr(s.region), s.region.count * self.itemsize, _UINT8,
+                              s.peer, stream_ptr)
+            finally:
+                nccl.groupEnd()
+        except nccl.NcclError as exc:
+            raise TransportError(f"{self.name}, step {index + 1} of {total}: NCCL failed: "
+                                 f"{exc}") from exc
+
+    def local(self, op, stream):
+        if isinstance(op, Copy):
+            self.cupy.cuda.runtime.memcpyAsync(self.ptr(op.dst), self.ptr(op.src),
+                                               op.dst.count * self.itemsize, _D2D, stream.ptr)
+        else:
+            with stream:
+                self.kernel(self.view(op.dst), self.view(op.a), self.view(op.b))
+
+    # -- in order: one stream ------------------------------------------------------------------
+
+    def in_order(self, steps):
+        stream = self.cupy.cuda.get_current_stream()
+        for index, step in enumerate(steps):
+            if step.sends or step.recvs:
+                self.transfer(step.sends, step.recvs, stream.ptr, index, len(steps))
+            for op in step.local:
+                self.local(op, stream)
+
+    # -- pipelined: transfers on the comm stream, kernels on the caller's ------------------------
+
+    def pipelined(self, steps, segment_elems):
+        cupy = self.cupy
+        compute = cupy.cuda.get_current_stream()
+        comm_stream = self.transport.comm_stream()
+        streams = {"comm": comm_stream, "compute": compute}
+        history = {"comm": [], "compute": []}     # (event, reads, writes) in stream order
+        waited = {"comm": -1, "compute": -1}      # index into the *other* stream's history
+
+        start = compute.record()
+        comm_stream.wait_event(start)             # the caller's earlier work comes first
+
+        def enqueue(where, reads, writes, launch):
+            other = "compute" if where == "comm" else "comm"
+            past = history[other]
+            for i in range(len(past) - 1, waited[where], -1):
+                _, r, w = past[i]
+                if _conflict(w, reads) or _conflict(w, writes) or _conflict(r, writes):
+                    streams[where].wait_event(past[i][0])
+                    waited[where] = i
+                    break
+            launch()
+            history[where].append((streams[where].record(), reads, writes))
+
+        total = len(steps)
+        for index, step in enumerate(steps):
+            n = max(1, math.ceil(_step_bytes(step) / max(1, segment_elems)))
+            # Local ops of a step run after all its transfers; segment k of them may follow
+            # segment k of the transfers only if they touch transfer regions exactly.
+            split_local = _aligned(step)
+            for k in range(n):
+                sends = [type(s)(s.peer, _piece(s.region, k, n)) for s in step.sends]
+                recvs = [type(r)(r.peer, _piece(r.region, k, n)) for r in step.recvs]
+                sends = [s for s in sends if s.region.count]
+                recvs = [r for r in recvs if r.region.count]
+                if sends or recvs:
+                    enqueue("comm", [s.region for s in sends], [r.region for r in recvs],
+                            lambda s=sends, r=recvs: self.transfer(s, r, comm_stream.ptr,
+                                                                   index, total))
+                if not split_local:
+                    continue
+                for op in step.local:
+                    piece = type(op)(*(_piece(region, k, n) for region in op))
+                    if piece[0].count:
+                        enqueue("compute", list(piece[1:]), [piece[0]],
+                                lambda p=piece: self.local(p, compute))
+            if not split_local:
+                for op in step.local:
+                    enqueue("compute", list(op[1:]), [op[0]],
+                            lambda p=op: self.local(p, compute))
+        if history["comm"]:
+            compute.wait_event(history["comm"][-1][0])   # the caller's stream sees it all
+
+
+def _piece(region, k, n):
+    """Segment k of n of a region: proportional bounds, so equal-count regions split alike."""
+    lo = region.count * k // n
+    hi = region.count * (k + 1) // n
+    return region.sub(lo, hi - lo)
+
+
+def _aligned(step) -> bool:
+    """Whether every region of the step's local ops either equals one of its transfer regions
+    or overlaps none of them (then segment k of an op touches only segment k of a transfer)."""
+    moved = [s.region for s in step.sends] + [r.region for r in step.recvs]
+    for op in step.local:
+        for region in op:
+            if region not in moved and _conflict([region], moved):
+                return False
+    return True
+
+
+def _conflict(regions_a, regions_b) -> bool:
+    for a in regions_a:
+        for b in regions_b:
+            if a.buffer == b.buffer and a.offset < b.end and b.offset < a.end:
+                return True
+    return False
