@@ -44,11 +44,13 @@ def _gpus() -> str:
 
 
 def _kernels() -> list[str]:
+    from .executors import compiled
+    lines = [f"compiled MPI executor (Cython): {compiled.status()}"]
     try:
         from .kernels.reduce import kernel_status
     except ImportError:
-        return ["numpy reductions only (no compiled kernel module)"]
-    return [f"{name}: {state}" for name, state in kernel_status().items()]
+        return lines + ["numpy reductions only (no compiled kernel module)"]
+    return lines + [f"{name}: {state}" for name, state in kernel_status().items()]
 
 
 def info() -> str:
