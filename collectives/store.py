@@ -531,11 +531,13 @@ class TCPStore(Store):
         self._secret = job_secret(secret)
         self._server = None
         self._lock = threading.Lock()
+        self._local = threading.local()
+        self._socks: list[socket.socket] = []
+        self._closed = False
         if is_master:
             self._server = _StoreServer(host_name, int(port), self._secret, world_size)
             port = self._server.port
         self.port = int(port)
-        self._sock = self._connect()
         self._call("join", [])
         if is_master and wait_for_workers and world_size:
             if not self._server.wait_joined(world_size, self._timeout):
@@ -570,16 +572,27 @@ class TCPStore(Store):
             time.sleep(pause)
             pause = min(pause * 2, 0.5)
 
+    def _conn(self) -> socket.socket:
+        """This thread's connection: a blocking get in one thread never stalls another."""
+        sock = getattr(self._local, "sock", None)
+        if sock is None:
+            with self._lock:
+                if self._closed:
+                    raise StoreError(f"{self._describe()} is closed")
+            sock = self._connect()
+            self._local.sock = sock
+            with self._lock:
+                self._socks.append(sock)
+        return sock
+
     def _call(self, op, fields):
-        with self._lock:
-            if self._sock is None:
-                raise StoreError(f"{self._describe()} is closed")
-            try:
-                self._sock.sendall(_pack(_OPS[op], fields))
-                status, out = _read_frame(self._sock)
-            except (OSError, ValueError) as exc:
-                raise StoreError(f"{self._describe()}: {op} failed, the store server is gone "
-                                 f"or broken: {exc}") from None
+        sock = self._conn()
+        try:
+            sock.sendall(_pack(_OPS[op], fields))
+            status, out = _read_frame(sock)
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"{self._describe()}: {op} failed, the store server is gone "
+                             f"or broken: {exc}") from None
         if status == _ERROR:
             raise StoreError(f"{self._describe()}: {out[0].decode(errors='replace')}")
         return status, out
@@ -616,9 +629,10 @@ class TCPStore(Store):
 
     def close(self):
         with self._lock:
-            if self._sock is not None:
-                self._sock.close()
-                self._sock = None
+            self._closed = True
+            socks, self._socks = self._socks, []
+        for sock in socks:
+            sock.close()
         if self._server is not None:
             self._server.close()
 
