@@ -291,6 +291,7 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm=Non
         return None
     outs = tensors.flat_list(tensor_list, "all_gather", pg.rank, "tensor_list", pg.size)
     buf = tensors.flat(tensor, "all_gather", pg.rank)
+    _check_same_dtype("all_gather", pg, buf, outs)
     _check_outputs("all_gather", pg, outs)
     whole = tensors.empty(buf, sum(o.size for o in outs))
     run = pg.prepare("all_gather", input=buf, output=whole, counts=[o.size for o in outs],
@@ -374,6 +375,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     ins = tensors.flat_list(input_tensor_list, "all_to_all", pg.rank, "input_tensor_list",
                             pg.size)
     _check_same_dtype("all_to_all", pg, outs[0] if outs else None, ins)
+    _check_outputs("all_to_all", pg, outs)
     like = (ins or outs)[0]
     counts = _all_to_all_counts(pg, [i.size for i in ins], [o.size for o in outs], algorithm)
     whole_in = tensors.concatenate(ins, like)
