@@ -39,6 +39,7 @@ try:
     import numba
     from numba import njit, types
     from numba.core.extending import intrinsic
+    from llvmlite import ir
     _IMPORT_ERROR = None
 except Exception as exc:  # ImportError, or a numba that fails against this numpy / llvmlite
     numba = None
@@ -82,34 +83,21 @@ if numba is not None:
         return x(x, x, x), codegen
 
     # ---- float16 <-> float32 ----
-    @_inline
-    def _f16_to_f32(h):
-        h = np.uint32(h)
-        sign = (h & np.uint32(0x8000)) << np.uint32(16)
-        em = h & np.uint32(0x7FFF)
-        if em >= np.uint32(0x7C00):      # inf / NaN: keep the payload
-            bits = np.uint32(0x7F800000) | ((em & np.uint32(0x3FF)) << np.uint32(13))
-        elif em >= np.uint32(0x0400):    # normal: rebias the exponent
-            bits = (em << np.uint32(13)) + np.uint32((127 - 15) << 23)
-        else:                            # zero / subnormal: em * 2**-24 is exact in float32
-            bits = _f32_as_u32(np.float32(em) * np.float32(2.0 ** -24))
-        return _u32_as_f32(sign | bits)
+    # LLVM's own half conversions: exact widening, round-to-nearest-even narrowing, NaN payload
+    # kept in the top bits and quieted (numpy's rule); F16C / AVX-512 FP16 vectorise them.
+    @intrinsic
+    def _f16_to_f32(typingctx, h):
+        def codegen(context, builder, signature, args):
+            half = builder.bitcast(args[0], ir.HalfType())
+            return builder.fpext(half, ir.FloatType())
+        return types.float32(types.uint16), codegen
 
-    @_inline
-    def _f32_to_f16(f):
-        u = _f32_as_u32(f)
-        sign = np.uint16((u >> np.uint32(16)) & np.uint32(0x8000))
-        a = u & np.uint32(0x7FFFFFFF)
-        if a > np.uint32(0x7F800000):    # NaN: quiet, keep the top payload bits (numpy does)
-            h = np.uint32(0x7E00) | ((a >> np.uint32(13)) & np.uint32(0x3FF))
-        elif a >= np.uint32(0x47800000):  # >= 65536: inf
-            h = np.uint32(0x7C00)
-        elif a < np.uint32(0x38800000):  # subnormal half: adding 0.5 rounds to 2**-24 steps
-            h = _f32_as_u32(_u32_as_f32(a) + np.float32(0.5)) - np.uint32(0x3F000000)
-        else:                            # normal: round to nearest even on the 13 dropped bits
-            odd = (a >> np.uint32(13)) & np.uint32(1)
-            h = (a + np.uint32(0xC8000FFF) + odd) >> np.uint32(13)  # 0xC8000000 = -112 << 23
-        return np.uint16(h) | sign
+    @intrinsic
+    def _f32_to_f16(typingctx, f):
+        def codegen(context, builder, signature, args):
+            half = builder.fptrunc(args[0], ir.HalfType())
+            return builder.bitcast(half, ir.IntType(16))
+        return types.uint16(types.float32), codegen
 
     # ---- bfloat16 <-> float32 ----
     @_inline
@@ -119,9 +107,9 @@ if numba is not None:
     @_inline
     def _f32_to_bf16(f):
         u = _f32_as_u32(f)
-        if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):  # NaN: ml_dtypes keeps the sign only
-            return np.uint16(((u >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0))
-        return np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+        rounded = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+        nan = ((u >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0)  # ml_dtypes keeps the sign only
+        return np.uint16(nan if f != f else rounded)
 
     # ---- generic kernels (ints on unsigned views, float32/float64) ----
     @_jit
@@ -201,26 +189,24 @@ if numba is not None:
     @_jit
     def _add_f16(dst, a, b):
         for i in range(dst.size):
-            x = _f16_to_f32(a[i])
-            y = _f16_to_f32(b[i])
-            if y != y:
-                dst[i] = b[i] | np.uint16(0x200)
-            elif x != x:
-                dst[i] = a[i] | np.uint16(0x200)
-            else:
-                dst[i] = _f32_to_f16(x + y)
+            p = a[i]
+            q = b[i]
+            x = _f16_to_f32(p)
+            y = _f16_to_f32(q)
+            r = _f32_to_f16(x + y)
+            r = (p | np.uint16(0x200)) if x != x else r
+            dst[i] = (q | np.uint16(0x200)) if y != y else r
 
     @_jit
     def _mul_f16(dst, a, b):
         for i in range(dst.size):
-            x = _f16_to_f32(a[i])
-            y = _f16_to_f32(b[i])
-            if y != y:
-                dst[i] = b[i] | np.uint16(0x200)
-            elif x != x:
-                dst[i] = a[i] | np.uint16(0x200)
-            else:
-                dst[i] = _f32_to_f16(x * y)
+            p = a[i]
+            q = b[i]
+            x = _f16_to_f32(p)
+            y = _f16_to_f32(q)
+            r = _f32_to_f16(x * y)
+            r = (p | np.uint16(0x200)) if x != x else r
+            dst[i] = (q | np.uint16(0x200)) if y != y else r
 
     # numpy's half minimum/maximum return a on ties (unlike float32, which returns b).
     @_jit
@@ -243,26 +229,24 @@ if numba is not None:
     @_jit
     def _add_bf16(dst, a, b):
         for i in range(dst.size):
-            x = _bf16_to_f32(a[i])
-            y = _bf16_to_f32(b[i])
-            if y != y:
-                dst[i] = (b[i] & np.uint16(0x8000)) | np.uint16(0x7FC0)
-            elif x != x:
-                dst[i] = (a[i] & np.uint16(0x8000)) | np.uint16(0x7FC0)
-            else:
-                dst[i] = _f32_to_bf16(x + y)
+            p = a[i]
+            q = b[i]
+            x = _bf16_to_f32(p)
+            y = _bf16_to_f32(q)
+            r = _f32_to_bf16(x + y)
+            r = ((p & np.uint16(0x8000)) | np.uint16(0x7FC0)) if x != x else r
+            dst[i] = ((q & np.uint16(0x8000)) | np.uint16(0x7FC0)) if y != y else r
 
     @_jit
     def _mul_bf16(dst, a, b):
         for i in range(dst.size):
-            x = _bf16_to_f32(a[i])
-            y = _bf16_to_f32(b[i])
-            if y != y:
-                dst[i] = (b[i] & np.uint16(0x8000)) | np.uint16(0x7FC0)
-            elif x != x:
-                dst[i] = (a[i] & np.uint16(0x8000)) | np.uint16(0x7FC0)
-            else:
-                dst[i] = _f32_to_bf16(x * y)
+            p = a[i]
+            q = b[i]
+            x = _bf16_to_f32(p)
+            y = _bf16_to_f32(q)
+            r = _f32_to_bf16(x * y)
+            r = ((p & np.uint16(0x8000)) | np.uint16(0x7FC0)) if x != x else r
+            dst[i] = ((q & np.uint16(0x8000)) | np.uint16(0x7FC0)) if y != y else r
 
     @_jit
     def _min_bf16(dst, a, b):
@@ -363,6 +347,12 @@ def _run_chunked(kernel, dst, a, b, threads: int, step: int):
         f.result()
 
 
+def _partial_overlap(x, y) -> bool:
+    """True when x and y share memory without starting at the same address."""
+    return (x is not y and np.may_share_memory(x, y)
+            and x.__array_interface__["data"][0] != y.__array_interface__["data"][0])
+
+
 def reducer(op, dtype):
     """``apply(dst, a, b)`` computing dst = a op b with the numpy twin's bits.
 
@@ -386,8 +376,7 @@ def reducer(op, dtype):
                 and a.flags.c_contiguous and b.flags.c_contiguous and dst.flags.writeable):
             return twin(dst, a, b)
         # Exact aliasing (dst is a or b) is safe element by element; partial overlap is not.
-        if (np.may_share_memory(dst, a) and dst.ctypes.data != a.ctypes.data) or \
-           (np.may_share_memory(dst, b) and dst.ctypes.data != b.ctypes.data):
+        if _partial_overlap(dst, a) or _partial_overlap(dst, b):
             return twin(dst, a, b)
         d = dst.reshape(-1).view(storage)
         x = a.reshape(-1).view(storage)
