@@ -242,11 +242,14 @@ def test_garbage_during_setup_does_not_hurt():
     got = run_ranks(2, _delayed_all_reduce, env=env, store=store)
     outs = ok(got, 2)
     store.close()
-    np.testing.assert_array_equal(outs[0], np.arange(16, dtype=np.float32) * 2 + 1)
+    for out, refused in outs:
+        np.testing.assert_array_equal(out, np.arange(16, dtype=np.float32) * 2 + 1)
+    assert len(outs[0][1]) >= 2, outs[0][1]      # both garbage clients were refused by rank 0
+    assert any("magic" in r for r in outs[0][1]) and any("secret" in r for r in outs[0][1])
 
 
 def _delayed_all_reduce(t):
-    return _ring_all_reduce(t, 16)
+    return _ring_all_reduce(t, 16), list(t.refused)
 
 
 @pytest.fixture(autouse=True)

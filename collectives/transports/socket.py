@@ -154,6 +154,7 @@ class SocketTransport(Transport):
         self._closing = False
         self._close_deadline = 0.0
         self._peers: dict[int, _Peer] = {}
+        self.refused: list[str] = []      # connections refused during setup, for diagnosis
         if world_size > 1:
             self._connect_mesh(store)
         self._selector = selectors.DefaultSelector()
@@ -200,6 +201,7 @@ class SocketTransport(Transport):
                     if len(accepted) == len(expected):
                         done.set()
             except (AuthenticationError, OSError) as exc:
+                self.refused.append(f"{addr}: {exc}")
                 log.warning("socket transport rank %d refused a connection from %s: %s",
                             self.rank, addr, exc)
                 conn.close()
