@@ -33,7 +33,7 @@ from .base import Request, Transport
 ANY_SOURCE = -1
 _SPIN_POLLS = 200          # Testall polls before the first yield: most steps finish here
 _YIELD_SECONDS = 2e-3      # then yield the CPU (sleep(0)) until this long has passed
-_MAX_SLEEP = 1e-3          # then sleep, doubling from 20 µs up to this
+_MAX_SLEEP = 2e-4          # then sleep, doubling from 20 µs up to this (short: no progress while asleep)
 
 
 def _mpi():
@@ -123,6 +123,9 @@ class MPITransport(Transport):
         self._MPI = MPI
         self._subgroups = []
         self.native = MPINative(comm)
+        # Plans run in C (one call per collective) where the compiled executor is built.
+        from ..executors import compiled
+        self.execute = compiled.make_executor(comm)
 
     # -- point to point --------------------------------------------------------------------
 

@@ -1,0 +1,693 @@
+"""The benchmark suite: collectives x algorithms x sizes, checked, in nccl-tests' columns.
+
+``bench_rank(group, config)`` runs on every rank and *returns* one record (a dict) per
+(collective, size, algorithm); ``run(backend, config)`` makes the groups for a backend and
+runs them (one per process under mpiexec, one thread per rank for ``local``); ``main`` is
+the CLI (``benchmarks/bench.py``, ``python -m collectives.bench``).
+
+Timing: before every iteration the ranks meet at a barrier; each rank times its own call
+(``prepare(...)()``, the whole path a user pays); the per-iteration times are then combined
+with an all_reduce MAX (outside the timed region), so an iteration lasts as long as its
+slowest rank; p50 and p99 are taken over those. Iteration counts adapt to size: each row
+runs for about ``min_time`` seconds (at least ``min_iters``), unless ``--iters`` fixes them.
+
+Checking: every rank's input is a closed-form pattern of small integers (exact in every
+float type for moderate world sizes), so the expected output of every collective is computed
+locally. The first warm-up result and the last timed result are checked on every rank;
+``wrong`` counts wrong elements summed over ranks. Bandwidths follow nccl-tests: algbw =
+size / time, busbw = algbw x 2(p-1)/p for all_reduce and x (p-1)/p for reduce_scatter,
+all_gather and all_to_all; ``size`` is the larger buffer of the call.
+
+Backends: ``BACKENDS`` maps a name to a function ``(args) -> [(group, xp), ...]`` (the
+groups this process drives); ``socket`` and ``nccl`` plug in there.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import re
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .algorithms import capabilities
+from .ops import ReduceOp
+
+BENCH_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
+ALGORITHMS = ("ring", "tree", "recursive_doubling", "native")
+BUS_FACTOR = {
+    "all_reduce": lambda p: 2 * (p - 1) / p,
+    "reduce_scatter": lambda p: (p - 1) / p,
+    "all_gather": lambda p: (p - 1) / p,
+    "all_to_all": lambda p: (p - 1) / p,
+    "broadcast": lambda p: 1.0,
+    "reduce": lambda p: 1.0,
+}
+REDUCING = ("all_reduce", "reduce_scatter")
+DEFAULT_SIZES = "4K:16M"
+
+
+@dataclass
+class Config:
+    collectives: tuple = BENCH_COLLECTIVES
+    algorithms: tuple = ALGORITHMS
+    sizes: tuple = ()                     # bytes of the larger buffer of each call
+    dtype: str = "float32"
+    op: str = "sum"
+    iters: int | None = None              # None: adapt to size (min_time per row)
+    warmup: int = 2
+    min_time: float = 0.25
+    min_iters: int = 5
+    max_iters: int = 1000
+    progress: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# sizes and dtypes
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
+          "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).upper() not in _UNITS:
+        raise ValueError(f"bad size {text!r}: use bytes with an optional K, M or G suffix")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def parse_sizes(text: str) -> tuple:
+    """``4K:16M`` (x4 steps), ``4K:16M:2`` (x2 steps), ``1M``, ``4K,64K``, or a mix."""
+    sizes = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if ":" in part:
+            bits = part.split(":")
+            if len(bits) not in (2, 3):
+                raise ValueError(f"bad size range {part!r}: use LOW:HIGH or LOW:HIGH:FACTOR")
+            low, high = parse_size(bits[0]), parse_size(bits[1])
+            factor = int(bits[2]) if len(bits) == 3 else 4
+            if low < 1 or high < low or factor < 2:
+                raise ValueError(f"bad size range {part!r}: need 1 <= LOW <= HIGH, FACTOR >= 2")
+            size = low
+            while size <= high:
+                sizes.append(size)
+                size *= factor
+        else:
+            sizes.append(parse_size(part))
+    if not sizes:
+        raise ValueError(f"no sizes in {text!r}")
+    return tuple(sorted(set(sizes)))
+
+
+def format_size(nbytes: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def parse_dtype(name: str) -> np.dtype:
+    if name in ("bfloat16", "bf16"):
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        return np.dtype(name)
+    except TypeError:
+        raise ValueError(f"unknown dtype {name!r}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# data whose result is known: small integer patterns
+
+_PERIOD = 60          # every pattern repeats with this period in the element index
+
+
+def _pattern(rank, k, op, dtype):
+    """This rank's input value at element index ``k`` (an int array) for reducing ``op``."""
+    if dtype == np.bool_:
+        return (rank + k) % 3 == 0
+    if op == ReduceOp.PRODUCT:
+        return 1 + (rank + k) % 2
+    if op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
+        return (rank * 3 + k) % 16
+    return rank % 7 + 1 + k % 5
+
+
+def _moved(rank, k, dtype, peer=0):
+    """Values for data-movement collectives: differ by rank (and by destination ``peer``)."""
+    values = (rank * 7 + peer * 3 + k) % 13 + 1
+    return values % 2 == 1 if dtype == np.bool_ else values
+
+
+_COMBINE = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PRODUCT: np.multiply,
+            ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,
+            ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor}
+_COMBINE_BOOL = {ReduceOp.SUM: np.logical_or, ReduceOp.PRODUCT: np.logical_and,
+                 ReduceOp.MIN: np.logical_and, ReduceOp.MAX: np.logical_or,
+                 ReduceOp.BAND: np.logical_and, ReduceOp.BOR: np.logical_or,
+                 ReduceOp.BXOR: np.logical_xor}
+
+
+def _reduced_period(size, op, dtype):
+    """The reduction over all ranks of one period of the pattern (computed in float64/ints)."""
+    k = np.arange(_PERIOD)
+    wide = np.bool_ if dtype == np.bool_ else (np.int64 if dtype.kind in "iu" else np.float64)
+    table = _COMBINE_BOOL if dtype == np.bool_ else _COMBINE
+    acc = np.asarray(_pattern(0, k, op, dtype), dtype=wide)
+    for r in range(1, size):
+        acc = table[op](acc, np.asarray(_pattern(r, k, op, dtype), dtype=wide))
+    if op == ReduceOp.AVG:
+        acc = acc / size
+    return acc.astype(dtype)
+
+
+class Case:
+    """Buffers and the expected result of one (collective, count, dtype, op) on one rank."""
+
+    def __init__(self, collective, rank, size, count, dtype, op):
+        self.collective, self.rank, self.size = collective, rank, size
+        k = np.arange(count)
+        block = count // size if collective != "all_reduce" else count
+        if collective == "all_reduce":
+            self.input = np.asarray(_pattern(rank, k, op, dtype)).astype(dtype)
+            self.expected = _reduced_period(size, op, dtype)[k % _PERIOD]
+        elif collective == "reduce_scatter":
+            self.input = np.asarray(_pattern(rank, k, op, dtype)).astype(dtype)
+            mine = np.arange(rank * block, (rank + 1) * block)
+            self.expected = _reduced_period(size, op, dtype)[mine % _PERIOD]
+        elif collective == "all_gather":
+            kb = np.arange(block)
+            self.input = np.asarray(_moved(rank, kb, dtype)).astype(dtype)
+            self.expected = np.concatenate([np.asarray(_moved(r, kb, dtype)).astype(dtype)
+                                            for r in range(size)])
+        elif collective == "all_to_all":
+            kb = np.arange(block)
+            self.input = np.concatenate([np.asarray(_moved(rank, kb, dtype, peer=j)).astype(dtype)
+                                         for j in range(size)])
+            self.expected = np.concatenate([np.asarray(_moved(i, kb, dtype, peer=rank))
+                                            .astype(dtype) for i in range(size)])
+        else:
+            raise ValueError(f"bench: collective {collective!r} is not benchmarked; choose from "
+                             f"{', '.join(BENCH_COLLECTIVES)}")
+        self.output = np.empty_like(self.expected)
+        # exact for integer-valued patterns; AVG divides, and half floats round large sums
+        self.exact = op != ReduceOp.AVG and dtype.itemsize >= 4 or dtype.kind in "iub"
+
+    def wrong(self, output=None) -> int:
+        got = self.output if output is None else output
+        if self.exact or self.expected.dtype == np.bool_:
+            return int(np.count_nonzero(got != self.expected))
+        a, b = got.astype(np.float64), self.expected.astype(np.float64)
+        return int(np.count_nonzero(~np.isclose(a, b, rtol=1e-2 if got.itemsize < 4 else 1e-5)))
+
+    def poison(self):
+        """Overwrite the output so a call that writes nothing cannot pass the check."""
+        if self.output.dtype == np.bool_:
+            self.output[...] = ~self.expected
+        else:
+            self.output[...] = self.expected + 1
+
+
+def element_count(collective, nbytes, itemsize, size) -> int:
+    """Elements of the larger buffer; a multiple of the world size where blocks are split."""
+    count = max(1, nbytes // itemsize)
+    if collective != "all_reduce":
+        count = max(1, count // size) * size
+    return count
+
+
+# ---------------------------------------------------------------------------------------------
+# one rank's benchmark
+
+
+def _helper_algorithm(group):
+    return "native" if group.transport.native is not None else "ring"
+
+
+def _max_over_ranks(group, values: np.ndarray) -> np.ndarray:
+    out = np.empty_like(values)
+    group.prepare("all_reduce", input=values, output=out, op=ReduceOp.MAX,
+                  algorithm=_helper_algorithm(group))()
+    return out
+
+
+def _sum_over_ranks(group, value: int) -> int:
+    out = np.empty(1, np.int64)
+    group.prepare("all_reduce", input=np.array([value], np.int64), output=out,
+                  op=ReduceOp.SUM, algorithm=_helper_algorithm(group))()
+    return int(out[0])
+
+
+def _barrier(group):
+    group.prepare("barrier", algorithm=_helper_algorithm(group)
+                  if group.transport.native is not None else None)()
+
+
+def plan_rows(config: Config, group) -> list[tuple]:
+    """(collective, size, algorithm) in run order; native first so ours print its ratio."""
+    have = capabilities()
+    native = group.transport.native
+    dtype, op = parse_dtype(config.dtype), ReduceOp.parse(config.op)
+    rows = []
+    for collective in config.collectives:
+        names = [a for a in config.algorithms if a in have[collective]]
+        if "native" in config.algorithms and native is not None and native.supports(
+                collective, dtype, op if collective in REDUCING else ReduceOp.SUM):
+            names.insert(0, "native")
+        for size in config.sizes:
+            rows.extend((collective, size, name) for name in names)
+    return rows
+
+
+def bench_rank(group, config: Config, on_record=None) -> list[dict]:
+    """Run the sweep on this rank (every rank of ``group`` calls this with the same
+    config); return the records (identical on every rank)."""
+    dtype, op = parse_dtype(config.dtype), ReduceOp.parse(config.op)
+    p, rank = group.size, group.rank
+    rows = plan_rows(config, group)
+    records, native_busbw, cases = [], {}, {}
+    progress = Progress(len(rows)) if config.progress and rank == 0 else None
+    for _ in range(10):      # connections and lazy initialisation, before the first row
+        _barrier(group)
+        _max_over_ranks(group, np.zeros(1024))
+    for index, (collective, nbytes, algorithm) in enumerate(rows):
+        if progress:
+            progress.update(index, f"{collective} {algorithm} {format_size(nbytes)}")
+        count = element_count(collective, nbytes, dtype.itemsize, p)
+        key = (collective, count)
+        if key not in cases:
+            cases.clear()          # one size at a time: keeps memory to one set of buffers
+            cases[key] = Case(collective, rank, p, count, dtype, op)
+        case = cases[key]
+        record = _bench_row(group, case, collective, algorithm, count, dtype, op, config)
+        if algorithm == "native":
+            native_busbw[collective, count] = record["busbw_gbs"]
+        base = native_busbw.get((collective, count))
+        record["ratio_to_native"] = (record["busbw_gbs"] / base) if base else None
+        records.append(record)
+        if on_record is not None and rank == 0:
+            if progress:
+                progress.clear()
+            on_record(record)
+    if progress:
+        progress.finish()
+    return records
+
+
+def _bench_row(group, case, collective, algorithm, count, dtype, op, config) -> dict:
+    p = group.size
+    counts = None          # even blocks: the group derives counts from the buffers
+    op_arg = op if collective in REDUCING else ReduceOp.SUM
+
+    def call():
+        group.prepare(collective, input=case.input, output=case.output, counts=counts,
+                      op=op_arg, algorithm=algorithm)()
+
+    # warm-up: the first result is checked, its time sizes the timed loop
+    case.poison()
+    _barrier(group)
+    start = time.perf_counter()
+    call()
+    first = time.perf_counter() - start
+    wrong = case.wrong()
+    for _ in range(max(0, config.warmup - 1)):
+        call()
+    if config.iters is not None:
+        iters = max(1, config.iters)
+    else:
+        slowest = float(_max_over_ranks(group, np.array([first]))[0])
+        iters = int(min(config.max_iters, max(config.min_iters,
+                                              config.min_time / max(slowest, 1e-7))))
+    times = np.empty(iters)
+    case.poison()
+    for i in range(iters):
+        _barrier(group)
+        start = time.perf_counter()
+        call()
+        times[i] = time.perf_counter() - start
+    wrong += case.wrong()
+    times = _max_over_ranks(group, times)
+    wrong = _sum_over_ranks(group, wrong)
+    p50, p99 = (float(x) for x in np.percentile(times, [50, 99]))
+    nbytes = count * dtype.itemsize
+    algbw = nbytes / p50 / 1e9
+    return {
+        "collective": collective, "algorithm": algorithm, "backend": group.backend,
+        "world_size": p, "size": nbytes, "count": count, "dtype": dtype.name,
+        "op": op.name.lower() if collective in REDUCING else "none", "iters": iters,
+        "time_p50_us": p50 * 1e6, "time_p99_us": p99 * 1e6, "algbw_gbs": algbw,
+        "busbw_gbs": algbw * BUS_FACTOR[collective](p), "wrong": wrong,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# backends: name -> function(args) -> [(group, xp), ...] driven by this process
+
+
+def _mpi_groups(args):
+    from .group import ProcessGroup
+    from .transports import create
+    transport = create("mpi", rank=None, world_size=None, timeout=args.timeout)
+    return [(ProcessGroup(transport, backend="mpi", timeout=args.timeout), transport.xp)]
+
+
+def _local_groups(args):
+    from .group import ProcessGroup
+    from .transports.local import LocalWorld
+    if not args.world_size or args.world_size < 1:
+        raise ValueError("bench --backend local needs --world-size N (N >= 1)")
+    world = LocalWorld(args.world_size)
+    return [(ProcessGroup(world.transport(r), backend="local", timeout=args.timeout), np)
+            for r in range(args.world_size)]
+
+
+BACKENDS = {"mpi": _mpi_groups, "local": _local_groups}
+
+
+def default_backend() -> str:
+    """mpi under mpiexec/mpirun (or when mpi4py is importable), else local."""
+    launched = any(k in os.environ for k in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK",
+                                             "PMI_SIZE", "MPI_LOCALRANKID"))
+    if launched:
+        return "mpi"
+    try:
+        import mpi4py  # noqa: F401
+        return "mpi"
+    except ImportError:
+        return "local"
+
+
+def run(groups, config: Config, on_record=None) -> list[dict]:
+    """Run ``bench_rank`` on every group of this process (threads when there are several);
+    return rank 0's records (or this process's, under MPI)."""
+    if len(groups) == 1:
+        return bench_rank(groups[0][0], config, on_record)
+    results, errors = {}, []
+
+    def worker(group):
+        try:
+            results[group.rank] = bench_rank(group, config, on_record)
+        except BaseException as exc:    # wake the other ranks, then report
+            errors.append(exc)
+            abort = getattr(group.transport, "abort", None)
+            if abort:
+                abort(f"bench failed: {exc}")
+
+    threads = [threading.Thread(target=worker, args=(g,), daemon=True) for g, _ in groups]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# output
+
+COLUMNS = [("size", 10), ("count", 10), ("dtype", 8), ("op", 5), ("algorithm", 18),
+           ("p50_us", 11), ("p99_us", 11), ("algbw", 8), ("busbw", 8), ("vs_native", 9),
+           ("wrong", 6)]
+
+
+def header(collective=None) -> str:
+    line = " ".join(f"{name:>{width}}" for name, width in COLUMNS)
+    rule = "#" + "-" * (len(line) - 1)
+    title = f"# {collective}" if collective else ""
+    return "\n".join(filter(None, [title, "#" + line[1:], rule]))
+
+
+def format_record(r: dict) -> str:
+    ratio = "" if r.get("ratio_to_native") is None else f"{r['ratio_to_native']:.2f}x"
+    if r["algorithm"] == "native":
+        ratio = "1.00x"
+    cells = [format_size(r["size"]), r["count"], r["dtype"], r["op"], r["algorithm"],
+             f"{r['time_p50_us']:.1f}", f"{r['time_p99_us']:.1f}", f"{r['algbw_gbs']:.3f}",
+             f"{r['busbw_gbs']:.3f}", ratio, r["wrong"]]
+    return " ".join(f"{str(c):>{w}}" for c, (_, w) in zip(cells, COLUMNS))
+
+
+def summarize(records: list[dict]) -> dict:
+    """Per collective: the best algorithm at each size (ours and overall), and where ring and
+    each log-p algorithm cross (the first size from which ring is at least as fast)."""
+    out = {}
+    for collective in dict.fromkeys(r["collective"] for r in records):
+        rows = [r for r in records if r["collective"] == collective]
+        best = []
+        for size in sorted({r["size"] for r in rows}):
+            at = [r for r in rows if r["size"] == size]
+            ours = [r for r in at if r["algorithm"] != "native"]
+            top = max(ours, key=lambda r: r["busbw_gbs"]) if ours else None
+            best.append({"size": size, "best": top["algorithm"] if top else None,
+                         "busbw_gbs": top["busbw_gbs"] if top else None,
+                         "ratio_to_native": top.get("ratio_to_native") if top else None,
+                         "overall": max(at, key=lambda r: r["busbw_gbs"])["algorithm"]})
+        crossings = {}
+        by = {(r["algorithm"], r["size"]): r["time_p50_us"] for r in rows}
+        sizes = sorted({r["size"] for r in rows})
+        for other in ("tree", "recursive_doubling"):
+            common = [s for s in sizes if ("ring", s) in by and (other, s) in by]
+            if not common:
+                continue
+            ring_wins = [by["ring", s] <= by[other, s] for s in common]
+            if all(ring_wins):
+                crossings[other] = {"ring_from": common[0], "text": "ring is as fast or faster "
+                                    "at every size measured"}
+            elif not any(ring_wins):
+                crossings[other] = {"ring_from": None, "text": f"{other} is faster at every "
+                                    "size measured"}
+            else:
+                # first size from which ring stays ahead
+                first = next(i for i in range(len(common)) if all(ring_wins[i:])) \
+                    if ring_wins[-1] else None
+                text = (f"{other} faster below {format_size(common[first])}, ring from "
+                        f"{format_size(common[first])}" if first is not None else
+                        f"no stable crossing (ring ahead at "
+                        f"{', '.join(format_size(s) for s, w in zip(common, ring_wins) if w)})")
+                crossings[other] = {"ring_from": common[first] if first is not None else None,
+                                    "text": text}
+        out[collective] = {"best": best, "crossings": crossings}
+    return out
+
+
+def format_summary(summary: dict) -> str:
+    lines = ["", "# Summary: best of our algorithms at each size (busbw, ratio to native)"]
+    for collective, info in summary.items():
+        cells = []
+        for b in info["best"]:
+            ratio = "" if b["ratio_to_native"] is None else f" {b['ratio_to_native']:.2f}x"
+            cells.append(f"{format_size(b['size'])}: {b['best']}{ratio}")
+        lines.append(f"#  {collective}: " + "; ".join(cells))
+        for other, c in info["crossings"].items():
+            lines.append(f"#    ring vs {other}: {c['text']}")
+    return "\n".join(lines)
+
+
+def metadata(groups, config: Config) -> dict:
+    group = groups[0][0]
+    meta = {"backend": group.backend, "world_size": group.size, "host": platform.node(),
+            "cpus": os.cpu_count(), "python": platform.python_version(),
+            "numpy": np.__version__, "command": " ".join(sys.argv), "time": time.time(),
+            "config": {k: v for k, v in asdict(config).items() if k != "extra"}}
+    if group.backend == "mpi":
+        from .transports.mpi import library_name
+        meta["mpi_library"] = library_name()
+    return meta
+
+
+def write_json(path, meta, records, summary):
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "records": records, "summary": summary}, f, indent=1)
+
+
+CSV_FIELDS = ["collective", "algorithm", "backend", "world_size", "size", "count", "dtype",
+              "op", "iters", "time_p50_us", "time_p99_us", "algbw_gbs", "busbw_gbs",
+              "ratio_to_native", "wrong"]
+
+
+def write_csv(path, records):
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(records)
+
+
+def check_plotting() -> str | None:
+    """None when matplotlib can plot, else the message to show."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return "--plot needs matplotlib, which is not installed: pip install matplotlib"
+    return None
+
+
+def write_plot(path, records, meta):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    collectives = list(dict.fromkeys(r["collective"] for r in records))
+    cols = min(2, len(collectives))
+    rows = (len(collectives) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.5 * rows), squeeze=False)
+    for ax, collective in zip(axes.flat, collectives):
+        for algorithm in dict.fromkeys(r["algorithm"] for r in records
+                                       if r["collective"] == collective):
+            pts = sorted((r["size"], r["busbw_gbs"]) for r in records
+                         if r["collective"] == collective and r["algorithm"] == algorithm)
+            ax.plot([s for s, _ in pts], [b for _, b in pts], marker="o", markersize=3,
+                    linestyle="--" if algorithm == "native" else "-", label=algorithm)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(collective)
+        ax.set_xlabel("size (bytes)")
+        ax.set_ylabel("busbw (GB/s)")
+        ticks = sorted({r["size"] for r in records if r["collective"] == collective})
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([format_size(t) for t in ticks], rotation=45)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(collectives):]:
+        ax.set_visible(False)
+    fig.suptitle(f"{meta['backend']}, {meta['world_size']} ranks, {records[0]['dtype']}"
+                 + (f" ({meta['mpi_library']})" if meta.get("mpi_library") else ""))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+class Progress:
+    """A one-line bar on stderr, redrawn in place; cleared before each printed row."""
+
+    def __init__(self, total: int, stream=None):
+        self.total, self.stream, self.start = total, stream or sys.stderr, time.monotonic()
+        self.width = 0
+
+    def update(self, done: int, label: str):
+        frac = done / max(1, self.total)
+        bar = "#" * int(24 * frac)
+        elapsed = time.monotonic() - self.start
+        line = f"[{bar:<24}] {done}/{self.total} {elapsed:5.0f}s  {label}"
+        self.width = max(self.width, len(line))
+        self.stream.write("\r" + line.ljust(self.width))
+        self.stream.flush()
+
+    def clear(self):
+        self.stream.write("\r" + " " * self.width + "\r")
+        self.stream.flush()
+
+    def finish(self):
+        self.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        prog="bench.py", description="Benchmark ring / tree / recursive doubling against the "
+        "transport's native collectives (run under mpiexec -n N for MPI).")
+    p.add_argument("--backend", choices=sorted(BACKENDS), default=None,
+                   help="default: mpi when mpi4py is available, else local")
+    p.add_argument("--world-size", type=int, default=None, help="ranks for --backend local")
+    p.add_argument("--collectives", default=",".join(BENCH_COLLECTIVES))
+    p.add_argument("--algorithms", default=",".join(ALGORITHMS),
+                   help="those a collective lacks are skipped")
+    p.add_argument("--sizes", default=DEFAULT_SIZES,
+                   help="bytes: 4K:16M (x4 steps), 4K:16M:2 (x2), 1M, 4K,64K")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--op", default="sum", help="reduction op for all_reduce/reduce_scatter")
+    p.add_argument("--iters", type=int, default=None,
+                   help="timed iterations per row (default: adapt to size)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--min-time", type=float, default=0.25,
+                   help="seconds per row when iterations adapt (default 0.25)")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds before a stuck collective is an error")
+    p.add_argument("--json", metavar="FILE")
+    p.add_argument("--csv", metavar="FILE")
+    p.add_argument("--plot", metavar="FILE.png")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--progress", action="store_true", help="a progress bar even if stderr "
+                   "is not a terminal")
+    args = p.parse_args(argv)
+    args.backend = args.backend or default_backend()
+    return args
+
+
+def _names(text, valid, what):
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in valid]
+    if bad or not names:
+        raise ValueError(f"bench: unknown {what} {', '.join(bad) or '(none)'}; "
+                         f"valid: {', '.join(valid)}")
+    return names
+
+
+def config_from_args(args) -> Config:
+    parse_dtype(args.dtype)
+    ReduceOp.parse(args.op)
+    return Config(
+        collectives=_names(args.collectives, BENCH_COLLECTIVES, "collective"),
+        algorithms=_names(args.algorithms, ALGORITHMS, "algorithm"),
+        sizes=parse_sizes(args.sizes), dtype=args.dtype, op=args.op, iters=args.iters,
+        warmup=args.warmup, min_time=args.min_time,
+        progress=(args.progress or sys.stderr.isatty()) and not args.no_progress)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    if args.plot and (problem := check_plotting()):
+        print(f"bench: {problem}", file=sys.stderr)
+        return 2
+    groups = BACKENDS[args.backend](args)
+    leader = groups[0][0].rank == 0
+    meta = metadata(groups, config)
+    current = [None]
+
+    def show(record):
+        if record["collective"] != current[0]:
+            print(("\n" if current[0] else "") + header(record["collective"]), flush=True)
+            current[0] = record["collective"]
+        print(format_record(record), flush=True)
+
+    if leader:
+        print(f"# collectives bench: backend {meta['backend']}, {meta['world_size']} ranks, "
+              f"dtype {config.dtype}, op {config.op}"
+              + (f", {meta['mpi_library']}" if meta.get("mpi_library") else ""), flush=True)
+    records = run(groups, config, on_record=show)
+    wrong = sum(r["wrong"] for r in records)
+    if leader:
+        summary = summarize(records)
+        print(format_summary(summary))
+        if args.json:
+            write_json(args.json, meta, records, summary)
+        if args.csv:
+            write_csv(args.csv, records)
+        if args.plot:
+            write_plot(args.plot, records, meta)
+        print(f"# {len(records)} rows, {wrong} wrong elements", flush=True)
+        if wrong:
+            print(f"bench: {wrong} wrong elements (rows with wrong > 0 above)", file=sys.stderr)
+    for group, _ in groups:
+        close = getattr(group.transport, "close", None)
+        if close:
+            close()
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
