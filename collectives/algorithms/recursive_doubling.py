@@ -69,6 +69,8 @@ lg p·α, for any p.
 """
 from __future__ import annotations
 
+from itertools import chain
+
 from .schedule import (Copy, Recv, Reduce, Region, Send, Step, algorithm, copy, recv, send,
                        sendrecv)
 
@@ -332,6 +334,12 @@ def _contiguous(regions) -> Region | None:
     return Region(first.buffer, first.offset, end - first.offset)
 
 
+def _with_bit(dist, size):
+    """The slot indices below ``size`` that have bit ``dist`` set, in increasing order."""
+    return list(chain.from_iterable(range(base, min(base + dist, size))
+                                    for base in range(dist, size, 2 * dist)))
+
+
 @algorithm("all_to_all", NAME)
 def all_to_all(rank, size, counts):
     """Bruck: lg p rounds, slots with bit k set travel 2^k ranks on in round k."""
@@ -349,15 +357,15 @@ def all_to_all(rank, size, counts):
     # Pass 1: what arrives in each round. After round k, slot j holds the block from
     # s = rank - (j mod 2^(k+1)) to s + j (each round moves slots with its bit set).
     arrivals, landing_bases, scratch_end = [], [], 0
-    for dist in dists:
+    moving = [_with_bit(dist, size) for dist in dists]
+    for k, dist in enumerate(dists):
         low = 2 * dist - 1
         incoming = []
-        for j in range(dist, size):
-            if j & dist:
-                s = (rank - (j & low)) % size
-                n = counts[s][(s + j) % size]
-                if n:
-                    incoming.append((j, n))
+        for j in moving[k]:
+            s = (rank - (j & low)) % size
+            n = counts[s][(s + j) % size]
+            if n:
+                incoming.append((j, n))
         arrivals.append(incoming)
         landing_bases.append(scratch_end)
         scratch_end += sum(n for _, n in incoming)
@@ -371,7 +379,7 @@ def all_to_all(rank, size, counts):
     pending_local = []                       # local ops of the previous step (packing)
     steps = []
     for k, dist in enumerate(dists):
-        outgoing = [where[j] for j in range(dist, size) if j & dist and where[j] is not None]
+        outgoing = [where[j] for j in moving[k] if where[j] is not None]
         message = _contiguous(outgoing) if outgoing else None
         if outgoing and message is None:
             offset = stage_base
@@ -386,9 +394,8 @@ def all_to_all(rank, size, counts):
             steps.append(Step(local=tuple(pending_local)))
         pending_local = []
         offset = landing_bases[k]
-        for j in range(dist, size):
-            if j & dist:
-                where[j] = None
+        for j in moving[k]:
+            where[j] = None
         for j, n in arrivals[k]:
             where[j] = Region("scratch", offset, n)
             offset += n
