@@ -177,3 +177,30 @@ def test_broadcast_switches_from_binomial_tree_to_scatter_all_gather(size):
         # whose scatter sends (p-1)/p of the vector.
         assert elements_sent(plan) <= 2 * count
     assert elements_sent(large[0]) >= count * (size - 1) // size
+
+
+def _overlap(a, b):
+    return a.buffer == b.buffer and a.count and b.count and a.offset < b.end and b.offset < a.end
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather",
+                                        "all_to_all", "broadcast", "reduce", "gather", "scatter"])
+def test_no_receive_overlaps_another_transfer_of_its_step(collective):
+    # The simulator copies at match time and cannot see this race; a real transport can.
+    for size in (2, 3, 5, 6, 7, 8, 12, 13):
+        for total in (size - 1, 20 * size + 3):
+            if collective in ("all_reduce", "broadcast", "reduce"):
+                counts = total
+            elif collective == "all_to_all":
+                counts = tuple(tuple((i + j + total) % 4 for j in range(size)) for i in range(size))
+            else:
+                counts = tuple((total + r) % 5 for r in range(size))
+            args = (counts, size // 2) if collective in ("broadcast", "reduce", "gather",
+                                                         "scatter") else (counts,)
+            for plan in plans(collective, size, *args):
+                for step in plan.steps:
+                    recvs = [r.region for r in step.recvs]
+                    others = [s.region for s in step.sends] + recvs
+                    for i, region in enumerate(recvs):
+                        assert not any(_overlap(region, other) for other in others
+                                       if other is not recvs[i]), (size, plan.rank, step)
