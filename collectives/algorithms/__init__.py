@@ -6,6 +6,7 @@ anything else is a ValueError that lists the valid names.
 from __future__ import annotations
 
 from . import ring  # noqa: F401  (each module registers its schedules)
+from . import tree  # noqa: F401
 from . import recursive_doubling  # noqa: F401
 from .schedule import COLLECTIVES, REGISTRY, Plan, build_plan
 
