@@ -437,7 +437,7 @@ def format_record(r: dict) -> str:
 
 def summarize(records: list[dict]) -> dict:
     """Per collective: the best algorithm at each size (ours and overall), and where ring and
-    each log-p algorithm cross (the first size from which ring is at least as fast)."""
+    each log-p algorithm cross (which is faster over each run of sizes, and where it flips)."""
     out = {}
     for collective in dict.fromkeys(r["collective"] for r in records):
         rows = [r for r in records if r["collective"] == collective]
@@ -455,27 +455,26 @@ def summarize(records: list[dict]) -> dict:
         sizes = sorted({r["size"] for r in rows})
         for other in ("tree", "recursive_doubling"):
             common = [s for s in sizes if ("ring", s) in by and (other, s) in by]
-            if not common:
-                continue
-            ring_wins = [by["ring", s] <= by[other, s] for s in common]
-            if all(ring_wins):
-                crossings[other] = {"ring_from": common[0], "text": "ring is as fast or faster "
-                                    "at every size measured"}
-            elif not any(ring_wins):
-                crossings[other] = {"ring_from": None, "text": f"{other} is faster at every "
-                                    "size measured"}
-            else:
-                # first size from which ring stays ahead
-                first = next(i for i in range(len(common)) if all(ring_wins[i:])) \
-                    if ring_wins[-1] else None
-                text = (f"{other} faster below {format_size(common[first])}, ring from "
-                        f"{format_size(common[first])}" if first is not None else
-                        f"no stable crossing (ring ahead at "
-                        f"{', '.join(format_size(s) for s, w in zip(common, ring_wins) if w)})")
-                crossings[other] = {"ring_from": common[first] if first is not None else None,
-                                    "text": text}
+            if common:
+                crossings[other] = _crossing("ring", other, common, by)
         out[collective] = {"best": best, "crossings": crossings}
     return out
+
+
+def _crossing(a, b, sizes, time_at) -> dict:
+    """Which of ``a``/``b`` is faster over each run of sizes, and the sizes where that flips."""
+    winners = [a if time_at[a, s] <= time_at[b, s] else b for s in sizes]
+    runs, start = [], 0
+    for i in range(1, len(sizes) + 1):
+        if i == len(sizes) or winners[i] != winners[start]:
+            span = format_size(sizes[start]) + ("" if i - 1 == start
+                                                else f"-{format_size(sizes[i - 1])}")
+            runs.append(f"{winners[start]} faster at {span}")
+            start = i
+    flips = [sizes[i] for i in range(1, len(sizes)) if winners[i] != winners[i - 1]]
+    return {"winners": dict(zip(sizes, winners)), "crosses_at": flips,
+            "text": "; ".join(runs) + (f" (crosses at {', '.join(map(format_size, flips))})"
+                                       if flips else "")}
 
 
 def format_summary(summary: dict) -> str:

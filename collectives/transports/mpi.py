@@ -22,6 +22,8 @@ algorithms themselves are the host executor's job.
 from __future__ import annotations
 
 import functools
+import os
+import sys
 import time
 
 import numpy as np
@@ -37,8 +39,22 @@ _MAX_SLEEP = 2e-4          # then sleep, doubling from 20 µs up to this (short:
 
 
 def _mpi():
+    if "mpi4py.MPI" not in sys.modules:
+        _yield_when_oversubscribed()
     from mpi4py import MPI
     return MPI
+
+
+def _yield_when_oversubscribed():
+    """More ranks than cores (the 2-core CI, ``mpiexec -n 8`` on a laptop): ask the MPI
+    library to yield while it waits, before MPI_Init reads its settings. Without this MPICH
+    spins through whole scheduler slices and its own collectives (the baseline) slow down
+    several-fold. The user's own settings win (setdefault)."""
+    size = next((os.environ[k] for k in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
+                 if os.environ.get(k, "").isdigit()), None)
+    if size is not None and int(size) > (os.cpu_count() or 1):
+        os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")      # MPICH
+        os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")      # Open MPI
 
 
 def available() -> tuple[bool, str]:
