@@ -5,10 +5,18 @@ anything else is a ValueError that lists the valid names.
 """
 from __future__ import annotations
 
+import functools
+import logging
+import os
+import sys
+
 from . import ring  # noqa: F401  (each module registers its schedules)
 from . import tree  # noqa: F401
 from . import recursive_doubling  # noqa: F401
+from . import cost
 from .schedule import COLLECTIVES, REGISTRY, Plan, build_plan
+
+ENV_DEBUG = "COLLECTIVES_DEBUG"     # the same variable collectives.debug reads
 
 AUTO = "auto"
 NATIVE = "native"
@@ -29,25 +37,51 @@ def check_algorithm(collective: str, name: str, *, native_available: bool = Fals
 
 
 def choose(collective: str, size: int, nbytes: int, transport: str = "") -> str:
-    """``auto``: latency-bound sizes take log-p algorithms, bandwidth-bound ones the ring.
-    Simple thresholds; the cost model (cost.py) refines this where it is calibrated."""
-    have = capabilities()[collective]
-    small = nbytes < 64 * 1024 or size <= 2 and nbytes < 1024 * 1024
-    preference = {
-        "all_reduce": ("recursive_doubling", "tree", "ring") if small else ("ring", "recursive_doubling"),
-        "reduce_scatter": ("recursive_doubling", "ring") if small else ("ring", "recursive_doubling"),
-        "all_gather": ("recursive_doubling", "ring") if small else ("ring", "recursive_doubling"),
-        "all_to_all": ("recursive_doubling", "ring") if small else ("ring",),
-        "broadcast": ("tree",) if small else ("recursive_doubling", "ring", "tree"),
-        "reduce": ("tree",) if small else ("recursive_doubling", "ring", "tree"),
-        "gather": ("tree",),
-        "scatter": ("tree",),
-        "barrier": ("recursive_doubling", "tree", "ring"),
-    }[collective]
-    for name in preference + tuple(have):
-        if name in have:
-            return name
-    raise ValueError(f"{collective} has no algorithm registered")
+    """``auto``: the registered algorithm with the least predicted time (cost.py's α-β-γ
+    model, with ``transport``'s parameters from the tuning file or its defaults). A pure
+    function of its arguments and the tuning file, so every rank picks the same schedule.
+    ``nbytes`` follows ``cost.uniform_counts``' convention (what the process group passes).
+    Under ``COLLECTIVES_DEBUG=INFO`` (or DETAIL) each choice is logged with its prediction."""
+    ranked = _ranked(collective, size, nbytes, transport, os.environ.get(cost.ENV_TUNING))
+    if os.environ.get(ENV_DEBUG, "").upper() in ("INFO", "DETAIL"):
+        _log_choice(collective, size, nbytes, transport, ranked)
+    return ranked[0][1]
+
+
+@functools.lru_cache(maxsize=16384)
+def _ranked(collective, size, nbytes, transport, tuning):
+    """Cached per call shape: every collective call goes through ``choose``. ``tuning`` (the
+    file's path) is part of the key so that pointing the variable elsewhere takes effect."""
+    candidates = capabilities().get(collective)
+    if candidates is None:
+        raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+    if not candidates:
+        raise ValueError(f"{collective} has no algorithm registered")
+    params = cost.load_params(transport, tuning or "")
+    return tuple(cost.ranking(collective, size, nbytes, params, candidates))
+
+
+def _log_choice(collective, size, nbytes, transport, ranked):
+    log = logging.getLogger("collectives")
+    if not log.isEnabledFor(logging.INFO):
+        log.setLevel(logging.INFO)      # the variable asks for these messages
+    if not (log.handlers or logging.getLogger().handlers):
+        # nobody configured logging (Python's last resort shows warnings only): use stderr
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s"))
+        log.addHandler(handler)
+    (best_time, best), rest = ranked[0], ranked[1:]
+    text = (f"auto: {collective} of {nbytes} bytes on {size} ranks ({transport or 'default'} "
+            f"parameters) -> {best}, predicted {_seconds(best_time)}")
+    if rest:
+        text += f"; runner-up {rest[0][1]} {_seconds(rest[0][0])}"
+    if os.environ.get(ENV_DEBUG, "").upper() == "DETAIL" and len(rest) > 1:
+        text += "; others " + ", ".join(f"{name} {_seconds(t)}" for t, name in rest[1:])
+    log.info(text)
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1e6:.1f} us" if value < 1e-3 else f"{value * 1e3:.3f} ms"
 
 
 __all__ = ["AUTO", "NATIVE", "Plan", "build_plan", "capabilities", "check_algorithm", "choose"]

@@ -1,0 +1,548 @@
+"""The α-β-γ cost model: predicted time of any registered schedule, and ``auto``'s choice.
+
+A transfer of n bytes costs α + β·n; reducing n bytes costs γ·n; a local copy of n bytes
+costs γ/2·n (a copy streams two operands where a reduction streams three, so copies are folded
+into γ instead of carrying a fourth parameter). ``predict`` does not use hand formulas: it
+builds every rank's plan and replays them like the simulator (rendezvous matching, FIFO per
+pair of ranks) with a clock per rank instead of data:
+
+- a rank posts a step when its previous step (transfers, then local operations) has ended;
+- a transfer starts once both sides have posted it and both ports are free: every rank has
+  one send port and one receive port (Thakur, Rabenseifner & Gropp, 2005: a rank sends one
+  message and receives one message at a time, in both directions at once), so the sends of
+  one step serialize (k messages cost kα + β·Σn) while a pairwise exchange costs α + β·n;
+  transfers take a port in the order they become ready (first come, first served);
+- a step ends when its last transfer ends, plus its local operations in order;
+- the prediction is the latest final clock of any rank.
+
+At powers of two this reproduces the classic formulas (``formula``; the tests hold the two
+together), and it stays right where formulas are silent or approximate: uneven blocks, folded
+non-powers of two, Bruck's rotations, a schedule nobody wrote a formula for. The price is one
+plan per rank and one pass over every step: about a second per million steps (the ring at
+p = 1024 has two million). Predictions are cached; ``choose`` at the world sizes of real jobs
+costs milliseconds the first time a message size is seen and a dictionary look-up after.
+
+Not modelled: contention inside the network (every pair of ranks has its own link), eager vs
+rendezvous protocols, per-step software overhead apart from α, cache effects on γ, overlap of
+reductions with transfers inside one step (the executors do not overlap them either).
+
+Parameters come per transport (``DEFAULTS``, or a tuning file named by ``COLLECTIVES_TUNING``
+that ``calibrate`` + ``save_params`` write). Every rank must see the same parameters, or ranks
+may choose different algorithms for one call and deadlock: ``calibrate`` broadcasts rank 0's
+fit, and a job's ranks must share one tuning file.
+"""
+from __future__ import annotations
+
+import functools
+import heapq
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+
+from ..errors import CollectiveError
+from .schedule import COLLECTIVES, REGISTRY, Copy, build_plan, partition, plan_args
+
+ENV_TUNING = "COLLECTIVES_TUNING"
+
+
+@dataclass(frozen=True)
+class Params:
+    """α: seconds per message; β: seconds per byte moved; γ: seconds per byte reduced
+    (bytes of one operand; a copy costs γ/2 per byte)."""
+    alpha: float
+    beta: float
+    gamma: float
+
+    def __post_init__(self):
+        for name in ("alpha", "beta", "gamma"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"cost parameters: {name} must be a finite number >= 0, "
+                                 f"got {value!r}")
+
+
+# Defaults, used until a transport is calibrated (``python -m collectives.bench --calibrate``).
+DEFAULTS = {
+    # mpi4py over shared memory, driven by the Python host executor: MPI itself needs ~1 µs
+    # per message, the executor's per-step Python (request objects, Waitall) ~4 µs more;
+    # 5 GB/s is one core's copy bandwidth through MPICH's shared-memory channel (DESIGN.md:
+    # the 2-core machine moves ~130 µs per MiB MPI_Allreduce); γ: numpy float32 add, one
+    # thread, ~5 GB/s of output.
+    "mpi": Params(alpha=5e-6, beta=1 / 5e9, gamma=1 / 5e9),
+    # Python TCP over loopback (DESIGN.md: 3.3-4.2 GB/s); α: two syscalls, a frame header and
+    # the selector loop per message, ~40 µs measured with gloo-like small messages.
+    "socket": Params(alpha=4e-5, beta=1 / 3.5e9, gamma=1 / 5e9),
+    # Threads of one process: a hand-off through a condition variable under the GIL is
+    # ~10-20 µs; the copy is one memcpy (~1e10 B/s) but holds the GIL.
+    "local": Params(alpha=1.5e-5, beta=1 / 8e9, gamma=1 / 5e9),
+    # NCCL send/recv in a group call: ~20 µs launch + completion per step (DESIGN.md: a naive
+    # send/recv ring is 0.12x native at 1 MiB); 150 GB/s: the measured send/recv ring step on
+    # H200 with 16-64 MiB blocks (135-157 GB/s); γ: an elementwise kernel at ~1 TB/s of output.
+    "nccl": Params(alpha=2e-5, beta=1 / 150e9, gamma=1 / 1e12),
+}
+# Transports without defaults of their own (tests' fakes, future ones) get the MPI numbers.
+FALLBACK_TRANSPORT = "mpi"
+
+
+def default_params(transport: str) -> Params:
+    return DEFAULTS.get(transport, DEFAULTS[FALLBACK_TRANSPORT])
+
+
+# ---------------------------------------------------------------------------------------------
+# The tuning file: {transport: {"alpha": .., "beta": .., "gamma": ..}}
+
+
+def _read_tuning(path: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise ValueError(f"{ENV_TUNING}={path}: cannot read the tuning file: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{ENV_TUNING}={path}: not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{ENV_TUNING}={path}: expected an object {{transport: {{alpha, beta, "
+                         f"gamma}}}}, got {type(data).__name__}")
+    return data
+
+
+def _params_from(entry, path: str, transport: str) -> Params:
+    try:
+        return Params(float(entry["alpha"]), float(entry["beta"]), float(entry["gamma"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{ENV_TUNING}={path}: entry {transport!r} needs numbers alpha, beta, "
+                         f"gamma >= 0 ({exc})") from exc
+
+
+def load_params(transport: str, path: str | None = None) -> Params:
+    """The parameters for ``transport``: from the tuning file (``path``, else the file named by
+    ``COLLECTIVES_TUNING``) when it has an entry for it, else ``DEFAULTS``. A named file that
+    cannot be read is a ValueError: silently falling back could make ranks disagree."""
+    path = os.environ.get(ENV_TUNING) if path is None else path
+    if path:
+        entry = _read_tuning(path).get(transport)
+        if entry is not None:
+            return _params_from(entry, path, transport)
+    return default_params(transport)
+
+
+def save_params(path: str, transport: str, params: Params) -> None:
+    """Write (or update) ``transport``'s entry in the tuning file at ``path``, atomically."""
+    data = _read_tuning(path) if os.path.exists(path) else {}
+    data[transport] = asdict(params)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Counted from the schedules: a timed replay of every rank's plan
+
+
+def _local_cost(step, itemsize, gamma) -> float:
+    cost = 0.0
+    for op in step.local:
+        weight = 0.5 if isinstance(op, Copy) else 1.0
+        cost += weight * gamma * op.dst.count * itemsize
+    return cost
+
+
+def replay(plans, itemsize: int, params: Params) -> float:
+    """Predicted seconds for ``plans`` (one per rank, in rank order): see the module text."""
+    size = len(plans)
+    alpha, beta, gamma = params.alpha, params.beta, params.gamma
+    step_of = [0] * size
+    outstanding = [0] * size
+    posted_at = [0.0] * size      # when the rank posted its current step
+    step_end = [0.0] * size       # when the last transfer of its current step ended
+    send_free = [0.0] * size      # the rank's send port is busy until then
+    recv_free = [0.0] * size
+    finished = [None] * size
+    sends: dict = {}              # (src, dst) -> [counts posted, not yet matched] (FIFO)
+    recvs: dict = {}
+    events = [(0.0, rank) for rank in range(size)]   # (time, rank): the rank posts its next step
+
+    def complete(rank):
+        step = plans[rank].steps[step_of[rank]]
+        end = step_end[rank] + (_local_cost(step, itemsize, gamma) if step.local else 0.0)
+        step_of[rank] += 1
+        heapq.heappush(events, (end, rank))
+
+    def match(src, dst):
+        s, r = sends.get((src, dst)), recvs.get((src, dst))
+        while s and r:
+            sent, into = s.pop(0), r.pop(0)
+            if sent != into:
+                raise CollectiveError(
+                    f"{plans[src].collective} ({plans[src].algorithm}): rank {src} step "
+                    f"{step_of[src] + 1} sends {sent} elements to rank {dst}, whose step "
+                    f"{step_of[dst] + 1} receives {into}")
+            start = max(posted_at[src], posted_at[dst], send_free[src], recv_free[dst])
+            end = start + alpha + beta * sent * itemsize
+            send_free[src] = recv_free[dst] = end
+            for rank in (src, dst) if src != dst else (src,):
+                if end > step_end[rank]:
+                    step_end[rank] = end
+                outstanding[rank] -= 1
+                if outstanding[rank] == 0:
+                    complete(rank)
+
+    while events:
+        now, rank = heapq.heappop(events)
+        steps = plans[rank].steps
+        # steps without transfers run back to back, no need to go through the queue
+        while step_of[rank] < len(steps) and not (steps[step_of[rank]].sends or
+                                                   steps[step_of[rank]].recvs):
+            now += _local_cost(steps[step_of[rank]], itemsize, gamma)
+            step_of[rank] += 1
+        if step_of[rank] == len(steps):
+            finished[rank] = now
+            continue
+        step = steps[step_of[rank]]
+        posted_at[rank] = step_end[rank] = now
+        outstanding[rank] = len(step.sends) + len(step.recvs)
+        for r in step.recvs:
+            recvs.setdefault((r.peer, rank), []).append(r.region.count)
+        for s in step.sends:
+            sends.setdefault((rank, s.peer), []).append(s.region.count)
+        for r in step.recvs:
+            match(r.peer, rank)
+        for s in step.sends:
+            match(rank, s.peer)
+
+    stuck = [r for r in range(size) if finished[r] is None]
+    if stuck:
+        first = stuck[0]
+        raise CollectiveError(
+            f"{plans[first].collective} ({plans[first].algorithm}) deadlocks at world size "
+            f"{size}: {len(stuck)} ranks never finish; rank {first} waits in step "
+            f"{step_of[first] + 1}")
+    return max(finished, default=0.0)
+
+
+@functools.lru_cache(maxsize=8192)
+def _predict(collective, algorithm, size, args, itemsize, params) -> float:
+    plans = [build_plan(collective, algorithm, rank, size, *args) for rank in range(size)]
+    return replay(plans, itemsize, params)
+
+
+def predict(collective: str, algorithm: str, size: int, counts, root: int = 0,
+            itemsize: int = 4, params: Params | None = None, *, transport: str = "") -> float:
+    """Predicted seconds of ``algorithm`` for ``collective`` on ``size`` ranks; ``counts`` is
+    the schedule's counts argument in elements (see ``schedule.plan_args``); ``params``
+    default to ``load_params(transport)``. Cached by all of its arguments."""
+    _check(collective, algorithm, size)
+    params = load_params(transport) if params is None else params
+    if collective == "barrier":
+        itemsize = 1                      # barrier tokens are one uint8 each
+    args = plan_args(collective, size, _hashable(counts), root)
+    return _predict(collective, algorithm, size, args, itemsize, params)
+
+
+def _check(collective, algorithm, size):
+    if collective not in COLLECTIVES:
+        raise ValueError(f"cost model: unknown collective {collective!r}; known: "
+                         f"{', '.join(COLLECTIVES)}")
+    if algorithm not in REGISTRY.get(collective, {}):
+        raise ValueError(f"cost model: {collective} has no algorithm {algorithm!r}; valid: "
+                         f"{', '.join(sorted(REGISTRY.get(collective, {})))}")
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"cost model: world size must be a positive integer, got {size!r}")
+
+
+def _hashable(counts):
+    if counts is None or isinstance(counts, int):
+        return counts
+    return tuple(c if isinstance(c, int) else _hashable(c) for c in counts)
+
+
+def uniform_counts(collective: str, size: int, nbytes: int, itemsize: int = 4):
+    """The counts argument of a call whose size is ``nbytes`` as the process group reports it
+    to ``auto``: the whole vector (all_reduce, broadcast, reduce), the whole input or output of
+    p equal blocks (reduce_scatter, all_gather, gather), one rank's block (scatter), one rank's
+    whole send buffer (all_to_all). Elements are ``itemsize`` bytes, rounded up."""
+    count = -(-int(nbytes) // itemsize)
+    if collective in ("all_reduce", "broadcast", "reduce"):
+        return count
+    if collective in ("reduce_scatter", "all_gather", "gather"):
+        return tuple(b.count for b in partition(count, size))
+    if collective == "scatter":
+        return (count,) * size
+    if collective == "all_to_all":
+        row = tuple(b.count for b in partition(count, size))
+        return (row,) * size
+    return None
+
+
+def predict_bytes(collective: str, algorithm: str, size: int, nbytes: int,
+                  params: Params, itemsize: int = 4) -> float:
+    """``predict`` for a uniform call of ``nbytes`` (``uniform_counts``' convention)."""
+    return predict(collective, algorithm, size, uniform_counts(collective, size, nbytes, itemsize),
+                   0, itemsize, params)
+
+
+# Beyond this many steps in all (rank 0's steps times the world size) ``estimate`` takes the
+# closed form where one exists: replaying costs ~5-10 µs a step in Python, and ``auto`` must
+# not stall a large job for seconds on each new message size.
+COUNTED_STEPS = 20_000
+
+
+def counted_steps(collective: str, algorithm: str, size: int, nbytes: int,
+                  itemsize: int = 4) -> int:
+    """About how many steps ``predict_bytes`` would replay (rank 0's steps times ``size``)."""
+    args = plan_args(collective, size, uniform_counts(collective, size, nbytes, itemsize), 0)
+    return len(build_plan(collective, algorithm, 0, size, *args).steps) * size
+
+
+@functools.lru_cache(maxsize=8192)
+def estimate(collective: str, algorithm: str, size: int, nbytes: int, params: Params,
+             itemsize: int = 4) -> float:
+    """Predicted seconds for a uniform call: counted from the schedules (``predict_bytes``)
+    up to ``COUNTED_STEPS`` steps, the closed form beyond that where there is one (at large
+    world sizes), counted again where there is none. What ``auto`` compares."""
+    if counted_steps(collective, algorithm, size, nbytes, itemsize) > COUNTED_STEPS:
+        total = nbytes * size if collective == "scatter" else nbytes    # formula's n
+        closed = formula(collective, algorithm, size, total, params, itemsize)
+        if closed is not None:
+            return closed
+    return predict_bytes(collective, algorithm, size, nbytes, params, itemsize)
+
+
+# ---------------------------------------------------------------------------------------------
+# Closed forms (Thakur, Rabenseifner & Gropp, "Optimization of collective communication
+# operations in MPICH", 2005), for the schedules as this package writes them
+
+
+def formula(collective: str, algorithm: str, p: int, nbytes: float, params: Params,
+            itemsize: int = 4) -> float | None:
+    """Closed-form seconds, or None where this package has no formula for the pair.
+
+    ``nbytes`` is n in the paper's sense: the whole vector (all_reduce, broadcast, reduce),
+    all p blocks (reduce_scatter, all_gather, gather, scatter), one rank's send buffer
+    (all_to_all). Exact for the schedules at powers of two with n divisible by p (data-moving
+    schedules then differ from the counted model only by their local copies, γ/2 per byte);
+    ``itemsize`` matters where a schedule switches shape at an element count."""
+    a, b, g = params.alpha, params.beta, params.gamma
+    n = float(nbytes)
+    if p == 1:
+        return None                   # only local copies, no formula to speak of
+    lg = math.ceil(math.log2(p))
+    frac = (p - 1) / p
+    pof2 = 1 << (p.bit_length() - 1)
+    power = pof2 == p
+    count = -(-int(nbytes) // itemsize)
+    # MPICH folding for non-powers of two: the extra ranks hand their vector over and get the
+    # result back: 2α + 2nβ + nγ on top of the p'-rank algorithm.
+    fold = 0.0 if power else 2 * a + 2 * n * b + n * g
+    lgf, fracf = int(math.log2(pof2)), (pof2 - 1) / pof2
+    if algorithm == "ring":
+        if collective == "all_reduce":
+            return 2 * (p - 1) * a + 2 * frac * n * b + frac * n * g
+        if collective == "reduce_scatter":
+            return (p - 1) * a + frac * n * (b + g)
+        if collective in ("all_gather", "all_to_all", "gather", "scatter"):
+            return (p - 1) * a + frac * n * b
+        if collective == "reduce":
+            return 2 * (p - 1) * a + 2 * frac * n * b + frac * n * g
+        if collective == "broadcast":
+            from .ring import segment_count
+            s = segment_count(count, p)
+            return (p + s - 2) * (a + (n / s) * b)
+        if collective == "barrier":
+            return (2 * p - 1) * (a + b)
+    if algorithm == "recursive_doubling":
+        from .recursive_doubling import BROADCAST_SCATTER_MIN_BLOCK, RABENSEIFNER_MIN_BLOCK
+        if collective == "all_reduce":
+            if count >= RABENSEIFNER_MIN_BLOCK * pof2:       # Rabenseifner
+                return fold + 2 * lgf * a + 2 * fracf * n * b + fracf * n * g
+            return fold + lgf * (a + n * b + n * g)
+        if collective == "reduce_scatter":
+            return fold + lgf * a + fracf * n * (b + g)
+        if collective == "reduce":
+            return fold + 2 * lgf * a + 2 * fracf * n * b + fracf * n * g
+        if collective in ("all_gather", "gather", "scatter"):
+            return lg * a + frac * n * b
+        if collective == "all_to_all":
+            return lg * a + (n / 2) * lg * b if power else None
+        if collective == "broadcast":
+            if count >= BROADCAST_SCATTER_MIN_BLOCK * p:     # van de Geijn
+                allgather = lg * a if power else (p - 1) * a
+                return lg * a + allgather + 2 * frac * n * b
+            return lg * (a + n * b)
+        if collective == "barrier":
+            return lg * (a + b)
+    if algorithm == "tree":                                 # binomial trees, one-port
+        if collective == "broadcast":
+            return lg * (a + n * b)
+        if collective == "reduce":
+            return lg * (a + n * b + n * g)
+        if collective in ("gather", "scatter"):
+            return lg * a + frac * n * b
+        if collective == "all_reduce":
+            return 2 * lg * a + 2 * lg * n * b + lg * n * g
+        if collective == "reduce_scatter":
+            return 2 * lg * a + (lg + frac) * n * b + lg * n * g
+        if collective == "all_gather":
+            return 2 * lg * a + (lg + frac) * n * b
+        if collective == "all_to_all":     # gather everything to rank 0, scatter it back
+            return 2 * lg * a + 2 * (p - 1) * n * b
+        if collective == "barrier":
+            return 2 * lg * (a + b)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing
+
+
+def ranking(collective: str, size: int, nbytes: int, params: Params, candidates,
+            itemsize: int = 4) -> list[tuple[float, str]]:
+    """[(predicted seconds, name)] for every candidate, cheapest first. Times equal to 12
+    significant digits count as ties and go by name, so the order is a pure function of the
+    arguments (every rank computes the same one)."""
+    timed = [(estimate(collective, name, size, nbytes, params, itemsize), name)
+             for name in candidates]
+    return sorted(timed, key=lambda item: (float(f"{item[0]:.12g}"), item[1]))
+
+
+def choose(collective: str, size: int, nbytes: int, transport: str = "", candidates=None, *,
+           params: Params | None = None, itemsize: int = 4) -> tuple[str, float]:
+    """(name, predicted seconds) of the candidate with the least predicted time; candidates
+    default to every registered algorithm of ``collective``."""
+    if candidates is None:
+        candidates = sorted(REGISTRY.get(collective, {}))
+    candidates = list(candidates)
+    if not candidates:
+        raise ValueError(f"cost model: no candidate algorithms for {collective}")
+    for name in candidates:
+        _check(collective, name, size)
+    params = load_params(transport) if params is None else params
+    seconds, name = ranking(collective, size, nbytes, params, candidates, itemsize)[0]
+    return name, seconds
+
+
+# ---------------------------------------------------------------------------------------------
+# Fitting and calibration
+
+
+def _weighted_line(points):
+    """Least squares of t = c + k·n minimizing *relative* residuals (each row divided by its
+    t), so microsecond latencies are not drowned by millisecond transfers; c, k >= 0."""
+    import numpy as np
+    n = np.array([p[0] for p in points], dtype=float)
+    t = np.array([p[1] for p in points], dtype=float)
+    if np.any(t <= 0) or np.any(n < 0) or not np.all(np.isfinite(t)):
+        raise ValueError("cost model fit: timings must be positive and finite, sizes >= 0")
+    w = 1.0 / t
+    if len(set(n.tolist())) >= 2:
+        design = np.stack([w, n * w], axis=1)
+        (c, k), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+        if c >= 0 and k >= 0:
+            return float(c), float(k)
+    # one size only, or a negative coefficient: clip it to zero and refit the other alone
+    k_only = float(np.sum(n * w) / np.sum((n * w) ** 2)) if np.any(n > 0) else 0.0
+    c_only = float(np.sum(w) / np.sum(w * w))       # the relative-error mean of t
+    rel = lambda c, k: float(np.sum(((c + k * n) * w - 1.0) ** 2))   # noqa: E731
+    return (0.0, k_only) if rel(0.0, k_only) <= rel(c_only, 0.0) else (c_only, 0.0)
+
+
+def fit(pingpong, reductions, default: Params | None = None) -> Params:
+    """Parameters from timings. ``pingpong``: [(nbytes, one-way seconds)] (half round trips),
+    fitted as α + β·n; ``reductions``: [(nbytes of one operand, seconds)] of dst = a op b,
+    fitted as c + γ·n (c, the call overhead, is dropped: the model charges α per message).
+    A list that is empty takes its parameters from ``default`` (ValueError without one)."""
+    pingpong, reductions = list(pingpong), list(reductions)
+    if (not pingpong or not reductions) and default is None:
+        raise ValueError("cost model fit: need ping-pong and reduction timings, or defaults")
+    alpha, beta = _weighted_line(pingpong) if pingpong else (default.alpha, default.beta)
+    gamma = _weighted_line(reductions)[1] if reductions else default.gamma
+    return Params(alpha, beta, gamma)
+
+
+PINGPONG_BYTES = (8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20)
+REDUCE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
+
+
+def _synchronize(xp):
+    cuda = getattr(xp, "cuda", None)
+    if cuda is not None:          # cupy: time the kernels, not their launches
+        cuda.Device().synchronize()
+
+
+def _median(values):
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+
+
+def calibrate(group, *, repeats: int = 15, pingpong_bytes=PINGPONG_BYTES,
+              reduce_bytes=REDUCE_BYTES, timeout: float = 60.0) -> Params:
+    """Measure and fit this transport's parameters; a collective call (every rank of
+    ``group`` must call it). Ranks 0 and 1 ping-pong over the group's transport (median of
+    ``repeats`` round trips per size, halved), rank 0 times float32 SUM reductions with the
+    executors' kernel, fits, and sends the result to every rank, so all ranks return the
+    same Params. A group of one rank measures γ only; α and β stay the transport's defaults."""
+    import numpy as np
+
+    from ..kernels.reduce import reducer
+    from ..ops import ReduceOp
+
+    transport, rank, size = group.transport, group.rank, group.size
+    xp = transport.xp
+    tag = group.next_tag()
+    default = load_params(transport.name)
+    pingpong, reductions = [], []
+
+    def exchange(requests):
+        transport.wait_all(requests, timeout)
+
+    if size > 1 and rank in (0, 1):
+        peer = 1 - rank
+        for nbytes in pingpong_bytes:
+            buf = xp.zeros(nbytes, dtype=xp.uint8)
+            trips = []
+            for trip in range(repeats + 2):           # two warm-up trips
+                _synchronize(xp)
+                start = time.perf_counter()
+                if rank == 0:
+                    exchange([transport.isend(buf, peer, tag)])
+                    exchange([transport.irecv(buf, peer, tag)])
+                else:
+                    exchange([transport.irecv(buf, peer, tag)])
+                    exchange([transport.isend(buf, peer, tag)])
+                _synchronize(xp)
+                if trip >= 2:
+                    trips.append(time.perf_counter() - start)
+            pingpong.append((nbytes, _median(trips) / 2))
+    if rank == 0:
+        add = reducer(ReduceOp.SUM, np.float32)
+        for nbytes in reduce_bytes:
+            a = xp.ones(nbytes // 4, dtype=xp.float32)
+            b = xp.ones(nbytes // 4, dtype=xp.float32)
+            times = []
+            for trial in range(repeats + 1):
+                _synchronize(xp)
+                start = time.perf_counter()
+                add(a, a, b)
+                _synchronize(xp)
+                if trial:
+                    times.append(time.perf_counter() - start)
+            reductions.append((nbytes, _median(times)))
+        fitted = fit(pingpong, reductions, default)
+        values = xp.asarray(np.array([fitted.alpha, fitted.beta, fitted.gamma]))
+        exchange([transport.isend(values, peer, tag) for peer in range(1, size)])
+        return fitted
+    values = xp.zeros(3, dtype=xp.float64)
+    exchange([transport.irecv(values, 0, tag)])
+    host = values.get() if hasattr(values, "get") else values
+    return Params(*(float(v) for v in host))
+
+
+def clear_caches() -> None:
+    """Forget cached predictions (after registering a schedule or changing parameters)."""
+    _predict.cache_clear()
+    estimate.cache_clear()
