@@ -478,3 +478,42 @@ def test_mismatched_all_to_all_sizes_fail_on_every_rank_before_data_moves():
         assert all((o == -1).all() for o in outs)
         return True
     assert all(spawn(2, fn))
+
+
+def test_backend_choice(monkeypatch):
+    for name in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                 "HYDI_CONTROL_FD", "MPI_LOCALRANKID", "MV2_COMM_WORLD_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert dist._backend_name(None, None, None) == "socket"
+    monkeypatch.setenv("PMI_RANK", "0")
+    assert dist._backend_name(None, None, None) == "mpi"
+    assert dist._backend_name(None, "tcp://127.0.0.1:1234", None) == "socket"   # explicit rendezvous
+    assert dist._backend_name("cpu:gloo,cuda:nccl", None, None) == "gloo"
+    assert dist._backend_name("NCCL", None, None) == "nccl"
+
+
+def test_p2p_work_timeout_then_completion_and_subgroup_any_source():
+    def fn(rank):
+        sub = dist.new_group([1, 2, 3])
+        if rank == 0:
+            buf = np.zeros(2)
+            work = dist.irecv(buf, src=1, tag=3)
+            with pytest.raises(CollectiveTimeout):
+                work.wait(timeout=0.05)                  # nothing sent yet: still pending
+            assert not work.is_completed()
+            dist.barrier()
+            assert work.wait() and buf[0] == 5.0 and work.get_future().wait() == [buf]
+            return None
+        if rank == 1:
+            dist.barrier()
+            dist.send(np.full(2, 5.0), dst=0, tag=3)
+            got = set()
+            for _ in range(2):
+                b = np.zeros(1)
+                got.add((dist.recv(b, group=sub), b[0]))    # any source, within the subgroup
+            dist.destroy_process_group(sub)
+            return got
+        dist.barrier()
+        dist.send(np.array([float(rank)]), dst=1, group=sub)
+        return None
+    assert spawn(4, fn)[1] == {(2, 2.0), (3, 3.0)}
