@@ -1,0 +1,356 @@
+"""The α-β-γ cost model (collectives/algorithms/cost.py) and ``auto``.
+
+Closed forms against hand-computed numbers; the model counted from the schedules against the
+closed forms at powers of two; the fit on synthetic noisy timings; auto's choices on cases
+whose answer is known; the tuning file; calibration over the local transport."""
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from collectives.algorithms import capabilities, choose
+from collectives.algorithms import cost
+from collectives.algorithms.cost import Params, formula, predict, predict_bytes
+from collectives.algorithms.schedule import Plan, Recv, Region, Send, Step
+from collectives.errors import CollectiveError
+
+P = Params(alpha=1e-5, beta=1e-9, gamma=2e-9)
+NO_GAMMA = Params(alpha=1e-5, beta=1e-9, gamma=0.0)
+MIB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def no_tuning_file(monkeypatch):
+    monkeypatch.delenv(cost.ENV_TUNING, raising=False)
+    monkeypatch.delenv("COLLECTIVES_DEBUG", raising=False)
+
+
+# --- closed forms, by hand ---------------------------------------------------------------------
+
+def test_formulas_against_hand_computed_values():
+    n = 8 * MIB                   # 8388608 bytes, p = 8: lg p = 3, (p-1)/p = 0.875
+    cases = {
+        # 2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ = 14e-5 + 0.0146800640 + 0.0146800640
+        ("all_reduce", "ring"): 14e-5 + 2 * 7340032e-9 + 7340032 * 2e-9,
+        # Rabenseifner: 2 lg p α + 2((p-1)/p)nβ + ((p-1)/p)nγ
+        ("all_reduce", "recursive_doubling"): 6e-5 + 2 * 7340032e-9 + 7340032 * 2e-9,
+        ("all_gather", "ring"): 7e-5 + 7340032e-9,             # (p-1)α + ((p-1)/p)nβ
+        ("all_gather", "recursive_doubling"): 3e-5 + 7340032e-9,   # lg p α + ((p-1)/p)nβ
+        ("all_to_all", "ring"): 7e-5 + 7340032e-9,             # pairwise exchange
+        ("all_to_all", "recursive_doubling"): 3e-5 + 3 * 4194304e-9,   # Bruck: lg p(α + (n/2)β)
+        ("broadcast", "tree"): 3 * (1e-5 + 8388608e-9),        # binomial: lg p(α + nβ)
+        ("reduce_scatter", "ring"): 7e-5 + 7340032e-9 + 7340032 * 2e-9,
+        ("barrier", "recursive_doubling"): 3 * (1e-5 + 1e-9),  # dissemination, 1-byte tokens
+    }
+    for (collective, algorithm), want in cases.items():
+        assert formula(collective, algorithm, 8, n, P) == pytest.approx(want, rel=1e-12), \
+            (collective, algorithm)
+    # below 16 elements per block recursive doubling all_reduce swaps whole vectors:
+    # lg p (α + nβ + nγ) with n = 64 bytes = 16 float32, p = 8
+    assert formula("all_reduce", "recursive_doubling", 8, 64, P) == \
+        pytest.approx(3 * (1e-5 + 64e-9 + 128e-9), rel=1e-12)
+    # and Bruck has no closed form here at non-powers of two
+    assert formula("all_to_all", "recursive_doubling", 6, n, P) is None
+
+
+# --- counted from the schedules == closed forms ------------------------------------------------
+
+POWERS = (2, 4, 8, 16, 32, 64)
+
+
+@pytest.mark.parametrize("p", POWERS)
+def test_counted_all_reduce_equals_formulas(p):
+    # count divisible by p: every block equal, so the schedules are exactly the textbook ones
+    for nbytes in (4 * p, 4 * p * 1024):        # one element per block (doubling), Rabenseifner
+        for algorithm in ("ring", "recursive_doubling", "tree"):
+            got = predict_bytes("all_reduce", algorithm, p, nbytes, P)
+            assert got == pytest.approx(formula("all_reduce", algorithm, p, nbytes, P),
+                                        rel=1e-12), (algorithm, nbytes)
+
+
+@pytest.mark.parametrize("p", POWERS)
+def test_counted_all_gather_equals_formulas(p):
+    """Exactly the formula without γ; with γ the one extra term is the copy of the rank's own
+    block into its output (γ/2 per byte, n/p bytes), which the textbook formula ignores."""
+    nbytes = 4 * p * 1000
+    for algorithm in ("ring", "recursive_doubling"):
+        closed = formula("all_gather", algorithm, p, nbytes, NO_GAMMA)
+        assert predict_bytes("all_gather", algorithm, p, nbytes, NO_GAMMA) == \
+            pytest.approx(closed, rel=1e-12)
+        own_copy = 0.5 * P.gamma * nbytes / p
+        assert predict_bytes("all_gather", algorithm, p, nbytes, P) == \
+            pytest.approx(closed + own_copy, rel=1e-12)
+
+
+@pytest.mark.parametrize("p", POWERS)
+def test_counted_binomial_broadcast_equals_formula(p):
+    for nbytes in (4, 4000, 4 * MIB):
+        assert predict_bytes("broadcast", "tree", p, nbytes, P) == \
+            pytest.approx(formula("broadcast", "tree", p, nbytes, P), rel=1e-12)
+
+
+def test_every_formula_matches_the_counted_model_at_powers_of_two():
+    """Every closed form there is, held against the replay (γ = 0: the formulas leave out
+    local copies). The pipelined chain broadcast cuts n into S segments that differ by one
+    element when S does not divide n: 1e-3 relative covers that."""
+    for p in (2, 4, 8, 16):
+        nbytes = 4 * p * p * 64
+        for collective, algorithms in capabilities().items():
+            for algorithm in algorithms:
+                closed = formula(collective, algorithm, p, nbytes, NO_GAMMA)
+                if closed is None:
+                    continue
+                per_call = nbytes // p if collective == "scatter" else nbytes
+                got = predict_bytes(collective, algorithm, p, per_call, NO_GAMMA)
+                tol = 1e-3 if (collective, algorithm) == ("broadcast", "ring") else 1e-12
+                assert got == pytest.approx(closed, rel=tol), (collective, algorithm, p)
+
+
+def test_uneven_blocks_cost_their_largest_block():
+    # 10 elements over 4 ranks: blocks 3,3,2,2; each ring step waits for its largest block
+    p, params = 4, Params(alpha=0.0, beta=1.0, gamma=0.0)
+    assert predict("all_gather", "ring", p, (3, 3, 2, 2), params=params, itemsize=1) == 3 * 3
+    assert predict("all_reduce", "ring", p, 10, params=params, itemsize=1) == 2 * 3 * 3
+
+
+# --- the replay's model of a rank ---------------------------------------------------------------
+
+def _plan(rank, steps):
+    return Plan("all_gather", "handmade", rank, 3, tuple(steps), 0)
+
+
+def test_one_port_sends_of_a_step_serialize():
+    """Rank 0 sends 100 bytes to each of ranks 1 and 2 in one step: one send port, so
+    2(α + 100β); a pairwise exchange in both directions costs α + nβ (full duplex)."""
+    data = Region("output", 0, 100)
+    plans = [_plan(0, [Step(sends=(Send(1, data), Send(2, data)))]),
+             _plan(1, [Step(recvs=(Recv(0, data),))]),
+             _plan(2, [Step(recvs=(Recv(0, data),))])]
+    params = Params(alpha=1.0, beta=0.01, gamma=0.0)
+    assert cost.replay(plans, 1, params) == pytest.approx(2 * (1.0 + 1.0))
+    swap = [_plan(r, [Step(sends=(Send(1 - r, data),), recvs=(Recv(1 - r, data),))])
+            for r in range(2)]
+    assert cost.replay(swap, 1, params) == pytest.approx(1.0 + 1.0)
+
+
+def test_replay_reports_deadlocks_and_size_mismatches():
+    data = Region("output", 0, 4)
+    waiting = [_plan(r, [Step(recvs=(Recv(1 - r, data),))]) for r in range(2)]
+    with pytest.raises(CollectiveError, match="deadlocks"):
+        cost.replay(waiting, 4, P)
+    mismatched = [_plan(0, [Step(sends=(Send(1, data),))]),
+                  _plan(1, [Step(recvs=(Recv(0, Region("output", 0, 5)),))])]
+    with pytest.raises(CollectiveError, match="sends 4 elements"):
+        cost.replay(mismatched, 4, P)
+
+
+def test_large_world_sizes_use_the_closed_form():
+    # the ring at p = 256 has 510 steps per rank: past COUNTED_STEPS, so no replay
+    p, nbytes = 256, 64 * MIB
+    assert cost.counted_steps("all_reduce", "ring", p, nbytes) > cost.COUNTED_STEPS
+    assert cost.estimate("all_reduce", "ring", p, nbytes, P) == \
+        formula("all_reduce", "ring", p, nbytes, P)
+
+
+def test_bad_arguments_are_value_errors():
+    with pytest.raises(ValueError, match="no algorithm 'nope'"):
+        predict("all_reduce", "nope", 4, 16)
+    with pytest.raises(ValueError, match="unknown collective"):
+        predict("allreduce", "ring", 4, 16)
+    with pytest.raises(ValueError, match="alpha must be"):
+        Params(-1.0, 0.0, 0.0)
+
+
+# --- fitting ------------------------------------------------------------------------------------
+
+def test_fit_recovers_known_parameters_from_noisy_timings():
+    rng = np.random.default_rng(1)
+    for true in (Params(2e-6, 1 / 5e9, 1 / 4e9), Params(2e-5, 1 / 150e9, 1e-12),
+                 Params(4e-5, 1 / 3.5e9, 1 / 5e9)):
+        sizes = [8 * 4 ** k for k in range(12)] * 5           # 8 B .. 32 MiB, five of each
+        noise = lambda: 1 + 0.05 * rng.uniform(-1, 1)          # noqa: E731  (5%)
+        pingpong = [(n, (true.alpha + true.beta * n) * noise()) for n in sizes]
+        reductions = [(n, (3e-7 + true.gamma * n) * noise()) for n in sizes if n >= 4096]
+        got = cost.fit(pingpong, reductions)
+        for name in ("alpha", "beta", "gamma"):
+            assert getattr(got, name) == pytest.approx(getattr(true, name), rel=0.10), name
+
+
+def test_fit_never_returns_negative_parameters():
+    # timings that fall with size would give a negative β; latency-free ones a negative α
+    got = cost.fit([(8, 3e-6), (1 << 20, 1e-6)], [(4096, 1e-6), (1 << 20, 1e-6)])
+    assert got.alpha >= 0 and got.beta >= 0 and got.gamma >= 0
+    got = cost.fit([(1000, 1e-7), (2000, 3e-7)], [(1000, 1e-7)])
+    assert got.alpha == 0.0 and got.beta > 0
+    assert cost.fit([], [], default=P) == P
+    with pytest.raises(ValueError, match="timings must be positive"):
+        cost.fit([(8, -1.0), (16, 1.0)], [(8, 1.0)])
+    with pytest.raises(ValueError, match="need ping-pong"):
+        cost.fit([], [(8, 1.0)])
+
+
+# --- auto ---------------------------------------------------------------------------------------
+
+LOG_P = {"recursive_doubling", "tree"}
+
+
+def test_auto_takes_a_log_p_algorithm_for_tiny_messages_at_scale():
+    # 256 bytes: one float32 per rank's block at p = 64
+    for transport in ("mpi", "socket", "local", "nccl"):
+        for collective in ("all_reduce", "all_gather", "broadcast", "reduce", "barrier",
+                           "all_to_all", "reduce_scatter"):
+            name = choose(collective, 64, 256 if collective != "barrier" else 0, transport)
+            assert name in LOG_P, (transport, collective, name)
+
+
+def test_auto_takes_a_bandwidth_optimal_algorithm_for_large_messages():
+    for transport in ("mpi", "socket", "local", "nccl"):
+        # ring, or Rabenseifner (recursive_doubling at this size); never the tree's lg p·nβ
+        assert choose("all_reduce", 8, 64 * MIB, transport) in ("ring", "recursive_doubling")
+        assert choose("all_gather", 8, 64 * MIB, transport) in ("ring", "recursive_doubling")
+        # Bruck moves lg p/2 times the data: the pairwise exchange wins
+        assert choose("all_to_all", 8, 64 * MIB, transport) == "ring"
+        assert choose("broadcast", 8, 64 * MIB, transport) != "tree"
+
+
+def test_auto_is_the_argmin_of_the_predictions():
+    for size, nbytes in ((3, 100), (8, 4096), (13, 1 << 18), (16, 8 * MIB)):
+        for collective in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
+            params = cost.load_params("mpi")
+            times = {a: cost.estimate(collective, a, size, nbytes, params)
+                     for a in capabilities()[collective]}
+            name, seconds = cost.choose(collective, size, nbytes, "mpi")
+            assert seconds == min(times.values()) and times[name] == seconds
+            assert choose(collective, size, nbytes, "mpi") == name
+
+
+def test_ties_break_by_name():
+    # two ranks: ring and recursive doubling all_reduce are the same exchanges
+    assert cost.choose("all_gather", 2, 1024, "mpi", ["ring", "recursive_doubling"])[0] == \
+        cost.choose("all_gather", 2, 1024, "mpi", ["recursive_doubling", "ring"])[0]
+
+
+GRID = [(c, p, n) for c in ("all_reduce", "all_gather", "broadcast", "all_to_all")
+        for p in (2, 5, 8, 24) for n in (0, 4, 4096, 1 << 20)]
+CHOICES_SCRIPT = """
+import json
+from collectives.algorithms import choose
+grid = json.loads(input())
+print(json.dumps([choose(c, p, n, "mpi") for c, p, n in grid]))
+"""
+
+
+def test_choice_is_a_pure_function_of_its_arguments():
+    """Every rank must choose the same schedule: the same answers in a fresh interpreter
+    with a different hash seed, and from threads racing on a cold cache."""
+    here = [choose(c, p, n, "mpi") for c, p, n in GRID]
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    env.pop(cost.ENV_TUNING, None)
+    out = subprocess.run([sys.executable, "-c", CHOICES_SCRIPT], input=json.dumps(GRID),
+                         capture_output=True, text=True, env=env, timeout=60, check=True)
+    assert json.loads(out.stdout) == here
+    cost.clear_caches()
+    import collectives.algorithms as algorithms
+    algorithms._ranked.cache_clear()
+    results = [None] * 4
+
+    def rank(r):
+        results[r] = [choose(c, p, n, "mpi") for c, p, n in GRID]
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r == here for r in results)
+
+
+def test_debug_logs_each_choice_on_stderr():
+    script = ("from collectives.algorithms import choose\n"
+              "choose('all_reduce', 64, 8, 'mpi'); choose('all_reduce', 64, 8, 'mpi')\n")
+    env = dict(os.environ, COLLECTIVES_DEBUG="INFO")
+    env.pop(cost.ENV_TUNING, None)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, timeout=60, check=True)
+    lines = [l for l in out.stderr.splitlines() if "auto: all_reduce" in l]
+    assert len(lines) == 2, out.stderr                 # every call, cached or not
+    assert "predicted" in lines[0] and "runner-up" in lines[0]
+
+
+def test_debug_log_reaches_configured_handlers(monkeypatch, caplog):
+    monkeypatch.setenv("COLLECTIVES_DEBUG", "DETAIL")
+    with caplog.at_level(logging.INFO, logger="collectives"):
+        name = choose("all_gather", 16, 65536, "nccl")
+    message = [r.getMessage() for r in caplog.records if "auto: all_gather" in r.getMessage()]
+    assert message and f"-> {name}" in message[0] and "others" in message[0]
+
+
+# --- parameters: defaults, tuning file ----------------------------------------------------------
+
+def test_defaults_per_transport():
+    for transport in ("mpi", "socket", "local", "nccl"):
+        assert cost.load_params(transport) == cost.DEFAULTS[transport]
+    assert cost.load_params("something-new") == cost.DEFAULTS[cost.FALLBACK_TRANSPORT]
+    # NCCL's launch latency dwarfs its per-byte cost; a host transport is the other way round
+    assert cost.DEFAULTS["nccl"].alpha > cost.DEFAULTS["mpi"].alpha
+    assert cost.DEFAULTS["nccl"].beta < cost.DEFAULTS["mpi"].beta
+
+
+def test_save_and_load_the_tuning_file(tmp_path, monkeypatch):
+    path = str(tmp_path / "tuning.json")
+    mpi, nccl = Params(3e-6, 2e-10, 3e-10), Params(1e-5, 1e-11, 1e-12)
+    cost.save_params(path, "mpi", mpi)
+    cost.save_params(path, "nccl", nccl)
+    cost.save_params(path, "mpi", mpi)                       # rewriting keeps the others
+    assert set(json.load(open(path))) == {"mpi", "nccl"}
+    assert cost.load_params("mpi") == cost.DEFAULTS["mpi"]   # no variable, no file
+    monkeypatch.setenv(cost.ENV_TUNING, path)
+    assert cost.load_params("mpi") == mpi and cost.load_params("nccl") == nccl
+    assert cost.load_params("socket") == cost.DEFAULTS["socket"]   # not in the file
+    # the file's parameters drive auto: make messages free and latency dear -> log p always
+    cost.save_params(path, "local", Params(1.0, 0.0, 0.0))
+    assert choose("all_reduce", 8, 64 * MIB, "local") in LOG_P
+    (tmp_path / "bad.json").write_text("{not json")
+    monkeypatch.setenv(cost.ENV_TUNING, str(tmp_path / "bad.json"))
+    with pytest.raises(ValueError, match="not valid JSON"):
+        cost.load_params("mpi")
+    (tmp_path / "neg.json").write_text('{"mpi": {"alpha": -1, "beta": 0, "gamma": 0}}')
+    with pytest.raises(ValueError, match="alpha"):
+        cost.load_params("mpi", str(tmp_path / "neg.json"))
+    with pytest.raises(ValueError, match="cannot read"):
+        cost.load_params("mpi", str(tmp_path / "missing.json"))
+
+
+# --- calibration over a real transport ----------------------------------------------------------
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_calibrate_gives_every_rank_the_same_fit(size):
+    from collectives.group import ProcessGroup
+    from collectives.transports.local import LocalWorld
+    world = LocalWorld(size)
+    results, errors = [None] * size, []
+
+    def rank(r):
+        try:
+            group = ProcessGroup(world.transport(r), backend="local", timeout=30)
+            results[r] = cost.calibrate(group, repeats=3, pingpong_bytes=(8, 4096, 1 << 18),
+                                        reduce_bytes=(1 << 16, 1 << 20))
+        except BaseException as exc:        # surfaced below
+            errors.append(exc)
+            world.abort(repr(exc))
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert all(r == results[0] for r in results)
+    fitted = results[0]
+    assert fitted.gamma > 0 and fitted.alpha >= 0 and fitted.beta >= 0
+    if size == 1:   # nobody to ping-pong with: α and β stay the defaults
+        assert (fitted.alpha, fitted.beta) == (cost.DEFAULTS["local"].alpha,
+                                               cost.DEFAULTS["local"].beta)
