@@ -18,9 +18,11 @@ pair of ranks) with a clock per rank instead of data:
 At powers of two this reproduces the classic formulas (``formula``; the tests hold the two
 together), and it stays right where formulas are silent or approximate: uneven blocks, folded
 non-powers of two, Bruck's rotations, a schedule nobody wrote a formula for. The price is one
-plan per rank and one pass over every step: about a second per million steps (the ring at
-p = 1024 has two million). Predictions are cached; ``choose`` at the world sizes of real jobs
-costs milliseconds the first time a message size is seen and a dictionary look-up after.
+plan per rank and one pass over every transfer and local operation, 5-10 µs each in Python:
+milliseconds at p = 8, seconds for the ring at p = 512. So ``predict`` is exact and can be
+slow at scale, and ``estimate`` (what ``auto`` compares) switches to the closed form beyond
+64 ranks or 50,000 operations where one exists. Both are cached; ``choose`` costs a dictionary
+look-up (~1.5 µs) once a call shape has been seen.
 
 Not modelled: contention inside the network (every pair of ranks has its own link), eager vs
 rendezvous protocols, per-step software overhead apart from α, cache effects on γ, overlap of
@@ -285,30 +287,35 @@ def predict_bytes(collective: str, algorithm: str, size: int, nbytes: int,
                    0, itemsize, params)
 
 
-# Beyond this many steps in all (rank 0's steps times the world size) ``estimate`` takes the
-# closed form where one exists: replaying costs ~5-10 µs a step in Python, and ``auto`` must
-# not stall a large job for seconds on each new message size.
-COUNTED_STEPS = 20_000
+# ``estimate`` (what ``auto`` compares) replays the schedules only where that is cheap:
+# replaying costs ~5-10 µs per transfer or local operation in Python, and ``auto`` must not
+# stall a job for seconds on each new message size. Beyond COUNTED_MAX_SIZE ranks, or beyond
+# COUNTED_WORK operations in all (rank 0's sends, receives and local operations times the
+# world size), it takes the closed form where there is one.
+COUNTED_MAX_SIZE = 64
+COUNTED_WORK = 50_000
 
 
-def counted_steps(collective: str, algorithm: str, size: int, nbytes: int,
-                  itemsize: int = 4) -> int:
-    """About how many steps ``predict_bytes`` would replay (rank 0's steps times ``size``)."""
+def counted_work(collective: str, algorithm: str, size: int, nbytes: int,
+                 itemsize: int = 4) -> int:
+    """About how many operations ``predict_bytes`` would replay (rank 0's times ``size``)."""
     args = plan_args(collective, size, uniform_counts(collective, size, nbytes, itemsize), 0)
-    return len(build_plan(collective, algorithm, 0, size, *args).steps) * size
+    plan = build_plan(collective, algorithm, 0, size, *args)
+    return size * sum(1 + len(s.sends) + len(s.recvs) + len(s.local) for s in plan.steps)
 
 
 @functools.lru_cache(maxsize=8192)
 def estimate(collective: str, algorithm: str, size: int, nbytes: int, params: Params,
              itemsize: int = 4) -> float:
     """Predicted seconds for a uniform call: counted from the schedules (``predict_bytes``)
-    up to ``COUNTED_STEPS`` steps, the closed form beyond that where there is one (at large
-    world sizes), counted again where there is none. What ``auto`` compares."""
-    if counted_steps(collective, algorithm, size, nbytes, itemsize) > COUNTED_STEPS:
+    where that is cheap, else the closed form where there is one, else counted anyway."""
+    closed = None
+    if size > COUNTED_MAX_SIZE or counted_work(collective, algorithm, size, nbytes,
+                                               itemsize) > COUNTED_WORK:
         total = nbytes * size if collective == "scatter" else nbytes    # formula's n
-        closed = formula(collective, algorithm, size, total, params, itemsize)
-        if closed is not None:
-            return closed
+        closed = formula(collective, algorithm, size, total, params, itemsize, copies=True)
+    if closed is not None:
+        return closed
     return predict_bytes(collective, algorithm, size, nbytes, params, itemsize)
 
 
@@ -318,14 +325,59 @@ def estimate(collective: str, algorithm: str, size: int, nbytes: int, params: Pa
 
 
 def formula(collective: str, algorithm: str, p: int, nbytes: float, params: Params,
-            itemsize: int = 4) -> float | None:
+            itemsize: int = 4, *, copies: bool = False) -> float | None:
     """Closed-form seconds, or None where this package has no formula for the pair.
 
     ``nbytes`` is n in the paper's sense: the whole vector (all_reduce, broadcast, reduce),
     all p blocks (reduce_scatter, all_gather, gather, scatter), one rank's send buffer
     (all_to_all). Exact for the schedules at powers of two with n divisible by p (data-moving
     schedules then differ from the counted model only by their local copies, γ/2 per byte);
-    ``itemsize`` matters where a schedule switches shape at an element count."""
+    ``itemsize`` matters where a schedule switches shape at an element count.
+
+    ``copies=True`` adds the local copies on the schedule's critical path (γ/2 per byte,
+    ``copied_bytes``), which makes the closed form equal to the counted model wherever the
+    tests say so; ``estimate`` uses it that way at large world sizes."""
+    closed = _textbook(collective, algorithm, p, nbytes, params, itemsize)
+    if closed is None or not copies:
+        return closed
+    return closed + 0.5 * params.gamma * copied_bytes(collective, algorithm, p, nbytes)
+
+
+def copied_bytes(collective: str, algorithm: str, p: int, nbytes: float) -> float:
+    """Bytes copied locally on the critical path of the schedule (n as in ``formula``),
+    read off the schedules: the own block filed into the output (n/p), Bruck's rotation (n)
+    and packing (the slots of every round), the tree all_to_all's rearrangement at its root.
+    Exact at powers of two; an upper bound where Bruck's slots happen to lie back to back."""
+    if p == 1:
+        return 0.0
+    block, lg = nbytes / p, math.ceil(math.log2(p))
+    power = p & (p - 1) == 0
+    if collective in ("all_gather", "gather", "scatter", "all_to_all") and algorithm == "ring":
+        return block
+    if algorithm == "recursive_doubling":
+        if collective in ("gather", "scatter"):
+            return block
+        if collective == "all_gather":
+            return block if power else block + nbytes
+        if collective == "all_to_all":
+            return (_bruck_slots(p) + p) * block
+    if algorithm == "tree":
+        if collective in ("all_gather", "gather"):
+            return block
+        if collective in ("scatter", "reduce_scatter"):
+            return (p.bit_length() - 1) * block
+        if collective == "all_to_all":
+            return (p + lg + (1 if power else 0)) * nbytes
+    return 0.0
+
+
+def _bruck_slots(p: int) -> int:
+    """Blocks Bruck sends in all: round k sends the slots j < p that have bit k set."""
+    return sum((p >> (k + 1) << k) + max(0, p % (2 << k) - (1 << k))
+               for k in range(math.ceil(math.log2(p))))
+
+
+def _textbook(collective, algorithm, p, nbytes, params, itemsize):
     a, b, g = params.alpha, params.beta, params.gamma
     n = float(nbytes)
     if p == 1:
@@ -362,12 +414,14 @@ def formula(collective: str, algorithm: str, p: int, nbytes: float, params: Para
             return fold + lgf * (a + n * b + n * g)
         if collective == "reduce_scatter":
             return fold + lgf * a + fracf * n * (b + g)
-        if collective == "reduce":
+        if collective == "reduce":     # the folded ranks only hand their vector over
+            fold = 0.0 if power else a + n * b + n * g
             return fold + 2 * lgf * a + 2 * fracf * n * b + fracf * n * g
         if collective in ("all_gather", "gather", "scatter"):
             return lg * a + frac * n * b
         if collective == "all_to_all":
-            return lg * a + (n / 2) * lg * b if power else None
+            # Bruck: round k sends the slots j < p with bit k set, n/p bytes each
+            return lg * a + _bruck_slots(p) * (n / p) * b
         if collective == "broadcast":
             if count >= BROADCAST_SCATTER_MIN_BLOCK * p:     # van de Geijn
                 allgather = lg * a if power else (p - 1) * a
