@@ -41,8 +41,7 @@ messages), so it only makes sense for tiny messages at large p.
 
 barrier: one-element tokens gathered up the tree, then released down it. Cost 2Lα.
 """
-from .schedule import (Copy, Recv, Reduce, Region, Step, algorithm, copy, layout, partition,
-                       recv, send)
+from .schedule import Copy, Recv, Reduce, Region, Send, Step, algorithm, copy, recv, send
 
 
 def _limit(v, size):
@@ -130,11 +129,13 @@ def _scatter_down(v, size, actual, offsets, assembled, out):
             return
         yield Step(recvs=(Recv(actual(_parent(v)), assembled.sub(0, offsets[_span_end(v, size)] - base)),),
                    local=(Copy(own, out),))
-    else:
-        yield copy(own, out)
-    for child in reversed(kids):
+    keep_own = () if v else (Copy(own, out),)   # the root's own block, after its first send
+    if not kids and keep_own:
+        yield Step(local=keep_own)
+    for i, child in enumerate(reversed(kids)):
         start, end = offsets[child], offsets[_span_end(child, size)]
-        yield send(actual(child), assembled.sub(start - base, end - start))
+        yield Step(sends=(Send(actual(child), assembled.sub(start - base, end - start)),),
+                   local=keep_own if i == 0 else ())
 
 
 def _identity(u):
