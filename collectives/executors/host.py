@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from ..algorithms.schedule import Copy, Plan
-from ..errors import CollectiveError
+from ..errors import CollectiveError, CollectiveTimeout
 
 
 def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
@@ -32,7 +32,8 @@ def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
     def view(region):
         return arrays[region.buffer][region.offset:region.end]
 
-    deadline = None if timeout is None else time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = None if timeout is None else started + timeout
     for index, step in enumerate(plan.steps):
         try:
             if step.sends or step.recvs:
@@ -41,8 +42,13 @@ def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 transport.wait_all(requests, left)
         except CollectiveError as exc:
+            # The transport's message names the peer and the tag; say where in the schedule
+            # and, for a timeout, how long the whole collective waited (not just this step).
+            waited = (f", after {time.monotonic() - started:.3g} s"
+                      if isinstance(exc, CollectiveTimeout) else "")
             raise type(exc)(f"{operation or plan.collective} ({plan.algorithm}) on rank "
-                            f"{plan.rank}, step {index + 1} of {len(plan.steps)}: {exc}") from exc
+                            f"{plan.rank}, step {index + 1} of {len(plan.steps)}{waited}: "
+                            f"{exc}") from exc
         for op in step.local:
             if isinstance(op, Copy):
                 view(op.dst)[...] = view(op.src)
