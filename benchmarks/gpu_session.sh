@@ -42,10 +42,10 @@ cat "$OUT/env.log"
 if [ "$MODE" = quick ]; then
   SIZES=1M,16M,256M; SEGS=64M; PROBE=1M:1G:4
 else
-  SIZES=1M,16M,256M,1G; SEGS=; PROBE=
+  SIZES=1M,16M,256M,1G; SEGS=64M; PROBE=
 fi
 
-step tests 260 $PY -m pytest -m gpu tests/gpu -x -q -rs
+step tests 170 $PY -m pytest -m gpu tests/gpu -q -rs -s
 if [ -n "$PROBE" ]; then
   step probe_default 60 $MPI -n 4 $PY benchmarks/bench_nccl.py --collectives "" --probe $PROBE
   step probe_chunk 60 env NCCL_P2P_NVL_CHUNKSIZE=2097152 $MPI -x NCCL_P2P_NVL_CHUNKSIZE -n 4 \
@@ -57,13 +57,13 @@ if [ -n "$PROBE" ]; then
     $PY benchmarks/bench_nccl.py --collectives "" --probe $PROBE
 fi
 SEGARG=${SEGS:+--segments $SEGS}
-step bench4 200 $MPI -n 4 $PY benchmarks/bench_nccl.py --sizes $SIZES $SEGARG --json "$OUT/bench4.json"
-step bench2 100 env CUDA_VISIBLE_DEVICES=0,1 $MPI -x CUDA_VISIBLE_DEVICES -n 2 \
+step bench4 150 $MPI -n 4 $PY benchmarks/bench_nccl.py --sizes $SIZES $SEGARG --json "$OUT/bench4.json"
+step bench2 70 env CUDA_VISIBLE_DEVICES=0,1 $MPI -x CUDA_VISIBLE_DEVICES -n 2 \
   $PY benchmarks/bench_nccl.py --algorithms ring --sizes $SIZES --json "$OUT/bench2.json"
 
 echo
 echo "################ summary ($MODE)"
-grep -h "RESULT\|passed\|failed\|skipped\|Error" "$OUT/tests.log" | head -n 20
+grep -h "FAIL\|progress\|kernel check\|passed\|failed\|skipped\|Error" "$OUT/tests.log" | head -n 40
 for f in "$OUT"/probe_*.log; do [ -f "$f" ] && { echo "## $(basename "$f")"; grep "p2p" "$f"; }; done
 for n in 4 2; do
   echo "## bench, $n GPUs"

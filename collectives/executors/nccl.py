@@ -10,9 +10,10 @@ Two modes:
 * **in order** (steps whose transfers are smaller than ``segment_bytes``, or segmentation
   off): every transfer and kernel on the caller's stream, in plan order. Fewest launches; this
   is what small messages want.
-* **pipelined** (any larger step): each step is cut into ``ceil(bytes / segment_bytes)``
-  segments (every region of the step split in the same proportions, so segment k of a
-  reduction reads exactly segment k of its landing zone). Transfers run on the transport's
+* **pipelined** (any larger step): each message is cut into ``ceil(bytes / segment_bytes)``
+  segments by its own size (so both ends cut it alike), sent in rounds (segment k of every
+  message of the step in round k); a local op is cut by the same rule, so segment k of a
+  reduction reads exactly segment k of its landing zone. Transfers run on the transport's
   private communication stream, kernels on the caller's stream, and CUDA events order them:
   an operation waits for the latest operation of the other stream whose regions conflict with
   its own (read-after-write, write-after-read, write-after-write). So the reduction of segment
@@ -34,7 +35,7 @@ import os
 
 import numpy as np
 
-from ..algorithms.schedule import Copy, Plan
+from ..algorithms.schedule import Copy, Plan, Send
 from ..errors import TransportError
 
 ENV_SEGMENT = "COLLECTIVES_NCCL_SEGMENT_BYTES"
@@ -188,23 +189,31 @@ class _Run:
             history[where].append((streams[where].record(), reads, writes))
 
         total = len(steps)
+        pieces = lambda count: max(1, math.ceil(count / max(1, segment_elems)))  # noqa: E731
         for index, step in enumerate(steps):
-            n = max(1, math.ceil(_step_bytes(step) / max(1, segment_elems)))
-            # Local ops of a step run after all its transfers; segment k of them may follow
-            # segment k of the transfers only if they touch transfer regions exactly.
+            # Each message is cut by its own size, so sender and receiver cut it alike.
+            moves = [(t, pieces(t.region.count)) for t in step.sends + step.recvs]
+            rounds = max([n for _, n in moves] + [1])
+            # Local ops of a step run after all its transfers; piece k of them may follow
+            # round k of the transfers only if they touch transfer regions exactly.
             split_local = _aligned(step)
-            for k in range(n):
-                sends = [type(s)(s.peer, _piece(s.region, k, n)) for s in step.sends]
-                recvs = [type(r)(r.peer, _piece(r.region, k, n)) for r in step.recvs]
-                sends = [s for s in sends if s.region.count]
-                recvs = [r for r in recvs if r.region.count]
+            for k in range(rounds):
+                sends = [type(t)(t.peer, _piece(t.region, k, n)) for t, n in moves
+                         if k < n and isinstance(t, Send)]
+                recvs = [type(t)(t.peer, _piece(t.region, k, n)) for t, n in moves
+                         if k < n and not isinstance(t, Send)]
+                sends = [t for t in sends if t.region.count]
+                recvs = [t for t in recvs if t.region.count]
                 if sends or recvs:
-                    enqueue("comm", [s.region for s in sends], [r.region for r in recvs],
+                    enqueue("comm", [t.region for t in sends], [t.region for t in recvs],
                             lambda s=sends, r=recvs: self.transfer(s, r, comm_stream.ptr,
                                                                    index, total))
                 if not split_local:
                     continue
                 for op in step.local:
+                    n = pieces(op[0].count)
+                    if k >= n:
+                        continue
                     piece = type(op)(*(_piece(region, k, n) for region in op))
                     if piece[0].count:
                         enqueue("compute", list(piece[1:]), [piece[0]],

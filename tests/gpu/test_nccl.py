@@ -42,19 +42,25 @@ def mpiexec(n: int) -> list:
 
 
 @pytest.mark.skipif(not OK, reason=f"nccl backend unavailable: {WHY}")
-@pytest.mark.parametrize("world_size,rendezvous", [(2, "file"), (4, "mpi")])
-def test_every_collective_matches(world_size, rendezvous, tmp_path):
+@pytest.mark.parametrize("world_size,rendezvous,quick", [(4, "mpi", False), (2, "file", True)])
+def test_every_collective_matches(world_size, rendezvous, quick, tmp_path):
     if gpu_count() < world_size:
         pytest.skip(f"needs {world_size} GPUs, {gpu_count()} visible")
     how = f"file:{tmp_path / 'store'}" if rendezvous == "file" else "mpi"
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1")
-    command = mpiexec(world_size) + [sys.executable, WORKER, "--rendezvous", how]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    command = mpiexec(world_size) + [sys.executable, WORKER, "--rendezvous", how] + \
+        (["--quick"] if quick else [])
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        pytest.fail(f"{world_size} ranks did not finish in 240 s; output so far:\n{out[-6000:]}")
+    print(done.stdout[-3000:])
     results = [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines()
                if line.startswith("RESULT ")]
     detail = "\n".join(f for r in results for f in r["failures"])
     assert done.returncode == 0 and len(results) == world_size, \
         f"exit {done.returncode}, {len(results)} of {world_size} ranks reported\n" \
         f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-    assert all(r["runs"] > 100 for r in results), results
+    assert all(r["runs"] > 50 for r in results), results
     assert not detail, detail
