@@ -217,7 +217,7 @@ class ProcessGroup:
         if buf.dtype != dtype:
             raise TypeError(f"{collective} on rank {self.rank}: input and output dtypes differ "
                             f"({dtype} vs {buf.dtype})")
-        if name == "output" and not buf.flags.writeable:
+        if name == "output" and not getattr(buf.flags, "writeable", True):   # cupy: no flag
             raise ValueError(f"{collective} on rank {self.rank}: the output buffer is read-only")
 
     def _counts(self, collective, counts, input, output, root):
