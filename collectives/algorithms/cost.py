@@ -365,9 +365,9 @@ def copied_bytes(collective: str, algorithm: str, p: int, nbytes: float) -> floa
         if collective in ("all_gather", "gather"):
             return block
         if collective in ("scatter", "reduce_scatter"):
-            return (p.bit_length() - 1) * block
+            return max(1, lg - 1) * block       # own blocks along the way down
         if collective == "all_to_all":
-            return (p + lg + (1 if power else 0)) * nbytes
+            return (p + lg + (1 if p == 2 else 0)) * nbytes
     return 0.0
 
 
@@ -483,42 +483,47 @@ def choose(collective: str, size: int, nbytes: int, transport: str = "", candida
 # Fitting and calibration
 
 
-def _weighted_line(points):
-    """Least squares of t = c + k·n minimizing *relative* residuals (each row divided by its
-    t), so microsecond latencies are not drowned by millisecond transfers; c, k >= 0."""
+def _weighted_line(points, relative=True):
+    """Least squares of t = c + k·n; c, k >= 0. ``relative`` minimizes relative residuals
+    (each row divided by its t), so microsecond latencies are not drowned by millisecond
+    transfers; otherwise plain residuals, so the largest sizes set the slope."""
     import numpy as np
     n = np.array([p[0] for p in points], dtype=float)
     t = np.array([p[1] for p in points], dtype=float)
     if np.any(t <= 0) or np.any(n < 0) or not np.all(np.isfinite(t)):
         raise ValueError("cost model fit: timings must be positive and finite, sizes >= 0")
-    w = 1.0 / t
+    w = 1.0 / t if relative else np.full_like(t, 1.0 / np.mean(t))
     if len(set(n.tolist())) >= 2:
         design = np.stack([w, n * w], axis=1)
-        (c, k), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+        (c, k), *_ = np.linalg.lstsq(design, t * w, rcond=None)
         if c >= 0 and k >= 0:
             return float(c), float(k)
     # one size only, or a negative coefficient: clip it to zero and refit the other alone
-    k_only = float(np.sum(n * w) / np.sum((n * w) ** 2)) if np.any(n > 0) else 0.0
-    c_only = float(np.sum(w) / np.sum(w * w))       # the relative-error mean of t
-    rel = lambda c, k: float(np.sum(((c + k * n) * w - 1.0) ** 2))   # noqa: E731
-    return (0.0, k_only) if rel(0.0, k_only) <= rel(c_only, 0.0) else (c_only, 0.0)
+    k_only = float(np.sum(n * t * w * w) / np.sum((n * w) ** 2)) if np.any(n > 0) else 0.0
+    c_only = float(np.sum(t * w * w) / np.sum(w * w))
+    def misfit(c, k):
+        return float(np.sum(((c + k * n - t) * w) ** 2))
+    return (0.0, k_only) if misfit(0.0, k_only) <= misfit(c_only, 0.0) else (c_only, 0.0)
 
 
 def fit(pingpong, reductions, default: Params | None = None) -> Params:
     """Parameters from timings. ``pingpong``: [(nbytes, one-way seconds)] (half round trips),
-    fitted as α + β·n; ``reductions``: [(nbytes of one operand, seconds)] of dst = a op b,
-    fitted as c + γ·n (c, the call overhead, is dropped: the model charges α per message).
+    fitted as α + β·n on relative residuals; ``reductions``: [(nbytes of one operand,
+    seconds)] of dst = a op b, fitted as c + γ·n on plain residuals, so that the large
+    reductions out of cache, where γ matters, set it (c, the call overhead, is dropped).
     A list that is empty takes its parameters from ``default`` (ValueError without one)."""
     pingpong, reductions = list(pingpong), list(reductions)
     if (not pingpong or not reductions) and default is None:
         raise ValueError("cost model fit: need ping-pong and reduction timings, or defaults")
     alpha, beta = _weighted_line(pingpong) if pingpong else (default.alpha, default.beta)
-    gamma = _weighted_line(reductions)[1] if reductions else default.gamma
+    gamma = _weighted_line(reductions, relative=False)[1] if reductions else default.gamma
     return Params(alpha, beta, gamma)
 
 
 PINGPONG_BYTES = (8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20)
-REDUCE_BYTES = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
+# Reductions from 256 KiB up: smaller ones run from cache and would make γ look faster than
+# the large blocks where γ matters.
+REDUCE_BYTES = (256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 
 
 def _synchronize(xp):
