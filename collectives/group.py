@@ -107,8 +107,7 @@ class ProcessGroup:
         counts = self._counts(collective, counts, input, output, root)
         n_in, n_out = buffer_sizes(collective, self.rank, self.size, counts, root)
         self._check_sizes(collective, input, output, n_in, n_out, root)
-        nbytes = 0 if data is None else n_out * data.itemsize if collective != "reduce_scatter" \
-            else n_in * data.itemsize
+        nbytes = 0 if data is None else _call_size(collective, counts, self.size) * data.itemsize
         name = self.resolve_algorithm(collective, algorithm, nbytes)
         deadline = self.timeout if timeout is None else timeout
         check = self._call_check(collective, name, dtype, counts, root, op, deadline)
@@ -265,6 +264,21 @@ class ProcessGroup:
         if collective == "all_reduce" and input is not None and input.size != output.size:
             raise ValueError(f"all_reduce on rank {self.rank}: input has {input.size} elements, "
                              f"output {output.size}")
+
+
+def _call_size(collective, counts, size) -> int:
+    """The call's size in elements as ``auto`` sees it (cost.uniform_counts' convention),
+    computed only from what every rank knows alike: ranks that disagreed here would pick
+    different algorithms and deadlock."""
+    if collective == "barrier":
+        return 0
+    if collective in ("all_reduce", "broadcast", "reduce"):
+        return counts
+    if collective in ("reduce_scatter", "all_gather", "gather"):
+        return sum(counts)
+    if collective == "scatter":
+        return sum(counts) // size
+    return sum(map(sum, counts)) // size          # all_to_all: the average send buffer
 
 
 def _same_memory(a, b) -> bool:
