@@ -1,7 +1,8 @@
 """Glue for the compiled MPI executor (``_mpi_exec.pyx``): flattens a plan into integer
 arrays once (cached on the plan), maps dtypes and ops to the codes the C loops know, and
-falls back to the host executor for what the C side does not do (float16, bfloat16,
-complex, messages of 2 GiB or more) or where the extension is not built.
+falls back to the host executor for what the C side does not do (complex, longdouble,
+messages of 2 GiB or more) or where the extension is not built. float16 and bfloat16 reduce in
+C (float32 arithmetic, one rounding, F16C where the CPU has it) with the numpy twin's bits.
 
 ``status()`` says whether it is in use and, if not, why (``python -m collectives info``).
 """
@@ -14,12 +15,15 @@ import numpy as np
 
 from ..algorithms.schedule import Copy
 from ..errors import CollectiveError, CollectiveTimeout, TransportError
+from ..kernels.reduce import BFLOAT16
 from ..ops import ReduceOp
 from . import host
 
 _DTYPES = {np.dtype(t): code for code, t in enumerate(
     (np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
-     np.uint8, np.uint16, np.uint32, np.uint64))}
+     np.uint8, np.uint16, np.uint32, np.uint64, np.float16))}
+if BFLOAT16 is not None:
+    _DTYPES[BFLOAT16] = 11
 _BOOL_OPS = {ReduceOp.SUM: ReduceOp.BOR, ReduceOp.PRODUCT: ReduceOp.BAND,
              ReduceOp.MIN: ReduceOp.BAND, ReduceOp.MAX: ReduceOp.BOR}
 _BUFFER_IDS = {"input": 0, "output": 1, "scratch": 2}
@@ -67,6 +71,7 @@ def available() -> bool:
 
 
 def _flatten(plan):
+    """The plan as a ``FlatPlan`` (C arrays), built once and cached on the plan object."""
     flat = getattr(plan, "_flat", None)
     if flat is None:
         steps, xfers, ops = [], [], []
@@ -82,44 +87,79 @@ def _flatten(plan):
                     ops.append((1, _BUFFER_IDS[op.dst.buffer], op.dst.offset,
                                 _BUFFER_IDS[op.a.buffer], op.a.offset,
                                 _BUFFER_IDS[op.b.buffer], op.b.offset, op.dst.count))
-
-        def table(rows, width):
-            return np.array(rows, dtype=np.int64).reshape(-1, width)
-        largest = max((t[3] for t in xfers), default=0)
-        flat = (table(steps, 3), table(xfers, 4), table(ops, 8), largest)
+        flat = _module.FlatPlan(steps, xfers, ops)
         object.__setattr__(plan, "_flat", flat)
     return flat
 
 
-def _address(array) -> int:
-    return 0 if array is None or array.size == 0 else array.__array_interface__["data"][0]
+# Scratch up to this size is kept between calls (one spare per plan and dtype): allocating it
+# is a visible part of a small collective; larger scratch is allocated per call so that cached
+# plans never pin much memory.
+KEEP_SCRATCH_BYTES = 1 << 20
+
+
+class _Compiled:
+    """What one (plan, dtype) needs on every call, worked out on the first."""
+    __slots__ = ("flat", "code", "itemsize", "ops", "scratch", "spare", "host")
+
+    def __init__(self, plan, dtype):
+        self.flat = _flatten(plan)
+        self.code = _DTYPES.get(dtype)
+        self.itemsize = dtype.itemsize
+        # op codes as the C loops know them; AVG is SUM there (the group divides afterwards)
+        self.ops = {op: int(ReduceOp.SUM if op == ReduceOp.AVG else op) for op in ReduceOp}
+        if dtype == np.bool_:
+            self.code = _DTYPES[np.dtype(np.uint8)]
+            self.ops.update({op: int(alias) for op, alias in _BOOL_OPS.items()})
+        self.host = self.code is None or self.flat.largest * dtype.itemsize > _MAX_MESSAGE
+        self.scratch = plan.scratch
+        self.spare = [] if plan.scratch * dtype.itemsize <= KEEP_SCRATCH_BYTES else None
+
+
+def _compiled(plan, dtype):
+    table = getattr(plan, "_compiled", None)
+    if table is None:
+        table = {}
+        object.__setattr__(plan, "_compiled", table)
+    entry = table.get(dtype)
+    if entry is None:
+        entry = table[dtype] = _Compiled(plan, np.dtype(dtype))
+    return entry
 
 
 def make_executor(comm):
-    """An ``execute`` with host.execute's signature, bound to ``comm``; None if unavailable."""
+    """An ``execute`` with host.execute's signature, bound to ``comm``; None if unavailable.
+
+    Per call it costs a dict lookup on the plan, a spare scratch array taken and given back
+    (thread-safe: list pop/append; a concurrent user of the same plan allocates its own) and
+    the C call."""
     if not available():
         return None
     run = _module.execute
 
     def execute(plan, transport, buffers, reduce=None, *, tag=0, timeout=None,
                 operation=None, dtype=None, op=ReduceOp.SUM):
-        arrays = dict(buffers)
         if dtype is None:
-            dtype = next(a.dtype for a in arrays.values() if a is not None)
-        dtype = np.dtype(dtype)
-        code = _DTYPES.get(dtype)
-        if dtype == np.bool_:
-            code, op = _DTYPES[np.dtype(np.uint8)], _BOOL_OPS.get(op, op)
-        steps, xfers, ops, largest = _flatten(plan)
-        if code is None or largest * dtype.itemsize > _MAX_MESSAGE:
+            dtype = next(a.dtype for a in buffers.values() if a is not None)
+        entry = _compiled(plan, dtype)
+        if entry.host:
             return host.execute(plan, transport, buffers, reduce, tag=tag, timeout=timeout,
                                 operation=operation, dtype=dtype)
-        scratch = np.empty(plan.scratch, dtype) if plan.scratch else None
-        if op == ReduceOp.AVG:
-            op = ReduceOp.SUM        # the group divides afterwards
-        failure = run(comm, steps, xfers, ops, _address(arrays.get("input")),
-                      _address(arrays.get("output")), _address(scratch), dtype.itemsize,
-                      code, int(op), tag, -1.0 if timeout is None else float(timeout))
+        scratch = None
+        if entry.scratch:
+            spare = entry.spare
+            try:
+                scratch = spare.pop()
+            except (IndexError, AttributeError):
+                scratch = np.empty(entry.scratch, dtype)
+        code = entry.ops.get(op)
+        if code is None:
+            code = entry.ops[ReduceOp.parse(op)]
+        failure = run(entry.flat, comm, buffers.get("input"), buffers.get("output"), scratch,
+                      entry.itemsize, entry.code, code, tag,
+                      -1.0 if timeout is None else timeout)
+        if scratch is not None and entry.spare is not None:
+            entry.spare.append(scratch)
         if failure is not None:
             _raise(plan, operation, failure, timeout, transport.rank, tag)
     return execute
