@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from datetime import timedelta
 
 from . import state, tensors, transports, work as _work
@@ -118,6 +119,7 @@ def init_process_group(backend=None, init_method=None, timeout=timedelta(minutes
         transport = _local_transport(store, rank, world_size)
     elif name == Backend.MPI:
         transport = transports.create("mpi", rank=rank, world_size=world_size, timeout=limit)
+        _abort_job_on_uncaught_exception(transport)
     else:
         from .rendezvous import rendezvous
         store, rank, world_size = rendezvous(init_method, rank, world_size, limit, store)
@@ -125,6 +127,31 @@ def init_process_group(backend=None, init_method=None, timeout=timedelta(minutes
                                       timeout=limit)
     pg = ProcessGroup(transport, backend=name, timeout=limit, group_id=0, name=group_name)
     state.install(state.World(name, transport, pg, thread_local=name == LOCAL, timeout=limit))
+
+
+_previous_excepthook = None
+
+
+def _abort_job_on_uncaught_exception(transport):
+    """Under MPI a rank that dies of an exception would leave the others blocked (and
+    MPI_Finalize waiting) until their timeouts: print the traceback, name the rank, and abort
+    the whole job at once (what ``python -m mpi4py`` does). Undone by destroy_process_group."""
+    global _previous_excepthook
+    previous = _previous_excepthook = sys.excepthook
+
+    def hook(kind, value, traceback):
+        previous(kind, value, traceback)
+        sys.stderr.write(f"collectives: rank {transport.rank} of {transport.size} raised an "
+                         f"uncaught {kind.__name__}; aborting the MPI job\n")
+        sys.stderr.flush()
+        transport.abort(f"uncaught {kind.__name__} on rank {transport.rank}")
+    sys.excepthook = hook
+
+
+def _restore_excepthook():
+    global _previous_excepthook
+    if _previous_excepthook is not None:
+        sys.excepthook, _previous_excepthook = _previous_excepthook, None
 
 
 def _local_transport(world, rank, world_size):
@@ -152,6 +179,7 @@ def destroy_process_group(group=None) -> None:
                 pg.transport.close()
         world.transport.close()
         state.uninstall(world)
+        _restore_excepthook()
     elif group is not GroupMember.NON_GROUP_MEMBER and group in world.groups:
         _work.stop(group)
         world.groups.remove(group)

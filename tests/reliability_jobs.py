@@ -27,7 +27,9 @@ import collectives as dist
 from collectives.errors import CollectiveError, CollectiveTimeout, TransportError
 
 def report(**fields):
-    print("RESULT " + json.dumps(fields), flush=True)
+    # one write(2) per line, so lines of ranks sharing mpiexec's stdout never interleave
+    sys.stdout.flush()
+    os.write(1, ("RESULT " + json.dumps(fields) + "\\n").encode())
 
 def rss_mib():
     with open("/proc/self/status") as f:

@@ -74,21 +74,21 @@ def test_kill_9_mid_collective_reaches_every_rank_quickly(tmp_path):
 # -- a rank that never arrives ----------------------------------------------------------------
 
 NEVER_ARRIVES = """
-dist.init_process_group("gloo", timeout=60)
+dist.init_process_group(os.environ.get("BACKEND", "gloo"), timeout=60)
 rank = dist.get_rank()
 g = dist.new_group(timeout=1.5)           # the per-group override of the 60 s default
 x = np.full(1000, rank + 1.0)
 dist.all_reduce(x, group=g)               # one good call first
 if rank == 2:
     time.sleep(5)                          # never makes the second call
-    report(skipped=True)
+    report(rank=rank, skipped=True)
 else:
     t0 = time.monotonic()
     try:
         dist.all_reduce(x, group=g, algorithm="ring")
-        report(unexpected="success")
+        report(rank=rank, unexpected="success")
     except CollectiveTimeout as exc:
-        report(waited=time.monotonic() - t0, **failure(exc))
+        report(rank=rank, waited=time.monotonic() - t0, **failure(exc))
 """
 
 
@@ -130,7 +130,7 @@ def test_rank_missing_at_setup_is_a_timeout_naming_it(tmp_path):
 # -- mismatched calls ---------------------------------------------------------------------------
 
 MISMATCHES = """
-dist.init_process_group("gloo", timeout=20)
+dist.init_process_group(os.environ.get("BACKEND", "gloo"), timeout=20)
 rank = dist.get_rank()
 odd = rank == 1
 cases = {
@@ -148,12 +148,12 @@ for name, call in cases.items():
     t0 = time.monotonic()
     try:
         call()
-        report(case=name, unexpected="success")
+        report(rank=rank, case=name, unexpected="success")
     except CollectiveError as exc:
-        report(case=name, waited=time.monotonic() - t0, **failure(exc))
+        report(rank=rank, case=name, waited=time.monotonic() - t0, **failure(exc))
 x = np.full(1000, rank + 1.0)                 # the group is still usable afterwards
 dist.all_reduce(x)
-report(case="after", ok=bool((x == 6).all()))
+report(rank=rank, case="after", ok=bool((x == 6).all()))
 """
 
 
@@ -183,16 +183,16 @@ def test_detail_mismatches_fail_every_rank_naming_ranks_and_fields(tmp_path):
 
 
 SIZE_MISMATCH = """
-dist.init_process_group("gloo", timeout=3)
+dist.init_process_group(os.environ.get("BACKEND", "gloo"), timeout=3)
 rank = dist.get_rank()
 x = np.full(100 if rank == 1 else 200, 1.0, np.float32)
 before = x.copy()
 t0 = time.monotonic()
 try:
     dist.all_reduce(x, algorithm="ring")
-    report(unexpected="success", values=sorted(set(x.tolist())))
+    report(rank=rank, unexpected="success", values=sorted(set(x.tolist())))
 except CollectiveError as exc:
-    report(waited=time.monotonic() - t0, **failure(exc))
+    report(rank=rank, waited=time.monotonic() - t0, **failure(exc))
 """
 
 
