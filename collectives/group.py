@@ -86,7 +86,10 @@ class ProcessGroup:
     def resolve_algorithm(self, collective: str, algorithm: str | None, nbytes: int) -> str:
         name = algorithm or self.overrides.get(collective) or AUTO
         native = self.transport.native is not None
-        check_algorithm(collective, name, native_available=native)
+        try:
+            check_algorithm(collective, name, native_available=native)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{collective} on rank {self.rank}: {exc}") from None
         if name == AUTO:
             name = choose(collective, self.size, nbytes, transport=self.transport.name)
         return name
@@ -96,7 +99,10 @@ class ProcessGroup:
     def prepare(self, collective: str, *, input=None, output=None, counts=None, root: int = 0,
                 op=ReduceOp.SUM, algorithm: str | None = None, timeout: float | None = None):
         """Validate a call and return ``run()`` that performs it. Nothing moves before run()."""
-        op = ReduceOp.parse(op)
+        try:
+            op = ReduceOp.parse(op)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{collective} on rank {self.rank}: {exc}") from None
         self._check_root(collective, root)
         data = output if input is None else input
         dtype = None if data is None else data.dtype

@@ -96,7 +96,8 @@ def resolve(group_arg, operation: str):
     if group_arg is NON_GROUP_MEMBER:
         return None
     if not hasattr(group_arg, "prepare") or not hasattr(group_arg, "ranks"):
-        raise TypeError(f"{operation}: group must be a process group from init_process_group / "
+        raise TypeError(f"{operation} on rank {found.default.rank}: group must be a process "
+                        f"group from init_process_group / "
                         f"new_group, got {type(group_arg).__name__}")
     return group_arg
 
