@@ -359,7 +359,7 @@ cdef extern from "<sched.h>" nogil:
 # without a deadline we poll. Spin first (most steps finish within microseconds), then yield the
 # CPU (oversubscribed ranks must let their peers run), then sleep with a short growing backoff
 # (MPI makes no progress while we sleep, so the cap stays small).
-DEF SPIN_POLLS = 1000
+DEF SPIN_POLLS = 64
 DEF YIELD_SECONDS = 0.01
 DEF FIRST_SLEEP = 2e-5
 DEF MAX_SLEEP = 2e-4
