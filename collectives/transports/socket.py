@@ -309,6 +309,8 @@ class SocketTransport(Transport):
         for i, entry in enumerate(box):
             if peer == ANY_SOURCE or entry.source == peer:
                 del box[i]
+                if not box:            # tags are per call: an empty entry per call would leak
+                    del self._unexpected[tag]
                 return entry
         return None
 
@@ -444,6 +446,8 @@ class SocketTransport(Transport):
                 posted = self._posted.get(req.tag)
                 if posted and req in posted:
                     posted.remove(req)
+                    if not posted:
+                        del self._posted[req.tag]
 
     # -- the progress thread ---------------------------------------------------------------
 
@@ -590,6 +594,8 @@ class SocketTransport(Transport):
             for i, req in enumerate(posted):
                 if req.peer == source or req.peer == ANY_SOURCE:
                     del posted[i]
+                    if not posted:
+                        del self._posted[tag]
                     return req
         return None
 
