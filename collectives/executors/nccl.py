@@ -216,12 +216,11 @@ class _Run:
                         continue
                     piece = type(op)(*(_piece(region, k, n) for region in op))
                     if piece[0].count:
-                        enqueue("compute", list(piece[1:]), [piece[0]],
+                        enqueue("compute", *_access(piece),
                                 lambda p=piece: self.local(p, compute))
             if not split_local:
                 for op in step.local:
-                    enqueue("compute", list(op[1:]), [op[0]],
-                            lambda p=op: self.local(p, compute))
+                    enqueue("compute", *_access(op), lambda p=op: self.local(p, compute))
         if history["comm"]:
             compute.wait_event(history["comm"][-1][0])   # the caller's stream sees it all
 
@@ -231,6 +230,13 @@ def _piece(region, k, n):
     lo = region.count * k // n
     hi = region.count * (k + 1) // n
     return region.sub(lo, hi - lo)
+
+
+def _access(op):
+    """(regions read, regions written) of a local op: Copy is (src, dst), Reduce (dst, a, b)."""
+    if isinstance(op, Copy):
+        return [op.src], [op.dst]
+    return [op.a, op.b], [op.dst]
 
 
 def _aligned(step) -> bool:
