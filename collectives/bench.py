@@ -19,7 +19,23 @@ size / time, busbw = algbw x 2(p-1)/p for all_reduce and x (p-1)/p for reduce_sc
 all_gather and all_to_all; ``size`` is the larger buffer of the call.
 
 Backends: ``BACKENDS`` maps a name to a function ``(args) -> [(group, xp), ...]`` (the
-groups this process drives); ``socket`` and ``nccl`` plug in there.
+groups this process drives); ``socket`` and ``nccl`` plug in there. ``socket`` run by hand
+launches its own ``--world-size`` processes and compares against torch's gloo
+(``bench_socket``).
+
+The model: every row also carries the α-β-γ prediction (``cost.estimate`` with the transport's
+parameters from ``cost.load_params``, i.e. ``COLLECTIVES_TUNING`` or the defaults) and
+``model_error`` = measured / predicted. The ``auto`` row runs ``algorithm="auto"`` and names
+the algorithm it chose; the summary gives auto's time relative to the best measured algorithm
+at each size. ``--calibrate FILE`` fits α, β, γ on this transport first (``cost.calibrate``),
+saves them and runs the sweep with them; ``--simulate P`` needs no transport: it prints the
+model's table for P ranks and verifies the schedules at P in the simulator (``bench_model``).
+
+Record fields (``--json`` "records", ``--csv`` columns): collective, algorithm ("native" is
+the transport's library, named by native_name: "gloo", an MPI library, "nccl"), chosen (the
+algorithm ``auto`` ran, else the algorithm), backend, world_size, size (bytes), count, dtype,
+op, iters, time_p50_us, time_p99_us, algbw_gbs, busbw_gbs, ratio_to_native (busbw / native's,
+None without a native row), predicted_us and model_error (None for native), wrong.
 """
 from __future__ import annotations
 
@@ -36,11 +52,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .algorithms import capabilities
+from .algorithms import capabilities, cost
 from .ops import ReduceOp
 
 BENCH_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
-ALGORITHMS = ("ring", "tree", "recursive_doubling", "native")
+ALGORITHMS = ("ring", "tree", "recursive_doubling", "auto", "native")
 BUS_FACTOR = {
     "all_reduce": lambda p: 2 * (p - 1) / p,
     "reduce_scatter": lambda p: (p - 1) / p,
@@ -257,7 +273,7 @@ def plan_rows(config: Config, group) -> list[tuple]:
     dtype, op = parse_dtype(config.dtype), ReduceOp.parse(config.op)
     rows = []
     for collective in config.collectives:
-        names = [a for a in config.algorithms if a in have[collective]]
+        names = [a for a in config.algorithms if a in have[collective] or a == "auto"]
         if "native" in config.algorithms and native is not None and native.supports(
                 collective, dtype, op if collective in REDUCING else ReduceOp.SUM):
             names.insert(0, "native")
@@ -274,6 +290,9 @@ def bench_rank(group, config: Config, on_record=None) -> list[dict]:
     rows = plan_rows(config, group)
     records, native_busbw, cases = [], {}, {}
     progress = Progress(len(rows)) if config.progress and rank == 0 else None
+    params = cost.load_params(group.transport.name)
+    native = group.transport.native
+    native_name = getattr(native, "name", None) or group.backend if native is not None else None
     for _ in range(10):      # connections and lazy initialisation, before the first row
         _barrier(group)
         _max_over_ranks(group, np.zeros(1024))
@@ -287,6 +306,7 @@ def bench_rank(group, config: Config, on_record=None) -> list[dict]:
             cases[key] = Case(collective, rank, p, count, dtype, op)
         case = cases[key]
         record = _bench_row(group, case, collective, algorithm, count, dtype, op, config)
+        _add_model(record, group, params, native_name)
         if algorithm == "native":
             native_busbw[collective, count] = record["busbw_gbs"]
         base = native_busbw.get((collective, count))
@@ -299,6 +319,22 @@ def bench_rank(group, config: Config, on_record=None) -> list[dict]:
     if progress:
         progress.finish()
     return records
+
+
+def _add_model(record, group, params, native_name):
+    """The algorithm ``auto`` ran, the model's prediction for the row and measured/predicted."""
+    collective, algorithm = record["collective"], record["algorithm"]
+    itemsize = record["size"] // max(1, record["count"])
+    record["native_name"] = native_name
+    if algorithm == "native":
+        record.update(chosen="native", predicted_us=None, model_error=None)
+        return
+    chosen = (group.resolve_algorithm(collective, "auto", record["size"])
+              if algorithm == "auto" else algorithm)
+    predicted = cost.estimate(collective, chosen, group.size, record["size"], params,
+                              itemsize) * 1e6
+    record.update(chosen=chosen, predicted_us=predicted,
+                  model_error=record["time_p50_us"] / predicted if predicted > 0 else None)
 
 
 def _bench_row(group, case, collective, algorithm, count, dtype, op, config) -> dict:
@@ -371,17 +407,53 @@ def _local_groups(args):
 BACKENDS = {"mpi": _mpi_groups, "local": _local_groups}
 
 
+def _socket_groups(args):
+    from .bench_socket import socket_groups
+    return socket_groups(args)
+
+
+BACKENDS["socket"] = _socket_groups
+
+
 def default_backend() -> str:
     """mpi under mpiexec/mpirun (or when mpi4py is importable), else local."""
     launched = any(k in os.environ for k in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK",
                                              "PMI_SIZE", "MPI_LOCALRANKID"))
     if launched:
         return "mpi"
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return "socket"        # collectives.run or torchrun started us, not an MPI launcher
     try:
         import mpi4py  # noqa: F401
         return "mpi"
     except ImportError:
         return "local"
+
+
+def on_every_group(groups, fn):
+    """``fn(group)`` for every group of this process (one thread per group when there are
+    several, since they are ranks of one job); return rank 0's result."""
+    if len(groups) == 1:
+        return fn(groups[0][0])
+    results, errors = {}, []
+
+    def worker(group):
+        try:
+            results[group.rank] = fn(group)
+        except BaseException as exc:
+            errors.append(exc)
+            abort = getattr(group.transport, "abort", None)
+            if abort:
+                abort(f"bench failed: {exc}")
+
+    threads = [threading.Thread(target=worker, args=(g,), daemon=True) for g, _ in groups]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results[0]
 
 
 def run(groups, config: Config, on_record=None) -> list[dict]:
@@ -415,7 +487,16 @@ def run(groups, config: Config, on_record=None) -> list[dict]:
 
 COLUMNS = [("size", 10), ("count", 10), ("dtype", 8), ("op", 5), ("algorithm", 18),
            ("p50_us", 11), ("p99_us", 11), ("algbw", 8), ("busbw", 8), ("vs_native", 9),
-           ("wrong", 6)]
+           ("model_us", 10), ("meas/mod", 8), ("wrong", 6)]
+_SHORT = {"recursive_doubling": "rec_doubling"}     # so "auto:<chosen>" fits its column
+
+
+def _algorithm_cell(r: dict) -> str:
+    if r["algorithm"] == "auto" and r.get("chosen"):
+        return "auto:" + _SHORT.get(r["chosen"], r["chosen"])
+    if r["algorithm"] == "native" and r.get("native_name"):
+        return "native:" + r["native_name"]
+    return r["algorithm"]
 
 
 def header(collective=None) -> str:
@@ -429,27 +510,37 @@ def format_record(r: dict) -> str:
     ratio = "" if r.get("ratio_to_native") is None else f"{r['ratio_to_native']:.2f}x"
     if r["algorithm"] == "native":
         ratio = "1.00x"
-    cells = [format_size(r["size"]), r["count"], r["dtype"], r["op"], r["algorithm"],
+    predicted = "" if r.get("predicted_us") is None else f"{r['predicted_us']:.1f}"
+    error = "" if r.get("model_error") is None else f"{r['model_error']:.2f}"
+    cells = [format_size(r["size"]), r["count"], r["dtype"], r["op"], _algorithm_cell(r),
              f"{r['time_p50_us']:.1f}", f"{r['time_p99_us']:.1f}", f"{r['algbw_gbs']:.3f}",
-             f"{r['busbw_gbs']:.3f}", ratio, r["wrong"]]
+             f"{r['busbw_gbs']:.3f}", ratio, predicted, error, r["wrong"]]
     return " ".join(f"{str(c):>{w}}" for c, (_, w) in zip(cells, COLUMNS))
 
 
 def summarize(records: list[dict]) -> dict:
-    """Per collective: the best algorithm at each size (ours and overall), and where ring and
-    each log-p algorithm cross (which is faster over each run of sizes, and where it flips)."""
+    """Per collective: the best algorithm at each size (ours and overall; ``auto`` is not a
+    candidate, it runs one of ours), auto's time over the best measured algorithm's at that
+    size (``auto_vs_best``, with the one auto chose), where ring and each log-p algorithm cross
+    (which is faster over each run of sizes, and where it flips), and the spread of the
+    model's error (measured / predicted) over the rows."""
     out = {}
     for collective in dict.fromkeys(r["collective"] for r in records):
         rows = [r for r in records if r["collective"] == collective]
         best = []
         for size in sorted({r["size"] for r in rows}):
             at = [r for r in rows if r["size"] == size]
-            ours = [r for r in at if r["algorithm"] != "native"]
+            ours = [r for r in at if r["algorithm"] not in ("native", "auto")]
             top = max(ours, key=lambda r: r["busbw_gbs"]) if ours else None
+            auto = next((r for r in at if r["algorithm"] == "auto"), None)
+            candidates = [r for r in at if r["algorithm"] != "auto"] or at
             best.append({"size": size, "best": top["algorithm"] if top else None,
                          "busbw_gbs": top["busbw_gbs"] if top else None,
                          "ratio_to_native": top.get("ratio_to_native") if top else None,
-                         "overall": max(at, key=lambda r: r["busbw_gbs"])["algorithm"]})
+                         "overall": max(candidates, key=lambda r: r["busbw_gbs"])["algorithm"],
+                         "auto_chose": auto.get("chosen") if auto else None,
+                         "auto_vs_best": (auto["time_p50_us"] / top["time_p50_us"])
+                         if auto and top else None})
         crossings = {}
         by = {(r["algorithm"], r["size"]): r["time_p50_us"] for r in rows}
         sizes = sorted({r["size"] for r in rows})
@@ -457,7 +548,10 @@ def summarize(records: list[dict]) -> dict:
             common = [s for s in sizes if ("ring", s) in by and (other, s) in by]
             if common:
                 crossings[other] = _crossing("ring", other, common, by)
-        out[collective] = {"best": best, "crossings": crossings}
+        errors = sorted(r["model_error"] for r in rows if r.get("model_error"))
+        model = ({"min": errors[0], "median": errors[len(errors) // 2], "max": errors[-1]}
+                 if errors else None)
+        out[collective] = {"best": best, "crossings": crossings, "model_error": model}
     return out
 
 
@@ -485,8 +579,20 @@ def format_summary(summary: dict) -> str:
             ratio = "" if b["ratio_to_native"] is None else f" {b['ratio_to_native']:.2f}x"
             cells.append(f"{format_size(b['size'])}: {b['best']}{ratio}")
         lines.append(f"#  {collective}: " + "; ".join(cells))
+        autos = [b for b in info["best"] if b.get("auto_vs_best") is not None]
+        if autos:
+            worst = max(b["auto_vs_best"] for b in autos)
+            lines.append(f"#    auto time / best measured (auto's pick): " + "; ".join(
+                f"{format_size(b['size'])}: {b['auto_vs_best']:.2f} ({b['auto_chose']}"
+                f"{'' if b['auto_chose'] == b['best'] else ' vs ' + str(b['best'])})"
+                for b in autos) + f"  -> worst {worst:.2f}"
+                + (" (within 10%)" if worst <= 1.10 else " (NOT within 10%)"))
         for other, c in info["crossings"].items():
             lines.append(f"#    ring vs {other}: {c['text']}")
+        if info.get("model_error"):
+            m = info["model_error"]
+            lines.append(f"#    model: measured/predicted {m['min']:.2f} .. {m['max']:.2f} "
+                         f"(median {m['median']:.2f})")
     return "\n".join(lines)
 
 
@@ -509,7 +615,8 @@ def write_json(path, meta, records, summary):
 
 CSV_FIELDS = ["collective", "algorithm", "backend", "world_size", "size", "count", "dtype",
               "op", "iters", "time_p50_us", "time_p99_us", "algbw_gbs", "busbw_gbs",
-              "ratio_to_native", "wrong"]
+              "ratio_to_native", "chosen", "native_name", "predicted_us", "model_error",
+              "wrong"]
 
 
 def write_csv(path, records):
@@ -596,7 +703,9 @@ def parse_args(argv=None):
         "transport's native collectives (run under mpiexec -n N for MPI).")
     p.add_argument("--backend", choices=sorted(BACKENDS), default=None,
                    help="default: mpi when mpi4py is available, else local")
-    p.add_argument("--world-size", type=int, default=None, help="ranks for --backend local")
+    p.add_argument("--world-size", type=int, default=None,
+                   help="ranks for --backend local, and processes that --backend socket "
+                   "launches when not started by a launcher (default 2)")
     p.add_argument("--collectives", default=",".join(BENCH_COLLECTIVES))
     p.add_argument("--algorithms", default=",".join(ALGORITHMS),
                    help="those a collective lacks are skipped")
@@ -614,6 +723,17 @@ def parse_args(argv=None):
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--csv", metavar="FILE")
     p.add_argument("--plot", metavar="FILE.png")
+    p.add_argument("--calibrate", metavar="FILE",
+                   help="fit the cost model's alpha, beta, gamma on this transport first, save "
+                   "them to the tuning file FILE (read at run time through COLLECTIVES_TUNING) "
+                   "and run the sweep with them")
+    p.add_argument("--tuning", metavar="FILE",
+                   help="the model's parameters from this tuning file (sets COLLECTIVES_TUNING)")
+    p.add_argument("--simulate", type=int, metavar="P",
+                   help="no transport: print the model's predicted table for P ranks (the "
+                   "--backend's parameters) and verify the schedules at P in the simulator")
+    p.add_argument("--verify-seconds", type=float, default=60.0,
+                   help="--simulate: time budget for verifying schedules (default 60)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--progress", action="store_true", help="a progress bar even if stderr "
                    "is not a terminal")
@@ -642,18 +762,58 @@ def config_from_args(args) -> Config:
         progress=(args.progress or sys.stderr.isatty()) and not args.no_progress)
 
 
+def calibrate_groups(groups, path: str, timeout: float):
+    """Fit α, β, γ on the groups' transport (a collective call), save them to ``path`` from
+    rank 0, and point this process's run-time (``COLLECTIVES_TUNING``) at the file."""
+    def one(group):
+        params = cost.calibrate(group, timeout=timeout)
+        if group.rank == 0:
+            cost.save_params(path, group.transport.name, params)
+        _barrier(group)            # the file exists before any rank reads it
+        return params
+    params = on_every_group(groups, one)
+    os.environ[cost.ENV_TUNING] = path
+    return params
+
+
+def describe_params(params) -> str:
+    def rate(seconds_per_byte):
+        return f"{1e-9 / seconds_per_byte:.3g} GB/s" if seconds_per_byte else "unbounded"
+    return (f"alpha {params.alpha * 1e6:.2f} us, 1/beta {rate(params.beta)}, "
+            f"1/gamma {rate(params.gamma)}")
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     try:
         config = config_from_args(args)
+        if args.tuning:
+            cost.load_params(args.backend, args.tuning)       # unreadable: say so now
+            os.environ[cost.ENV_TUNING] = args.tuning
+        if args.simulate is not None and args.calibrate:
+            raise ValueError("--simulate runs no transport, so it cannot --calibrate; give it "
+                             "a calibrated file with --tuning FILE")
     except ValueError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
     if args.plot and (problem := check_plotting()):
         print(f"bench: {problem}", file=sys.stderr)
         return 2
+    if args.simulate is not None:
+        from .bench_model import simulate_main
+        return simulate_main(args, config)
+    if args.backend == "socket":
+        from . import bench_socket
+        if not bench_socket.launched():
+            return bench_socket.launch(argv, args.world_size or 2)
     groups = BACKENDS[args.backend](args)
     leader = groups[0][0].rank == 0
+    if args.calibrate:
+        fitted = calibrate_groups(groups, args.calibrate, args.timeout)
+        if leader:
+            print(f"# calibrated {groups[0][0].transport.name}: {describe_params(fitted)} "
+                  f"-> {args.calibrate}", flush=True)
     meta = metadata(groups, config)
     current = [None]
 
@@ -667,6 +827,9 @@ def main(argv=None) -> int:
         print(f"# collectives bench: backend {meta['backend']}, {meta['world_size']} ranks, "
               f"dtype {config.dtype}, op {config.op}"
               + (f", {meta['mpi_library']}" if meta.get("mpi_library") else ""), flush=True)
+        transport = groups[0][0].transport.name
+        print(f"# model ({transport}): {describe_params(cost.load_params(transport))} from "
+              f"{os.environ.get(cost.ENV_TUNING) or 'the defaults'}", flush=True)
     records = run(groups, config, on_record=show)
     wrong = sum(r["wrong"] for r in records)
     if leader:
@@ -682,9 +845,10 @@ def main(argv=None) -> int:
         if wrong:
             print(f"bench: {wrong} wrong elements (rows with wrong > 0 above)", file=sys.stderr)
     for group, _ in groups:
-        close = getattr(group.transport, "close", None)
-        if close:
-            close()
+        for owner in (group.transport.native, group.transport):   # gloo baseline first
+            close = getattr(owner, "close", None)
+            if close:
+                close()
     return 1 if wrong else 0
 
 
