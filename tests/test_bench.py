@@ -1,0 +1,155 @@
+"""The benchmark suite's CLI: local backend, JSON/CSV/plot output, the model columns, auto rows,
+--calibrate, --simulate, and the socket backend launching its own two processes (with torch's
+gloo as the baseline when torch is installed). Every run is tiny: a few rows, a few
+iterations; each test takes seconds."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "benchmarks", "bench.py")
+TINY = ["--iters", "2", "--warmup", "1", "--no-progress"]
+
+# the documented record fields (collectives/bench.py's module text)
+FIELDS = {"collective", "algorithm", "chosen", "backend", "world_size", "size", "count",
+          "dtype", "op", "iters", "time_p50_us", "time_p99_us", "algbw_gbs", "busbw_gbs",
+          "ratio_to_native", "native_name", "predicted_us", "model_error", "wrong"}
+
+
+def bench(*args, timeout=60, env=None):
+    full = dict(os.environ, PYTHONPATH=ROOT)
+    for name in ("COLLECTIVES_ALGORITHM", "COLLECTIVES_TUNING", "RANK", "WORLD_SIZE"):
+        full.pop(name, None)
+    full.update(env or {})
+    return subprocess.run([sys.executable, BENCH, *args], capture_output=True, text=True,
+                          timeout=timeout, env=full, cwd=ROOT)
+
+
+def ok(result):
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def test_local_json_schema_model_and_auto(tmp_path):
+    out = tmp_path / "b.json"
+    result = ok(bench("--backend", "local", "--world-size", "3", "--sizes", "4K,64K",
+                      "--collectives", "all_reduce,all_gather", "--json", str(out), *TINY))
+    data = json.loads(out.read_text())
+    records = data["records"]
+    assert data["meta"]["backend"] == "local" and data["meta"]["world_size"] == 3
+    assert records and all(set(r) >= FIELDS for r in records)
+    # ring, tree, recursive_doubling and auto at each of 2 sizes for 2 collectives; no native
+    assert len(records) == 2 * 2 * 4
+    assert all(r["wrong"] == 0 and r["ratio_to_native"] is None for r in records)
+    for r in records:
+        assert r["predicted_us"] > 0 and r["model_error"] == pytest.approx(
+            r["time_p50_us"] / r["predicted_us"])
+    autos = [r for r in records if r["algorithm"] == "auto"]
+    assert len(autos) == 4
+    assert all(a["chosen"] in ("ring", "tree", "recursive_doubling") for a in autos)
+    assert all(r["chosen"] == r["algorithm"] for r in records if r["algorithm"] != "auto")
+    # auto's line in the table names its pick; the summary compares auto with the best
+    assert "auto:" in result.stdout and "auto time / best measured" in result.stdout
+    summary = data["summary"]["all_reduce"]
+    assert all(b["auto_vs_best"] > 0 and b["best"] != "auto" for b in summary["best"])
+    assert summary["model_error"]["min"] <= summary["model_error"]["max"]
+
+
+def test_local_csv(tmp_path):
+    out = tmp_path / "b.csv"
+    ok(bench("--backend", "local", "--world-size", "2", "--sizes", "1K", "--collectives",
+             "reduce_scatter", "--algorithms", "ring,auto", "--csv", str(out), *TINY))
+    rows = list(csv.DictReader(out.open()))
+    assert [r["algorithm"] for r in rows] == ["ring", "auto"]
+    assert set(rows[0]) >= FIELDS
+    assert rows[1]["chosen"] in ("ring", "tree", "recursive_doubling")
+    assert float(rows[0]["predicted_us"]) > 0 and rows[0]["wrong"] == "0"
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "b.png"
+    ok(bench("--backend", "local", "--world-size", "2", "--sizes", "1K,16K", "--collectives",
+             "all_reduce,all_gather", "--plot", str(out), *TINY))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_predicts_and_verifies(tmp_path):
+    out = tmp_path / "sim.json"
+    result = ok(bench("--simulate", "64", "--backend", "socket", "--sizes", "4K,16M",
+                      "--collectives", "all_reduce,all_gather", "--json", str(out)))
+    assert "verification took" in result.stdout and "0 failed" in result.stdout
+    data = json.loads(out.read_text())
+    rows = data["records"]
+    assert {r["world_size"] for r in rows} == {64} and len(rows) == 2 * 2 * 3
+    for collective in ("all_reduce", "all_gather"):
+        for size in {r["size"] for r in rows if r["collective"] == collective}:
+            at = [r for r in rows if r["collective"] == collective and r["size"] == size]
+            best = [r for r in at if r["best"]]
+            assert len(best) == 1
+            assert best[0]["predicted_us"] == min(r["predicted_us"] for r in at)
+    assert all(v["status"] == "ok" for v in data["verification"])
+    assert len(data["verification"]) == 2 * 3
+
+
+def test_simulate_skips_what_exceeds_the_budget():
+    result = ok(bench("--simulate", "128", "--sizes", "4K", "--collectives", "all_reduce",
+                      "--verify-seconds", "0"))
+    assert result.stdout.count("skipped: ~") == 3 and "3 skipped" in result.stdout
+
+
+def test_calibrate_saves_and_uses_the_fit(tmp_path):
+    tuning = tmp_path / "tuning.json"
+    out = tmp_path / "b.json"
+    result = ok(bench("--backend", "local", "--world-size", "2", "--calibrate", str(tuning),
+                      "--sizes", "4K", "--collectives", "all_reduce", "--algorithms", "ring",
+                      "--json", str(out), *TINY))
+    saved = json.loads(tuning.read_text())["local"]
+    assert set(saved) == {"alpha", "beta", "gamma"} and all(v >= 0 for v in saved.values())
+    assert f"# calibrated local: alpha {saved['alpha'] * 1e6:.2f} us" in result.stdout
+    assert str(tuning) in result.stdout
+    # the sweep after calibration predicts with the fitted parameters
+    from collectives.algorithms import cost
+    record = json.loads(out.read_text())["records"][0]
+    fitted = cost.Params(**saved)
+    assert record["predicted_us"] == pytest.approx(
+        cost.estimate("all_reduce", "ring", 2, record["size"], fitted) * 1e6)
+
+
+def test_tuning_file_must_be_readable(tmp_path):
+    result = bench("--backend", "local", "--world-size", "2", "--tuning",
+                   str(tmp_path / "missing.json"), *TINY)
+    assert result.returncode == 2 and "cannot read the tuning file" in result.stderr
+
+
+def test_simulate_refuses_calibrate(tmp_path):
+    result = bench("--simulate", "8", "--calibrate", str(tmp_path / "t.json"))
+    assert result.returncode == 2 and "--tuning" in result.stderr
+
+
+def test_socket_launches_its_own_ranks(tmp_path):
+    out = tmp_path / "s.json"
+    result = ok(bench("--backend", "socket", "--world-size", "2", "--sizes", "4K",
+                      "--collectives", "all_reduce,all_gather", "--json", str(out), *TINY,
+                      timeout=90))
+    assert "[rank 0]:" not in result.stdout        # rank 0's lines pass through unprefixed
+    data = json.loads(out.read_text())
+    records = data["records"]
+    assert data["meta"]["backend"] == "socket" and data["meta"]["world_size"] == 2
+    assert all(r["wrong"] == 0 and r["world_size"] == 2 for r in records)
+    natives = [r for r in records if r["algorithm"] == "native"]
+    try:
+        import torch.distributed as tdist
+        have_gloo = tdist.is_available() and tdist.is_gloo_available()
+    except ImportError:
+        have_gloo = False
+    if have_gloo:
+        assert len(natives) == 2 and all(r["native_name"] == "gloo" for r in natives)
+        assert "native:gloo" in result.stdout
+        assert all(r["ratio_to_native"] > 0 for r in records)
+    else:
+        assert not natives and "no baseline column" in result.stdout
