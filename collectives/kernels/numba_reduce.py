@@ -8,8 +8,10 @@ this double rounding equals the correctly rounded result. Where numpy's own NaN 
 deterministic (which NaN survives, its payload, its sign) the kernels copy it explicitly rather
 than trusting the operand order LLVM picks.
 
-Cost: one pass over three arrays, vectorised by LLVM; float16 / bfloat16 run 10-50x faster
-than numpy's scalar half loops. Compilation is lazy per (kernel, storage dtype) and cached on
+Cost: one pass over three arrays, vectorised by LLVM, in place too (dst is a or b gets a loop
+over two distinct arrays, which LLVM's alias check lets it vectorise); float16 runs 20-50x
+faster than numpy's scalar half loops, bfloat16 3-5x faster than ml_dtypes, float32 ties numpy.
+The Python wrapper costs ~2-3 µs a call (it was ~13 µs; numpy's own call: ~0.5). Compilation is lazy per (kernel, storage dtype) and cached on
 disk (``cache=True``), so a machine pays it once; ``warmup(dtypes)`` compiles ahead. To keep
 the number of compiled signatures (and the compile time) small, kernels run on storage views:
 signed and unsigned integers of one width share the wrapping add/multiply and bitwise kernels,
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import os
 import threading
+import types as types_module
 
 import numpy as np
 
@@ -45,9 +48,11 @@ except Exception as exc:  # ImportError, or a numba that fails against this nump
     numba = None
     _IMPORT_ERROR = f"numba unavailable: {type(exc).__name__}: {exc}"
 
-# Below this many bytes per operand one thread is faster than handing chunks to a pool
-# (measured on 2 cores: see benchmarks/kernels.py).
-PARALLEL_MIN_BYTES = int(os.environ.get("COLLECTIVES_KERNEL_PARALLEL_MIN_BYTES", 4 << 20))
+# Below this many bytes per operand one thread is faster than handing chunks to a pool. On the
+# 2-core CI machine (shared, so measured noisy) two threads never beat one clearly up to 64 MiB
+# and lost below 4 MiB (benchmarks/kernels.py, /work/briefs/perf7.md); machines with more
+# memory bandwidth per core than one core can draw are where the pool pays.
+PARALLEL_MIN_BYTES = int(os.environ.get("COLLECTIVES_KERNEL_PARALLEL_MIN_BYTES", 16 << 20))
 
 
 def available():
@@ -111,156 +116,194 @@ if numba is not None:
         nan = ((u >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0)  # ml_dtypes keeps the sign only
         return np.uint16(nan if f != f else rounded)
 
-    # ---- generic kernels (ints on unsigned views, float32/float64) ----
-    @_jit
-    def _add(dst, a, b):
-        for i in range(dst.size):
-            dst[i] = a[i] + b[i]
+    # ---- element functions: one per (op, storage), inlined into the loops below ----
+    @_inline
+    def _e_add(x, y):
+        return x + y
 
-    @_jit
-    def _mul(dst, a, b):
-        for i in range(dst.size):
-            dst[i] = a[i] * b[i]
+    @_inline
+    def _e_mul(x, y):
+        return x * y
 
-    @_jit
-    def _band(dst, a, b):
-        for i in range(dst.size):
-            dst[i] = a[i] & b[i]
+    @_inline
+    def _e_band(x, y):
+        return x & y
 
-    @_jit
-    def _bor(dst, a, b):
-        for i in range(dst.size):
-            dst[i] = a[i] | b[i]
+    @_inline
+    def _e_bor(x, y):
+        return x | y
 
-    @_jit
-    def _bxor(dst, a, b):
-        for i in range(dst.size):
-            dst[i] = a[i] ^ b[i]
+    @_inline
+    def _e_bxor(x, y):
+        return x ^ y
 
-    # numpy.minimum / maximum on float32/64 and bfloat16: NaN in a wins, then NaN in b; on ties
-    # (0.0 vs -0.0) b is returned. On ints the same rule is plain min / max.
-    @_jit
-    def _min(dst, a, b):
-        for i in range(dst.size):
-            x = a[i]
-            y = b[i]
-            dst[i] = x if (x < y or x != x) else y
+    # numpy.minimum / maximum on float32/64: NaN in a wins, then NaN in b; on ties (0.0 vs
+    # -0.0) b is returned. On ints the same rule is plain min / max.
+    @_inline
+    def _e_min(x, y):
+        return x if (x < y or x != x) else y
 
-    @_jit
-    def _max(dst, a, b):
-        for i in range(dst.size):
-            x = a[i]
-            y = b[i]
-            dst[i] = x if (x > y or x != x) else y
+    @_inline
+    def _e_max(x, y):
+        return x if (x > y or x != x) else y
+
+    # bool on uint8 views, normalised to 0/1 as numpy's logical ufuncs do.
+    @_inline
+    def _e_lor(x, y):
+        return np.uint8((x | y) != 0)
+
+    @_inline
+    def _e_land(x, y):
+        return np.uint8((x != 0) & (y != 0))
+
+    @_inline
+    def _e_lxor(x, y):
+        return np.uint8((x != 0) ^ (y != 0))
+
+    # float16 (uint16 views). Arithmetic with a NaN operand: numpy returns b's NaN when b is
+    # NaN, else a's, quieted.
+    @_inline
+    def _e_add_f16(p, q):
+        x = _f16_to_f32(p)
+        y = _f16_to_f32(q)
+        r = _f32_to_f16(x + y)
+        r = (p | np.uint16(0x200)) if x != x else r
+        return (q | np.uint16(0x200)) if y != y else r
+
+    @_inline
+    def _e_mul_f16(p, q):
+        x = _f16_to_f32(p)
+        y = _f16_to_f32(q)
+        r = _f32_to_f16(x * y)
+        r = (p | np.uint16(0x200)) if x != x else r
+        return (q | np.uint16(0x200)) if y != y else r
+
+    # numpy's half minimum/maximum return a on ties (unlike float32, which returns b).
+    @_inline
+    def _e_min_f16(p, q):
+        x = _f16_to_f32(p)
+        y = _f16_to_f32(q)
+        return p if (x <= y or x != x) else q
+
+    @_inline
+    def _e_max_f16(p, q):
+        x = _f16_to_f32(p)
+        y = _f16_to_f32(q)
+        return p if (x >= y or x != x) else q
+
+    # bfloat16 (uint16 views). ml_dtypes computes in float32 and squashes NaN to sign|0x7fc0;
+    # the sign comes from b's NaN when b is NaN, else from a's. A NaN made by the operation
+    # (inf - inf) keeps the CPU's sign.
+    @_inline
+    def _e_add_bf16(p, q):
+        x = _bf16_to_f32(p)
+        y = _bf16_to_f32(q)
+        r = _f32_to_bf16(x + y)
+        r = ((p & np.uint16(0x8000)) | np.uint16(0x7FC0)) if x != x else r
+        return ((q & np.uint16(0x8000)) | np.uint16(0x7FC0)) if y != y else r
+
+    @_inline
+    def _e_mul_bf16(p, q):
+        x = _bf16_to_f32(p)
+        y = _bf16_to_f32(q)
+        r = _f32_to_bf16(x * y)
+        r = ((p & np.uint16(0x8000)) | np.uint16(0x7FC0)) if x != x else r
+        return ((q & np.uint16(0x8000)) | np.uint16(0x7FC0)) if y != y else r
+
+    @_inline
+    def _e_min_bf16(p, q):
+        x = _bf16_to_f32(p)
+        y = _bf16_to_f32(q)
+        return p if (x < y or x != x) else q
+
+    @_inline
+    def _e_max_bf16(p, q):
+        x = _bf16_to_f32(p)
+        y = _bf16_to_f32(q)
+        return p if (x > y or x != x) else q
+
+    @_inline
+    def _overlaps(d, x, span):
+        """Partial overlap: the ranges meet but do not start at the same byte."""
+        return d != x and d < x + span and x < d + span
+
+    def _elementwise_template(dst, a, b):
+        """dst = _elem(a, b) element-wise; 0 done, 1 (nothing written) when dst partially
+        overlaps a or b. In-place calls (dst is a or b, found by address here, so the caller
+        pays nothing for it) get loops of their own: with dst and a the same array LLVM's
+        runtime alias check fails and it runs scalar code; over two distinct arrays it
+        vectorises. ``_elem`` is a global of each copy (see ``_elementwise``)."""
+        n = dst.size
+        d, x, y = dst.ctypes.data, a.ctypes.data, b.ctypes.data
+        span = n * dst.itemsize
+        if _overlaps(d, x, span) or _overlaps(d, y, span):
+            return 1
+        if d == x:
+            for i in range(n):
+                dst[i] = _elem(dst[i], b[i])
+        elif d == y:
+            for i in range(n):
+                dst[i] = _elem(a[i], dst[i])
+        else:
+            for i in range(n):
+                dst[i] = _elem(a[i], b[i])
+        return 0
+
+    def _elementwise(elem, name):
+        """A copy of the template whose global ``_elem`` is ``elem``, named ``name``.
+
+        Not a closure: numba keys its disk cache on pickled closure variables, and a pickled
+        dispatcher differs per process, so closures would recompile every run. The copy's code
+        is the template's and its name gives it cache files of its own."""
+        scope = dict(globals(), _elem=elem)
+        fn = types_module.FunctionType(_elementwise_template.__code__, scope, name)
+        fn.__qualname__ = name
+        return _jit(fn)
+
+    _add = _elementwise(_e_add, "_add")
+    _mul = _elementwise(_e_mul, "_mul")
+    _band = _elementwise(_e_band, "_band")
+    _bor = _elementwise(_e_bor, "_bor")
+    _bxor = _elementwise(_e_bxor, "_bxor")
+    _min = _elementwise(_e_min, "_min")
+    _max = _elementwise(_e_max, "_max")
+    _lor = _elementwise(_e_lor, "_lor")
+    _land = _elementwise(_e_land, "_land")
+    _lxor = _elementwise(_e_lxor, "_lxor")
+    _add_f16 = _elementwise(_e_add_f16, "_add_f16")
+    _mul_f16 = _elementwise(_e_mul_f16, "_mul_f16")
+    _min_f16 = _elementwise(_e_min_f16, "_min_f16")
+    _max_f16 = _elementwise(_e_max_f16, "_max_f16")
+    _add_bf16 = _elementwise(_e_add_bf16, "_add_bf16")
+    _mul_bf16 = _elementwise(_e_mul_bf16, "_mul_bf16")
+    _min_bf16 = _elementwise(_e_min_bf16, "_min_bf16")
+    _max_bf16 = _elementwise(_e_max_bf16, "_max_bf16")
 
     # complex on float views (re, im pairs): numpy multiplies with or without FMA per CPU.
+    # Each pair is read before it is written, so dst may be a or b.
     @_jit
     def _cmul_fused(dst, a, b):
+        span = dst.size * dst.itemsize
+        d = dst.ctypes.data
+        if _overlaps(d, a.ctypes.data, span) or _overlaps(d, b.ctypes.data, span):
+            return 1
         for i in range(0, dst.size, 2):
             ar, ai, br, bi = a[i], a[i + 1], b[i], b[i + 1]
             dst[i] = _fma(ar, br, -(ai * bi))
             dst[i + 1] = _fma(ar, bi, ai * br)
+        return 0
 
     @_jit
     def _cmul_plain(dst, a, b):
+        span = dst.size * dst.itemsize
+        d = dst.ctypes.data
+        if _overlaps(d, a.ctypes.data, span) or _overlaps(d, b.ctypes.data, span):
+            return 1
         for i in range(0, dst.size, 2):
             ar, ai, br, bi = a[i], a[i + 1], b[i], b[i + 1]
             dst[i] = ar * br - ai * bi
             dst[i + 1] = ar * bi + ai * br
-
-    # bool on uint8 views, normalised to 0/1 as numpy's logical ufuncs do.
-    @_jit
-    def _lor(dst, a, b):
-        for i in range(dst.size):
-            dst[i] = np.uint8((a[i] | b[i]) != 0)
-
-    @_jit
-    def _land(dst, a, b):
-        for i in range(dst.size):
-            dst[i] = np.uint8((a[i] != 0) & (b[i] != 0))
-
-    @_jit
-    def _lxor(dst, a, b):
-        for i in range(dst.size):
-            dst[i] = np.uint8((a[i] != 0) ^ (b[i] != 0))
-
-    # ---- float16 (uint16 views) ----
-    # Arithmetic with a NaN operand: numpy returns b's NaN when b is NaN, else a's, quieted.
-    @_jit
-    def _add_f16(dst, a, b):
-        for i in range(dst.size):
-            p = a[i]
-            q = b[i]
-            x = _f16_to_f32(p)
-            y = _f16_to_f32(q)
-            r = _f32_to_f16(x + y)
-            r = (p | np.uint16(0x200)) if x != x else r
-            dst[i] = (q | np.uint16(0x200)) if y != y else r
-
-    @_jit
-    def _mul_f16(dst, a, b):
-        for i in range(dst.size):
-            p = a[i]
-            q = b[i]
-            x = _f16_to_f32(p)
-            y = _f16_to_f32(q)
-            r = _f32_to_f16(x * y)
-            r = (p | np.uint16(0x200)) if x != x else r
-            dst[i] = (q | np.uint16(0x200)) if y != y else r
-
-    # numpy's half minimum/maximum return a on ties (unlike float32, which returns b).
-    @_jit
-    def _min_f16(dst, a, b):
-        for i in range(dst.size):
-            x = _f16_to_f32(a[i])
-            y = _f16_to_f32(b[i])
-            dst[i] = a[i] if (x <= y or x != x) else b[i]
-
-    @_jit
-    def _max_f16(dst, a, b):
-        for i in range(dst.size):
-            x = _f16_to_f32(a[i])
-            y = _f16_to_f32(b[i])
-            dst[i] = a[i] if (x >= y or x != x) else b[i]
-
-    # ---- bfloat16 (uint16 views) ----
-    # ml_dtypes computes in float32 and squashes NaN to sign|0x7fc0; the sign comes from b's NaN
-    # when b is NaN, else from a's. A NaN made by the operation (inf - inf) keeps the CPU's sign.
-    @_jit
-    def _add_bf16(dst, a, b):
-        for i in range(dst.size):
-            p = a[i]
-            q = b[i]
-            x = _bf16_to_f32(p)
-            y = _bf16_to_f32(q)
-            r = _f32_to_bf16(x + y)
-            r = ((p & np.uint16(0x8000)) | np.uint16(0x7FC0)) if x != x else r
-            dst[i] = ((q & np.uint16(0x8000)) | np.uint16(0x7FC0)) if y != y else r
-
-    @_jit
-    def _mul_bf16(dst, a, b):
-        for i in range(dst.size):
-            p = a[i]
-            q = b[i]
-            x = _bf16_to_f32(p)
-            y = _bf16_to_f32(q)
-            r = _f32_to_bf16(x * y)
-            r = ((p & np.uint16(0x8000)) | np.uint16(0x7FC0)) if x != x else r
-            dst[i] = ((q & np.uint16(0x8000)) | np.uint16(0x7FC0)) if y != y else r
-
-    @_jit
-    def _min_bf16(dst, a, b):
-        for i in range(dst.size):
-            x = _bf16_to_f32(a[i])
-            y = _bf16_to_f32(b[i])
-            dst[i] = a[i] if (x < y or x != x) else b[i]
-
-    @_jit
-    def _max_bf16(dst, a, b):
-        for i in range(dst.size):
-            x = _bf16_to_f32(a[i])
-            y = _bf16_to_f32(b[i])
-            dst[i] = a[i] if (x > y or x != x) else b[i]
+        return 0
 
 
 def _numpy_complex_mul_is_fused() -> bool:
@@ -366,29 +409,41 @@ def reducer(op, dtype):
     if plan is None:
         return twin
     kernel, storage = plan
-    key = (kernel.__name__, storage.str)
+    key = (kernel.py_func.__name__, storage.str)
     step = 64  # chunk sizes stay even, so complex (re, im) pairs never split across threads
     min_parallel = max(PARALLEL_MIN_BYTES, 1)
 
+    same_storage = storage == dtype
+
     def apply(dst, a, b):
-        if not (dst.dtype == dtype and a.dtype == dtype and b.dtype == dtype
-                and dst.shape == a.shape == b.shape and dst.flags.c_contiguous
-                and a.flags.c_contiguous and b.flags.c_contiguous and dst.flags.writeable):
+        # The common call (contiguous writable arrays of this dtype) costs attribute reads and
+        # one kernel call; aliasing is sorted out by address inside the kernel.
+        try:
+            fd, fa, fb = dst.flags, a.flags, b.flags
+            ok = (dst.dtype == dtype and a.dtype == dtype and b.dtype == dtype
+                  and dst.shape == a.shape == b.shape and fd.c_contiguous and fa.c_contiguous
+                  and fb.c_contiguous and fd.writeable and fa.writeable and fb.writeable)
+        except AttributeError:       # not numpy arrays
+            ok = False
+        if not ok:
+            # read-only inputs would compile a second signature: the copy-free twin instead
             return twin(dst, a, b)
-        # Exact aliasing (dst is a or b) is safe element by element; partial overlap is not.
-        if _partial_overlap(dst, a) or _partial_overlap(dst, b):
-            return twin(dst, a, b)
-        d = dst.reshape(-1).view(storage)
-        x = a.reshape(-1).view(storage)
-        y = b.reshape(-1).view(storage)
-        if not x.flags.writeable or not y.flags.writeable:
-            # read-only inputs would compile a second signature: copy-free twin instead
-            return twin(dst, a, b)
-        threads = _threads()
-        if threads > 1 and dst.nbytes >= min_parallel:
-            _run_chunked(kernel, d, x, y, threads, step)
+        if dst.ndim == 1:
+            if same_storage:
+                d, x, y = dst, a, b
+            else:
+                d, x, y = dst.view(storage), a.view(storage), b.view(storage)
         else:
-            kernel(d, x, y)
+            d = dst.reshape(-1).view(storage)
+            x = a.reshape(-1).view(storage)
+            y = b.reshape(-1).view(storage)
+        if dst.nbytes >= min_parallel and _threads() > 1:
+            # Exact aliasing (dst is a or b) is safe chunk by chunk; partial overlap is not.
+            if _partial_overlap(dst, a) or _partial_overlap(dst, b):
+                return twin(dst, a, b)
+            _run_chunked(kernel, d, x, y, _threads(), step)
+        elif kernel(d, x, y):        # 1: partial overlap, nothing written
+            return twin(dst, a, b)
         _compiled.add(key)
     return apply
 

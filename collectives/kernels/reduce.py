@@ -83,14 +83,17 @@ def finish_average(out, size: int) -> None:
 
 
 # Operands of at least this many bytes go to the compiled kernels even where numpy's own loop
-# is vectorised (float32, ints): there only the kernels' threads can win (benchmarks/kernels.py).
-FAST_MIN_BYTES = 4 << 20
+# is vectorised (float32, ints): one Numba thread only ties numpy there (0.8-1.2x, in place or
+# not), so only the kernels' threads can win, and on 2 busy cores they did not below 16 MiB
+# (benchmarks/kernels.py; /work/briefs/perf7.md).
+FAST_MIN_BYTES = 16 << 20
 
 
 def fast_reducer(op: ReduceOp, dtype):
     """Like ``reducer`` but through the Numba kernels where they pay: always for float16
-    (numpy's half loops are scalar), from FAST_MIN_BYTES up for the rest; the numpy
-    twin otherwise, and whenever numba is missing (``kernel_status`` says why)."""
+    (numpy's half loops are scalar: 20-50x) and bfloat16 (3-5x ml_dtypes from 64 KiB, even
+    at 4 KiB), from FAST_MIN_BYTES up for the rest; the numpy twin otherwise, and whenever
+    numba is missing (``kernel_status`` says why)."""
     op = ReduceOp.parse(op)
     twin = reducer(op, dtype)
     try:
@@ -101,10 +104,8 @@ def fast_reducer(op: ReduceOp, dtype):
         return twin
     compiled = numba_reduce.reducer(op, dtype)
     dtype = np.dtype(dtype)
-    if dtype == np.float16:
+    if dtype == np.float16 or dtype == BFLOAT16:
         return compiled
-    if dtype == BFLOAT16:  # the bfloat16 kernels do not beat ml_dtypes yet (not vectorised)
-        return twin
 
     def apply(dst, a, b):
         (compiled if dst.nbytes >= FAST_MIN_BYTES else twin)(dst, a, b)
