@@ -639,7 +639,9 @@ def write_plot(path, records, meta):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
     collectives = list(dict.fromkeys(r["collective"] for r in records))
+    styles = {"native": "--", "auto": ":"}
     cols = min(2, len(collectives))
     rows = (len(collectives) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.5 * rows), squeeze=False)
@@ -648,13 +650,23 @@ def write_plot(path, records, meta):
                                        if r["collective"] == collective):
             pts = sorted((r["size"], r["busbw_gbs"]) for r in records
                          if r["collective"] == collective and r["algorithm"] == algorithm)
+            name = next((r.get("native_name") for r in records if r["algorithm"] == "native"),
+                        None) if algorithm == "native" else None
             ax.plot([s for s, _ in pts], [b for _, b in pts], marker="o", markersize=3,
-                    linestyle="--" if algorithm == "native" else "-", label=algorithm)
+                    linestyle=styles.get(algorithm, "-"),
+                    linewidth=2.2 if algorithm == "native" else 1.5,
+                    color="black" if algorithm == "native" else None,
+                    label=f"native ({name})" if name else algorithm)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(collective)
         ax.set_xlabel("size (bytes)")
         ax.set_ylabel("busbw (GB/s)")
+        # plain numbers (0.05, 1.2), not 5x10^-2, on the log axis
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(
+            lambda v, _: f"{v:g}" if f"{v:.1e}"[0] in "25" else ""))
+        ax.tick_params(axis="y", which="minor", labelsize=7)
         ticks = sorted({r["size"] for r in records if r["collective"] == collective})
         ax.set_xticks(ticks)
         ax.set_xticklabels([format_size(t) for t in ticks], rotation=45)
