@@ -416,7 +416,8 @@ BACKENDS["socket"] = _socket_groups
 
 
 def default_backend() -> str:
-    """mpi under mpiexec/mpirun (or when mpi4py is importable), else local."""
+    """mpi under mpiexec/mpirun, socket under collectives.run/torchrun (RANK and WORLD_SIZE
+    set), else mpi when mpi4py is importable, else local."""
     launched = any(k in os.environ for k in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK",
                                              "PMI_SIZE", "MPI_LOCALRANKID"))
     if launched:
@@ -714,7 +715,9 @@ def parse_args(argv=None):
         prog="bench.py", description="Benchmark ring / tree / recursive doubling against the "
         "transport's native collectives (run under mpiexec -n N for MPI).")
     p.add_argument("--backend", choices=sorted(BACKENDS), default=None,
-                   help="default: mpi when mpi4py is available, else local")
+                   help="default: mpi under an MPI launcher or when mpi4py is available, socket "
+                   "under collectives.run/torchrun, else local. socket run by hand launches "
+                   "--world-size local processes and compares with torch's gloo")
     p.add_argument("--world-size", type=int, default=None,
                    help="ranks for --backend local, and processes that --backend socket "
                    "launches when not started by a launcher (default 2)")
