@@ -6,16 +6,19 @@ Where a rank can drive both of its links at once (NVLink/NVSwitch: measured on 4
 same bytes split over both neighbours moved up to 1.7× faster at 4-64 MiB than over one), a
 step takes about half the time of a ring step; over a single port it gains nothing.
 
-Costs, as ``cost.py`` counts them (one send port and one receive port per rank, so the two
-sends of a step serialize; p ranks, n elements as in ``ring.py``, α per message, β per
-element moved, γ per element reduced):
+Costs with one send port and one receive port per rank, the two sends of a step serialized
+in the best order (p ranks, n elements as in ``ring.py``, α per message, β per element
+moved, γ per element reduced):
 
     all_reduce      4(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ
     reduce_scatter  2(p-1)α + ((p-1)/p)n(β + γ)
     all_gather      2(p-1)α + ((p-1)/p)nβ
     all_to_all       (p-1)α + ((p-1)/p)nβ          (⌈(p-1)/2⌉ steps of two messages)
 
-That is the ring's β and γ with twice its α. With two ports driven at once (k-port model,
+That is the ring's β and γ with twice its α. ``cost.py`` has no closed form for these
+(``COUNTED_ONLY``): its replay serves ports first come first served, which chains the two
+directions around the ring and counts more than this optimum, so ``auto`` never prefers a
+bidirectional ring; ask for it by name where the links are full duplex to both neighbours. With two ports driven at once (k-port model,
 k = 2) the β terms halve and the α terms equal the ring's: all_reduce 2(p-1)α + ((p-1)/p)nβ
 + ((p-1)/p)nγ. The reductions do not shrink: each step still reduces n/p elements.
 
