@@ -20,6 +20,24 @@ Two modes:
   k overlaps the transfer of segment k+1, and a send waits only for the kernels that wrote
   what it sends.
 
+**Graph replay** (``COLLECTIVES_NCCL_GRAPH=1``, in-order plans only): the host work of a call
+(a Python NCCL group per step, a CuPy kernel launch per reduction: ~10-20 µs each) dominates
+small collectives. A call whose plan, buffers (pointers and sizes), dtype, reduction and
+stream were all seen before is captured once as a CUDA graph (stream capture; NCCL >= 2.9
+supports send/recv under capture) on its second occurrence and replayed from then on: one
+graph launch per call. Every rank captures and replays the same calls in the same order, as
+NCCL requires of any call. Capture needs a non-default stream; where it is the legacy default
+stream, or capture fails, the call runs as usual (and that key is never tried again).
+Graphs are kept per key (at most ``GRAPH_CACHE`` of them, least recently used dropped).
+
+Why reductions overlap transfers only in pipelined mode: in a ring (one-way or
+bidirectional) the block reduced in step k is the block sent in step k+1, and the landing
+zone the reduction of step k reads is written by the receive of step k+1; the whole-block
+reduction of step k therefore cannot overlap the transfer of step k+1 without cutting the
+blocks (the pipelined mode: segment j of step k+1 waits only for the reduction of segment j
+of step k). The two halves of a bidirectional ring are independent, but each step is one
+NCCL group covering both directions, so they share its dependencies.
+
 NCCL point-to-point bandwidth grows with message size (fewer, larger messages fill more
 channels), so segments trade transfer bandwidth for overlap; ``COLLECTIVES_NCCL_SEGMENT_BYTES``
 (0 = never segment) sets the size, and BENCHMARKS.md records what it costs and buys.
@@ -39,6 +57,8 @@ from ..algorithms.schedule import Copy, Plan, Send
 from ..errors import TransportError
 
 ENV_SEGMENT = "COLLECTIVES_NCCL_SEGMENT_BYTES"
+ENV_GRAPH = "COLLECTIVES_NCCL_GRAPH"
+GRAPH_CACHE = 256                   # captured graphs kept per process
 DEFAULT_SEGMENT_BYTES = 0          # set from the device measurements (BENCHMARKS.md)
 _UINT8 = 1                          # ncclUint8: transfers move bytes, whatever the dtype
 _D2D = 3                            # cudaMemcpyDeviceToDevice
@@ -55,6 +75,71 @@ def segment_bytes() -> int:
     if value < 0:
         raise ValueError(f"{ENV_SEGMENT} must be >= 0, got {value}")
     return value
+
+
+def graphs_enabled() -> bool:
+    text = os.environ.get(ENV_GRAPH, "0").strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{ENV_GRAPH}={text!r}: expected 0 or 1")
+
+
+class _Graphs:
+    """Captured plans: key -> [graph or None, times seen, plan]; LRU order."""
+
+    def __init__(self):
+        from collections import OrderedDict
+        self.entries = OrderedDict()
+        self.failures = []        # (plan name, why) of captures that failed, for reports
+
+    def run(self, key, plan, run, cupy):
+        """Replay, capture or run ``plan``; True if handled here. ``key`` holds ``id(plan)``
+        (hashing a plan's steps on every call would cost more than the lookup saves); the
+        entry keeps the plan itself, so an id reused by another plan is not mistaken."""
+        entry = self.entries.get(key)
+        if entry is None or entry[2] is not plan:
+            self.entries[key] = [None, 1, plan]
+            if len(self.entries) > GRAPH_CACHE:
+                self.entries.popitem(last=False)
+            return False
+        self.entries.move_to_end(key)
+        graph, seen, _ = entry
+        stream = cupy.cuda.get_current_stream()
+        if graph is not None:
+            graph.launch(stream)
+            return True
+        if seen != 1 or stream.ptr == 0:
+            return False          # uncapturable (failed before, or legacy default stream)
+        entry[1] = 2
+        try:
+            stream.begin_capture()
+        except Exception as exc:
+            self.failures.append((run.name, f"begin_capture: {type(exc).__name__}: {exc}"))
+            return False
+        try:
+            run.in_order(plan.steps)
+        except Exception as exc:
+            try:
+                stream.end_capture()
+            except Exception:
+                pass
+            self.failures.append((run.name, f"capture: {type(exc).__name__}: {exc}"))
+            if isinstance(exc, TransportError):
+                raise
+            return False
+        try:
+            graph = stream.end_capture()
+        except Exception as exc:      # an invalidated capture says so here
+            self.failures.append((run.name, f"end_capture: {type(exc).__name__}: {exc}"))
+            return False
+        entry[0] = graph
+        graph.launch(stream)
+        return True
+
+
+_GRAPHS = _Graphs()
 
 
 def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
@@ -80,6 +165,12 @@ def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
     limit = segment_bytes() if segment is None else segment
     biggest = max((_step_bytes(s) for s in plan.steps), default=0) * dtype.itemsize
     if limit <= 0 or biggest <= limit:
+        if graphs_enabled():
+            key = (id(plan), tuple((k, a.data.ptr, a.size) for k, a in arrays.items()),
+                   dtype.str, op, id(kernel) if op is None else None,
+                   cupy.cuda.get_current_stream().ptr, id(transport))
+            if _GRAPHS.run(key, plan, run, cupy):
+                return
         run.in_order(plan.steps)
     else:
         run.pipelined(plan.steps, limit // dtype.itemsize)
