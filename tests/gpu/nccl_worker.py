@@ -31,14 +31,21 @@ from collectives.ops import ReduceOp  # noqa: E402
 from collectives.transports import nccl as nccl_transport  # noqa: E402
 
 R = ReduceOp
+# Every op and dtype of the kernels is checked bit for bit by check_kernels; the collectives
+# run a spread of them (kept short: the device run has minutes for both world sizes).
 DTYPE_OPS = [
-    (np.float32, (R.SUM, R.AVG, R.MAX, R.MIN, R.PRODUCT)),
-    (np.float16, (R.SUM, R.MAX)),
-    (np.int32, (R.SUM, R.BXOR, R.MIN)),
+    (np.float32, (R.SUM, R.AVG, R.MAX, R.PRODUCT)),
+    (np.float16, (R.SUM,)),
+    (np.int32, (R.BXOR, R.MIN)),
     (np.bool_, (R.SUM,)),
-] + ([(BFLOAT16, (R.SUM, R.MAX))] if BFLOAT16 is not None else [])
+] + ([(BFLOAT16, (R.SUM,))] if BFLOAT16 is not None else [])
+QUICK_DTYPE_OPS = [(np.float32, (R.SUM, R.MAX)), (np.int32, (R.BXOR,))] + \
+    ([(BFLOAT16, (R.SUM,))] if BFLOAT16 is not None else [])
 MOVE_DTYPES = (np.float32, np.int8, np.float16)
+QUICK_MOVE_DTYPES = (np.float32, np.int8)
 COUNTS = (1, 5, 4099, (1 << 17) + 3)
+QUICK_COUNTS = (5, (1 << 17) + 3)
+GRAPH_CALLS = 4                  # eager, capture, then replays
 SMALL_SEGMENT = 1 << 14          # bytes: forces the pipelined path on the larger counts
 
 
@@ -187,6 +194,49 @@ def check_kernels(cupy):
     return failures
 
 
+def graph_check(group, cupy, have, runs, failures):
+    """COLLECTIVES_NCCL_GRAPH=1: the same call (same buffers) GRAPH_CALLS times on a
+    non-default stream: eager, captured, replayed; each result checked."""
+    from collectives.executors.nccl import ENV_GRAPH, _GRAPHS
+    os.environ[ENV_GRAPH] = "1"
+    p, rank = group.size, group.rank
+    count, dtype, op = 4099, np.dtype(np.float32), R.SUM
+    before = len(failures)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        for collective in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all"):
+            for algorithm in have[collective]:
+                runs += 1
+                label = f"graph {collective} {algorithm}"
+                try:
+                    inputs, counts = case_inputs(1000 + runs, collective, p, count, dtype, op, 0)
+                    want = expected(collective, inputs, rank, 0, op, dtype, counts)
+                    d_in = cupy.asarray(inputs[rank])
+                    out = cupy.zeros(want.size, dtype=dtype)
+                    kwargs = dict(op=op, algorithm=algorithm)
+                    if collective in ("reduce_scatter", "all_gather"):
+                        kwargs["counts"] = counts
+                    for call in range(GRAPH_CALLS):
+                        out[...] = 0
+                        group.prepare(collective, input=d_in, output=out, **kwargs)()
+                        group.transport.synchronize(30.0, operation=label)
+                        if not np.array_equal(cupy.asnumpy(out), want):
+                            failures.append(f"{label}: call {call + 1} wrong")
+                            break
+                except CollectiveTimeout:
+                    raise
+                except Exception as exc:
+                    failures.append(f"{label}: {type(exc).__name__}: {exc}")
+    os.environ[ENV_GRAPH] = "0"
+    captured = sum(1 for e in _GRAPHS.entries.values() if e[0] is not None)
+    if rank == 0:
+        print(f"graph check: {captured} plans captured, capture failures "
+              f"{_GRAPHS.failures[:3]}, {len(failures) - before} wrong results", flush=True)
+    if _GRAPHS.failures:
+        failures.append(f"graph capture failed: {_GRAPHS.failures[:3]}")
+    return runs, failures
+
+
 def main():
     args = argparse.ArgumentParser()
     args.add_argument("--rendezvous", default="mpi", help="mpi or file:PATH")
@@ -207,7 +257,9 @@ def main():
         failures += check_kernels(cupy)
         print(f"kernel check: {len(failures)} failures", flush=True)
     have = capabilities()
-    counts = COUNTS[:3] if args.quick else COUNTS
+    counts = QUICK_COUNTS if args.quick else COUNTS
+    dtype_ops = QUICK_DTYPE_OPS if args.quick else DTYPE_OPS
+    move_dtypes = QUICK_MOVE_DTYPES if args.quick else MOVE_DTYPES
     seed, stop = 0, None
     t0 = time.time()
     for collective, algorithms in have.items():
@@ -215,8 +267,8 @@ def main():
             continue
         names = list(algorithms) + ["native"]
         reducing = collective in ("all_reduce", "reduce_scatter", "reduce")
-        combos = [(np.dtype(d), op) for d, ops in DTYPE_OPS for op in ops] if reducing \
-            else [(np.dtype(d), R.SUM) for d in MOVE_DTYPES]
+        combos = [(np.dtype(d), op) for d, ops in dtype_ops for op in ops] if reducing \
+            else [(np.dtype(d), R.SUM) for d in move_dtypes]
         before = len(failures)
         for algorithm in names:
             for dtype, op in combos:
@@ -226,7 +278,8 @@ def main():
                         collective, dtype, R.SUM if op == R.AVG else op):
                     continue
                 for count in counts:
-                    big = count * dtype.itemsize > SMALL_SEGMENT
+                    # the pipelined path: every algorithm, at the largest count only
+                    big = count == counts[-1] and count * dtype.itemsize > SMALL_SEGMENT
                     segments = (0, SMALL_SEGMENT) if big and algorithm != "native" else (0,)
                     places = (False, True) if collective == "all_reduce" and count == 4099 \
                         else (False,)
@@ -263,6 +316,8 @@ def main():
                                       "failures": failures[:40], "failed": len(failures)}),
               flush=True)
         os._exit(1)
+    os.environ[nccl_executor.ENV_SEGMENT] = "0"
+    runs, failures = graph_check(group, cupy, have, runs, failures)
     # barrier through every algorithm, and the generic isend/irecv path
     for algorithm in list(have["barrier"]) + ["native"]:
         runs += 1
