@@ -415,6 +415,14 @@ def _socket_groups(args):
 BACKENDS["socket"] = _socket_groups
 
 
+def _nccl_groups(args):
+    from .bench_nccl import nccl_group
+    return [nccl_group(args.timeout)]
+
+
+BACKENDS["nccl"] = _nccl_groups      # main hands the whole run to bench_nccl (GPU timing)
+
+
 def default_backend() -> str:
     """mpi under mpiexec/mpirun, socket under collectives.run/torchrun (RANK and WORLD_SIZE
     set), else mpi when mpi4py is importable, else local."""
@@ -822,6 +830,9 @@ def main(argv=None) -> int:
         from . import bench_socket
         if not bench_socket.launched():
             return bench_socket.launch(argv, args.world_size or 2)
+    if args.backend == "nccl":           # stream-ordered GPU work: CUDA-event timing there
+        from .bench_nccl import run_from_bench
+        return run_from_bench(args, BACKENDS["nccl"](args)[0][0])
     groups = BACKENDS[args.backend](args)
     leader = groups[0][0].rank == 0
     if args.calibrate:

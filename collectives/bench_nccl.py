@@ -1,0 +1,289 @@
+"""GPU benchmark of the NCCL transport: ours vs NCCL native vs the point-to-point ceiling.
+
+    mpiexec -n 4 python benchmarks/bench.py --backend nccl [--sizes 1M,16M,256M,1G] [--json F]
+    mpiexec -n 4 python benchmarks/bench_nccl.py [--segments 64M] [--graph-max 16M] [--probe 1M:1G]
+
+Rows in nccl-tests' terms (size = the larger buffer; busbw = algbw x 2(p-1)/p for
+all_reduce, x (p-1)/p for all_gather, reduce_scatter, all_to_all). For each (collective,
+size): NCCL's native collective, then each of our algorithms, then ``<alg>:ceiling`` = the
+same plan with its local copies and reductions removed (its transfers alone, the bound a
+send/recv schedule cannot beat), and optional ``ring:seg=N`` rows (pipelined executor).
+Columns ``vs_native`` and ``vs_ceiling`` are time ratios (native time / ours; ceiling time /
+ours). Timing: CUDA events around ``iters`` back-to-back calls on one stream (each call is
+the whole user path: ``group.prepare(...)()``), repeated ``reps`` times; p50 over the reps.
+Results are checked once per row (exact small-integer patterns from ``collectives.bench``).
+``--probe`` adds the raw p2p sweep: every GPU sends one block right and receives one from the
+left (one NCCL group), and the same split over both neighbours, at each size.
+
+``<alg>:graph`` rows (sizes up to ``--graph-max``, default 16M) run the same call with
+``COLLECTIVES_NCCL_GRAPH=1``: captured once as a CUDA graph, then replayed. ``collectives.bench``
+hands ``--backend nccl`` to ``run_from_bench`` here: its timing (host clocks around host
+buffers) does not fit stream-ordered GPU work.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+import numpy as np
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+from .algorithms import capabilities
+from .algorithms.schedule import Plan, Recv, Region, Send, Step, build_plan, plan_args
+from .bench import BUS_FACTOR, Case, element_count, format_size, parse_sizes
+from .executors import nccl as executor
+from .group import ProcessGroup
+from .ops import ReduceOp
+from .transports import nccl as nccl_transport
+
+
+def timed(cupy, fn, iters, reps, warmup=2):
+    """p50 over reps of (event time of `iters` back-to-back calls) / iters, in seconds."""
+    stream = cupy.cuda.get_current_stream()
+    for _ in range(warmup):
+        fn()
+    stream.synchronize()
+    samples = []
+    for _ in range(reps):
+        start = stream.record()
+        for _ in range(iters):
+            fn()
+        end = stream.record()
+        end.synchronize()
+        samples.append(cupy.cuda.get_elapsed_time(start, end) / 1e3 / iters)
+    return float(np.median(samples))
+
+
+def transfers_only(plan: Plan) -> Plan:
+    steps = tuple(Step(s.sends, s.recvs, ()) for s in plan.steps if s.sends or s.recvs)
+    return dataclasses.replace(plan, steps=steps)
+
+
+def iterations(nbytes):
+    if nbytes <= 4 << 20:
+        return 50, 7
+    if nbytes <= 64 << 20:
+        return 10, 5
+    return 3, 5
+
+
+def bench(group, cupy, args, comm):
+    p, rank = group.size, group.rank
+    dtype = np.dtype(args.dtype)
+    op = ReduceOp.SUM
+    have = capabilities()
+    rows = []
+    for collective in args.collectives.split(","):
+        for nbytes in parse_sizes(args.sizes):
+            count = element_count(collective, nbytes, dtype.itemsize, p)
+            case = Case(collective, rank, p, count, dtype, op)
+            d_in, expect = cupy.asarray(case.input), cupy.asarray(case.expected)
+            d_out = cupy.empty_like(expect)
+            iters, reps = iterations(nbytes)
+            names = ["native"] + [a for a in args.algorithms.split(",")
+                                  if a in have[collective]]
+            variants = [(n, None) for n in names]
+            variants += [(f"{a}:graph", None) for a in names[1:]
+                         if nbytes <= args.graph_max]
+            variants += [("ring", seg) for seg in args.segments if "ring" in have[collective]]
+            native_t = {}
+            for name, seg in variants:
+                label = name if seg is None else f"{name}:seg={format_size(seg)}"
+                os.environ[executor.ENV_SEGMENT] = str(seg or 0)
+                graph = name.endswith(":graph")
+                os.environ[executor.ENV_GRAPH] = "1" if graph else "0"
+                algorithm = name.split(":")[0]
+
+                def call():
+                    group.prepare(collective, input=d_in, output=d_out, op=op,
+                                  algorithm=algorithm)()
+                d_out[...] = 0
+                call()
+                cupy.cuda.get_current_stream().synchronize()
+                wrong = int((d_out != expect).sum())
+                comm.Barrier()
+                t = timed(cupy, call, iters, reps)
+                t = comm.allreduce(t, op=_MPI_MAX())
+                wrong = comm.allreduce(wrong)
+                rows.append(_row(collective, label, nbytes, count, t, p, wrong))
+                if name == "native":
+                    native_t[collective] = t
+                os.environ[executor.ENV_GRAPH] = "0"
+                if name != "native" and seg is None and not graph:
+                    plan = build_plan(collective, name, rank, p,
+                                      *plan_args(collective, p, _counts(collective, count, p)))
+                    bare = transfers_only(plan)
+                    bufs = _plan_buffers(collective, d_in, d_out)
+                    os.environ[executor.ENV_SEGMENT] = "0"
+                    comm.Barrier()
+                    tc = timed(cupy, lambda: executor.execute(bare, group.transport, bufs,
+                                                              None, dtype=dtype), iters, reps)
+                    tc = comm.allreduce(tc, op=_MPI_MAX())
+                    rows.append(_row(collective, f"{name}:ceiling", nbytes, count, tc, p, 0))
+                    rows[-2]["ceiling_s"] = tc
+            for r in rows:
+                if r["collective"] == collective and r["size"] == nbytes:
+                    r["vs_native"] = native_t[collective] / r["time_s"]
+                    if "ceiling_s" in r:
+                        r["vs_ceiling"] = r["ceiling_s"] / r["time_s"]
+            if rank == 0:
+                for r in rows:
+                    if r["collective"] == collective and r["size"] == nbytes:
+                        print(fmt(r), flush=True)
+            del d_in, d_out, expect, case
+            cupy.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def _counts(collective, count, p):
+    if collective == "all_reduce":
+        return count
+    if collective == "all_to_all":
+        return ((count // p,) * p,) * p
+    return (count // p,) * p
+
+
+def _plan_buffers(collective, d_in, d_out):
+    if collective == "all_reduce":
+        return {"output": d_out}
+    return {"input": d_in, "output": d_out}
+
+
+def _MPI_MAX():
+    from mpi4py import MPI
+    return MPI.MAX
+
+
+def _row(collective, algorithm, nbytes, count, t, p, wrong):
+    algbw = nbytes / t / 1e9
+    return {"collective": collective, "algorithm": algorithm, "size": nbytes, "count": count,
+            "time_s": t, "time_us": t * 1e6, "algbw_gbs": algbw,
+            "busbw_gbs": algbw * BUS_FACTOR[collective](p), "world_size": p, "wrong": wrong}
+
+
+def fmt(r):
+    vs_n = f"{r['vs_native']:.2f}x" if "vs_native" in r else ""
+    vs_c = f"{r['vs_ceiling']:.2f}x" if "vs_ceiling" in r else ""
+    return (f"{r['collective']:>14} {format_size(r['size']):>6} {r['algorithm']:>26} "
+            f"{r['time_us']:>11.1f} {r['algbw_gbs']:>8.1f} {r['busbw_gbs']:>8.1f} "
+            f"{vs_n:>9} {vs_c:>10} {r['wrong']:>6}")
+
+
+HEADER = (f"{'collective':>14} {'size':>6} {'algorithm':>26} {'time_p50_us':>11} "
+          f"{'algbw':>8} {'busbw':>8} {'vs_native':>9} {'vs_ceiling':>10} {'wrong':>6}")
+
+
+def probe(group, cupy, comm, sizes):
+    """Ring step (send right, receive left) vs the same bytes split over both neighbours."""
+    p, rank = group.size, group.rank
+    right, left = (rank + 1) % p, (rank - 1) % p
+    rows = []
+    for nbytes in sizes:
+        n = nbytes
+        buf = cupy.empty(2 * n, dtype=cupy.uint8)
+        half = n // 2
+        one = Plan("probe", "one_peer", rank, p,
+                   (Step(sends=(Send(right, Region("output", 0, n)),),
+                         recvs=(Recv(left, Region("output", n, n)),)),), 0)
+        two = Plan("probe", "two_peers", rank, p,
+                   (Step(sends=(Send(right, Region("output", 0, half)),
+                                Send(left, Region("output", half, n - half))),
+                         recvs=(Recv(left, Region("output", n, half)),
+                                Recv(right, Region("output", n + half, n - half)))),), 0)
+        for plan in (one, two) if p > 2 else (one,):
+            iters, reps = iterations(nbytes)
+            comm.Barrier()
+            t = timed(cupy, lambda: executor.execute(plan, group.transport, {"output": buf},
+                                                     None, dtype=np.uint8), iters, reps)
+            t = comm.allreduce(t, op=_MPI_MAX())
+            rows.append({"probe": plan.algorithm, "size": nbytes, "time_us": t * 1e6,
+                         "gbs_per_gpu": nbytes / t / 1e9})
+            if rank == 0:
+                print(f"#  p2p {plan.algorithm:>10} {format_size(nbytes):>6}: "
+                      f"{t * 1e6:10.1f} us  {nbytes / t / 1e9:7.1f} GB/s per GPU out", flush=True)
+        del buf
+    return rows
+
+
+def add_arguments(ap, standalone=True):
+    if standalone:
+        ap.add_argument("--collectives",
+                        default="all_reduce,all_gather,reduce_scatter,all_to_all")
+        ap.add_argument("--algorithms", default="ring,ring_bidirectional,tree,recursive_doubling")
+        ap.add_argument("--sizes", default="1M,16M,256M,1G")
+        ap.add_argument("--dtype", default="float32")
+        ap.add_argument("--json")
+    ap.add_argument("--segments", default="", help="ring:seg rows, e.g. 16M,64M")
+    ap.add_argument("--graph-max", default="16M", help="graph rows up to this size (0: none)")
+    ap.add_argument("--probe", default="", help="p2p sweep sizes, e.g. 1M:1G")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(ap)
+    return run_from_bench(ap.parse_args())
+
+
+def nccl_group(timeout=300.0):
+    """(group, cupy) for this process: one GPU per rank, the NCCL id through MPI."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    import cupy
+    transport = nccl_transport.create(rank=comm.Get_rank(), world_size=comm.Get_size(),
+                                      timeout=timeout)
+    return ProcessGroup(transport, backend="nccl", timeout=timeout), cupy
+
+
+def run_from_bench(args, group=None):
+    """The benchmark on ``args`` (collectives, algorithms, sizes, dtype, json; segments,
+    graph_max and probe where given). Returns the exit status (1 if any result was wrong)."""
+    for name, default in (("segments", ""), ("graph_max", "16M"), ("probe", "")):
+        if not hasattr(args, name):
+            setattr(args, name, default)
+    args.segments = parse_sizes(args.segments) if args.segments else ()
+    args.graph_max = parse_sizes(args.graph_max)[0] if args.graph_max not in ("", "0") else 0
+    args.algorithms = ",".join(a for a in args.algorithms.split(",") if a not in ("native",))
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    import cupy
+    if group is None:
+        group, _ = nccl_group()
+    transport = group.transport
+    stream = cupy.cuda.Stream(non_blocking=True)
+    meta = {}
+    if comm.Get_rank() == 0:
+        props = cupy.cuda.runtime.getDeviceProperties(transport.device)
+        meta = {"gpu": props["name"].decode() if isinstance(props["name"], bytes)
+                else props["name"], "world_size": comm.Get_size(),
+                "nccl": transport.version, "cupy": cupy.__version__,
+                "command": " ".join(sys.argv),
+                "env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")
+                        or k.startswith("COLLECTIVES_")}}
+        print(f"# bench_nccl: {meta['world_size']} x {meta['gpu']}, NCCL {meta['nccl']}, "
+              f"CuPy {meta['cupy']}, dtype {args.dtype}", flush=True)
+    out = {"meta": meta}
+    with stream:
+        if args.probe:
+            out["probe"] = probe(group, cupy, comm, parse_sizes(args.probe))
+        if args.collectives:
+            if comm.Get_rank() == 0:
+                print(HEADER, flush=True)
+            out["rows"] = bench(group, cupy, args, comm)
+    if comm.Get_rank() == 0:
+        out["graph_capture_failures"] = executor._GRAPHS.failures[:10]
+        if executor._GRAPHS.failures:
+            print(f"# graph capture failures: {executor._GRAPHS.failures[:3]}", flush=True)
+    if comm.Get_rank() == 0 and args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    wrong = sum(r["wrong"] for r in out.get("rows", []))
+    transport.close()
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
