@@ -774,12 +774,19 @@ def _names(text, valid, what):
     return names
 
 
+def _registered() -> tuple:
+    """Registered algorithms outside the default set (ring_bidirectional): runnable by name."""
+    from .algorithms import capabilities
+    names = {a for algs in capabilities().values() for a in algs}
+    return tuple(sorted(names - set(ALGORITHMS)))
+
+
 def config_from_args(args) -> Config:
     parse_dtype(args.dtype)
     ReduceOp.parse(args.op)
     return Config(
         collectives=_names(args.collectives, BENCH_COLLECTIVES, "collective"),
-        algorithms=_names(args.algorithms, ALGORITHMS, "algorithm"),
+        algorithms=_names(args.algorithms, ALGORITHMS + _registered(), "algorithm"),
         sizes=parse_sizes(args.sizes), dtype=args.dtype, op=args.op, iters=args.iters,
         warmup=args.warmup, min_time=args.min_time,
         progress=(args.progress or sys.stderr.isatty()) and not args.no_progress)
