@@ -22,6 +22,7 @@ from posix.time cimport clock_gettime, CLOCK_MONOTONIC, timespec, nanosleep
 
 from mpi4py.libmpi cimport (MPI_Comm, MPI_Request, MPI_Status, MPI_Isend, MPI_Irecv,
                             MPI_Waitall, MPI_Testall, MPI_Cancel, MPI_Wait, MPI_Get_count,
+                            MPI_Request_free, MPI_REQUEST_NULL,
                             MPI_BYTE, MPI_SUCCESS, MPI_STATUS_IGNORE, MPI_STATUSES_IGNORE,
                             MPI_Error_class)
 from mpi4py.MPI cimport Comm
@@ -518,6 +519,9 @@ def execute(FlatPlan plan, Comm comm, input, output, scratch, int itemsize, int 
                     for k in range(n_recv):   # a late message must not land in freed memory
                         MPI_Cancel(&reqs[k])
                         MPI_Wait(&reqs[k], MPI_STATUS_IGNORE)
+                    for k in range(n_recv, n_req):    # unmatched sends: MPI owns them now
+                        if reqs[k] != MPI_REQUEST_NULL:
+                            MPI_Request_free(&reqs[k])
                 elif err != MPI_SUCCESS:
                     failed_at = <int>s; kind = 2; detail = err
                     for k in range(n_req):

@@ -1,0 +1,317 @@
+"""The compiled MPI executor (``executors/_mpi_exec.pyx``) against its twin, the host executor.
+
+Under ``mpiexec -n k`` (k = 1..4) this file runs itself as the worker: every registered
+collective x algorithm (``capabilities()``) x dtype (bool, all ints, float16, bfloat16, float32,
+float64, complex) x every op the dtype defines, uneven counts, roots 0 and p-1, through the
+process group once with the compiled executor and once with the host executor, on the same
+inputs; results must be bitwise equal. Floats are random bit patterns (NaN payloads, inf,
+-0.0, subnormals). The one allowance is the one ``tests/test_kernels.py`` makes: float32/64
+SUM/PRODUCT lanes that are NaN may differ in payload (numpy's own SIMD and scalar loops pick
+different operands' NaN), so there only NaN-ness is compared. Then the faults: a timeout (one
+rank waits for a peer that never sends) and a size mismatch (ranks disagree on counts), and,
+at size 1, the float16 / bfloat16 C loops (F16C and the portable scalar path) against numpy.
+
+Skipped (with the reason) when the extension is not built, or mpi4py / mpiexec are missing.
+"""
+import importlib.util
+import os
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _built():
+    try:
+        return importlib.util.find_spec("collectives.executors._mpi_exec") is not None
+    except ImportError:          # collectives itself not importable from here
+        return False
+
+
+def _skip_reason():
+    try:
+        from test_mpi import HAVE_MPI4PY, MPIEXEC
+    except ImportError as exc:
+        return f"tests/test_mpi.py helpers unavailable: {exc}"
+    if not (MPIEXEC and HAVE_MPI4PY):
+        return "needs mpi4py and an mpiexec (pip install mpi4py mpich)"
+    if not _built():
+        return ("compiled executor not built: run `python setup.py build_ext --inplace` "
+                "(needs Cython and mpi.h)")
+    return None
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_compiled_matches_host_under_mpiexec(n):
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    from test_mpi import mpirun
+    result = mpirun(n, os.path.abspath(__file__), timeout=120)
+    out = result.stdout
+    skipped = [line for line in out.splitlines() if line.startswith("SKIP ")]
+    if skipped:
+        pytest.skip(skipped[0][5:])
+    assert result.returncode == 0, out + result.stderr
+    lines = out.splitlines()
+    assert lines and lines[-1] == "done", out + result.stderr
+    cases = int(next(line.split()[1] for line in lines if line.startswith("cases ")))
+    compiled_cases = int(next(line.split()[1] for line in lines if line.startswith("in-C ")))
+    assert cases > 1000 and compiled_cases > 0.8 * cases, out
+    expected = {"ok timeout", "ok size mismatch"} if n > 1 else {"ok half kernels"}
+    assert expected <= set(lines), out
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker (run by mpiexec, not by pytest).
+
+def _operand(rng, dtype, n):
+    """n values of ``dtype``: random bits for floats (every kind of value), small ints, bools."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, n).astype(np.bool_)
+    if dtype.kind in "iu":
+        return rng.integers(-50, 50, n).astype(dtype)
+    bits = rng.integers(0, 256, n * dtype.itemsize, dtype=np.uint8)
+    out = bits.view(dtype).copy()
+    lane = out.view(np.float32 if dtype.kind == "c" and dtype.itemsize == 8 else
+                    np.float64 if dtype.kind == "c" else dtype)
+    # half the lanes ordinary values, so that sums and products stay interesting
+    lane[::2] = rng.standard_normal(lane[::2].size).astype(np.float32).astype(lane.dtype)
+    specials = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0], np.float32)
+    picks = rng.integers(0, lane.size, max(1, lane.size // 20)) if lane.size else []
+    lane[picks] = specials[rng.integers(0, specials.size, len(picks))].astype(lane.dtype)
+    return out
+
+
+def _differ(got, want, op, payload_free):
+    """Indices where got and want differ (NaN payloads ignored where ``payload_free``)."""
+    if got is None:
+        return []
+    uint = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64, 16: np.uint64}[got.itemsize]
+    g, w = got.view(uint).reshape(-1), want.view(uint).reshape(-1)
+    bad = g != w
+    if payload_free:
+        lanes = got.view(got.real.dtype).reshape(-1) if got.dtype.kind == "c" else got
+        wanes = want.view(want.real.dtype).reshape(-1) if want.dtype.kind == "c" else want
+        nan = np.isnan(lanes) & np.isnan(wanes)
+        if got.dtype.kind == "c":
+            nan = nan.reshape(-1, 2).any(1) if g.size != nan.size else nan
+        bad &= ~nan
+    return np.flatnonzero(bad)[:3].tolist()
+
+
+def _call(collective, rank, size, rng, dtype, n, root):
+    """(input, output) for one call: uneven counts, rank-dependent data."""
+    counts = tuple(n + (i * 7 + 3) % 5 for i in range(size))
+    if collective in ("all_reduce", "reduce", "broadcast"):
+        data = _operand(rng, dtype, n)
+        if collective == "broadcast":
+            return None, data if rank == root else np.zeros(n, dtype)
+        if collective == "reduce":
+            return data, np.zeros(n, dtype) if rank == root else None
+        return data, np.zeros(n, dtype)
+    if collective == "reduce_scatter":
+        return _operand(rng, dtype, sum(counts)), np.zeros(counts[rank], dtype)
+    if collective == "all_gather":
+        return _operand(rng, dtype, counts[rank]), np.zeros(sum(counts), dtype)
+    if collective == "gather":
+        return (_operand(rng, dtype, counts[rank]),
+                np.zeros(sum(counts), dtype) if rank == root else None)
+    if collective == "scatter":
+        return (_operand(rng, dtype, sum(counts)) if rank == root else None,
+                np.zeros(counts[rank], dtype))
+    if collective == "all_to_all":
+        return _operand(rng, dtype, n * size), np.zeros(n * size, dtype)
+    raise ValueError(collective)
+
+
+def _counts_arg(collective, n, size):
+    if collective in ("reduce_scatter", "all_gather", "gather", "scatter"):
+        return tuple(n + (i * 7 + 3) % 5 for i in range(size))
+    return None
+
+
+def _worker():
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        print(f"SKIP mpi4py: {exc}", flush=True)
+        return 0
+    from collectives import transports
+    from collectives.algorithms import capabilities
+    from collectives.algorithms.schedule import build_plan
+    from collectives.errors import CollectiveError, CollectiveTimeout
+    from collectives.executors import compiled
+    from collectives.group import ProcessGroup
+    from collectives.kernels.reduce import BFLOAT16, _SUPPORTED, dtype_kind
+    from collectives.ops import ReduceOp
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if not compiled.available():
+        if rank == 0:
+            print(f"SKIP compiled executor unavailable: {compiled.status()}", flush=True)
+        return 0
+    world = transports.create("mpi", rank=rank, world_size=size, timeout=60)
+    group = ProcessGroup(world, backend="mpi")
+    fast = world.execute
+    failures, cases, in_c = [], 0, 0
+    dtypes = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+              np.uint32, np.uint64, np.float16, BFLOAT16, np.float32, np.float64,
+              np.complex64, np.complex128]
+    reducing = ("all_reduce", "reduce_scatter", "reduce")
+    # roots matter to rooted collectives only; reduce, the slowest, keeps the non-zero one
+    roots = {c: [0] for c in capabilities()}
+    roots.update({c: sorted({0, size - 1}) for c in ("broadcast", "gather", "scatter")},
+                 reduce=[size - 1])
+    seed = 0
+    for collective, algorithms in capabilities().items():
+        for algorithm in algorithms:
+            for dtype in map(np.dtype, dtypes):
+                ops = (sorted(_SUPPORTED[dtype_kind(dtype)]) if collective in reducing
+                       else [ReduceOp.SUM])
+                sizes = (0, 1, 33) if collective == "all_reduce" and dtype.itemsize == 2 else (5,)
+                for op in ops:
+                    for n in sizes:
+                        for root in roots[collective]:
+                            seed += 1
+                            if collective == "barrier":
+                                for execute in (fast, None):
+                                    world.execute = execute
+                                    group.prepare("barrier", algorithm=algorithm)()
+                                continue
+                            results = []
+                            for execute in (fast, None):
+                                world.execute = execute
+                                rng = np.random.default_rng(seed * 10 + rank)
+                                inp, out = _call(collective, rank, size, rng, dtype, n, root)
+                                with np.errstate(all="ignore"):
+                                    group.prepare(collective, input=inp, output=out,
+                                                  counts=_counts_arg(collective, n, size),
+                                                  root=root, op=op, algorithm=algorithm,
+                                                  timeout=30)()
+                                results.append(out)
+                            world.execute = fast
+                            cases += 1
+                            in_c += dtype in compiled._DTYPES or dtype == np.bool_
+                            free = (dtype.kind in "fc" and dtype.itemsize >= 4
+                                    and op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT))
+                            bad = _differ(results[0], results[1], op, free)
+                            if bad:
+                                failures.append(
+                                    f"rank {rank}: {collective}/{algorithm} {dtype.name} "
+                                    f"{op.name} n={n} root={root}: compiled != host at {bad}: "
+                                    f"{results[0][bad]} vs {results[1][bad]}")
+    world.execute = fast
+
+    def report(name, problems):
+        flags = comm.allgather(problems)
+        if rank == 0:
+            merged = [p for part in flags for p in part]
+            print("\n".join(merged) if merged else f"ok {name}", flush=True)
+        return not any(flags)
+
+    good = report("compiled == host", failures[:20])
+    if rank == 0:
+        print(f"cases {cases}\nin-C {in_c}", flush=True)
+
+    if size == 1:
+        good &= report("half kernels", _half_kernels(compiled))
+    else:
+        good &= report("timeout", _timeout_case(world, rank, size, comm, CollectiveTimeout))
+        good &= report("size mismatch", _mismatch_case(world, rank, comm, CollectiveError,
+                                                       CollectiveTimeout, build_plan))
+    comm.Barrier()
+    if rank == 0:
+        print("done", flush=True)
+    return 0 if good else 1
+
+
+def _timeout_case(world, rank, size, comm, CollectiveTimeout):
+    """Rank 0 runs an all_reduce alone: the C loop must give up at the deadline, cancel its
+    receive, and raise CollectiveTimeout naming the step and peers."""
+    from collectives.algorithms.schedule import build_plan
+    import time
+    problems = []
+    if rank == 0:
+        plan = build_plan("all_reduce", "ring", 0, size, 64)
+        buf = np.ones(64, np.float32)
+        start = time.monotonic()
+        try:
+            world.execute(plan, world, {"output": buf}, None, tag=(1 << 20) + 1, timeout=0.3,
+                          operation="all_reduce", dtype=buf.dtype)
+            problems.append("rank 0: no CollectiveTimeout")
+        except CollectiveTimeout as exc:
+            took = time.monotonic() - start
+            if not (0.25 <= took < 5) or "step 1" not in str(exc) or "rank 0" not in str(exc):
+                problems.append(f"rank 0: timeout after {took:.2f} s: {exc}")
+    comm.Barrier()
+    if rank == 1:   # the abandoned send: left unmatched, MPICH's finalize can kill the job
+        comm.Recv(np.empty(64, np.float32), source=0, tag=(1 << 20) + 1)
+    return problems
+
+
+def _mismatch_case(world, rank, comm, CollectiveError, CollectiveTimeout, build_plan):
+    """Ranks 0 and 1 run all_gather with different counts: the short receive is a
+    CollectiveError naming the sender and the byte count, the long one MPI's truncation,
+    reported as a CollectiveError too (TransportError) - never garbage, never a hang."""
+    problems = []
+    if rank < 2:
+        n = 8 if rank == 0 else 4
+        plan = build_plan("all_gather", "ring", rank, 2, (n, n))
+        inp, out = np.arange(n, dtype=np.int32), np.zeros(2 * n, np.int32)
+        try:
+            world.execute(plan, world, {"input": inp, "output": out}, None, tag=(1 << 20) + 3,
+                          timeout=10, operation="all_gather", dtype=inp.dtype)
+            problems.append(f"rank {rank}: mismatched counts went unnoticed")
+        except CollectiveTimeout as exc:
+            problems.append(f"rank {rank}: timed out instead of a size error: {exc}")
+        except CollectiveError as exc:
+            peer = 1 - rank
+            if f"rank {peer}" not in str(exc):
+                problems.append(f"rank {rank}: error does not name rank {peer}: {exc}")
+    comm.Barrier()
+    return problems
+
+
+def _half_kernels(compiled):
+    """float16 / bfloat16 in the executor's C loops, both the CPU-picked path (F16C where
+    present) and the portable scalar one, against the numpy twin on every bit pattern."""
+    from collectives.kernels.reduce import BFLOAT16, reducer
+    from collectives.ops import ReduceOp
+    module = compiled._module
+    problems = []
+    rng = np.random.default_rng(7)
+    every = np.arange(65536, dtype=np.uint16)
+    other = rng.integers(0, 65536, every.size, dtype=np.uint16)
+    for code, dtype in ((10, np.dtype(np.float16)), (11, BFLOAT16)):
+        a, b = every.view(dtype), other.view(dtype)
+        for op in (ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX):
+            want = np.empty_like(a)
+            with np.errstate(all="ignore"):
+                reducer(op, dtype)(want, a, b)
+            for path in (-1, 0):
+                for length in (a.size, 7):        # the vector body and the scalar tail
+                    got = np.empty_like(a[:length])
+                    module.reduce_array(code, int(op), got, a[:length], b[:length], path)
+                    inplace = a[:length].copy()
+                    module.reduce_array(code, int(op), inplace, inplace, b[:length], path)
+                    for result in (got, inplace):
+                        bad = np.flatnonzero(result.view(np.uint16)
+                                             != want[:length].view(np.uint16))
+                        if bad.size:
+                            i = bad[0]
+                            problems.append(
+                                f"{dtype.name} {op.name} path {path}: {bad.size} differ, "
+                                f"first {hex(every[i])} op {hex(other[i])}: got "
+                                f"{hex(result.view(np.uint16)[i])}, numpy "
+                                f"{hex(want.view(np.uint16)[i])}")
+    return problems
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, ROOT)
+    sys.exit(_worker())
