@@ -9,7 +9,7 @@ inputs; results must be bitwise equal. Floats are random bit patterns (NaN paylo
 SUM/PRODUCT lanes that are NaN may differ in payload (numpy's own SIMD and scalar loops pick
 different operands' NaN), so there only NaN-ness is compared. Then the faults: a timeout (one
 rank waits for a peer that never sends) and a size mismatch (ranks disagree on counts), and,
-at size 1, the float16 / bfloat16 C loops (F16C and the portable scalar path) against numpy.
+at size 1, the float16 / bfloat16 C loops (AVX-512, F16C and the portable path) against numpy.
 
 Skipped (with the reason) when the extension is not built, or mpi4py / mpiexec are missing.
 """
@@ -279,7 +279,8 @@ def _mismatch_case(world, rank, comm, CollectiveError, CollectiveTimeout, build_
 
 def _half_kernels(compiled):
     """float16 / bfloat16 in the executor's C loops, both the CPU-picked path (F16C where
-    present) and the portable scalar one, against the numpy twin on every bit pattern."""
+    present, else F16C), at most F16C, and the portable scalar one, against the numpy twin on
+    every bit pattern."""
     from collectives.kernels.reduce import BFLOAT16, reducer
     from collectives.ops import ReduceOp
     module = compiled._module
@@ -293,8 +294,8 @@ def _half_kernels(compiled):
             want = np.empty_like(a)
             with np.errstate(all="ignore"):
                 reducer(op, dtype)(want, a, b)
-            for path in (-1, 0):
-                for length in (a.size, 7):        # the vector body and the scalar tail
+            for path in (-1, 1, 0):               # AVX-512, F16C / AVX2, portable C
+                for length in (a.size, 23):       # the vector body and the scalar tail
                     got = np.empty_like(a[:length])
                     module.reduce_array(code, int(op), got, a[:length], b[:length], path)
                     inplace = a[:length].copy()

@@ -46,10 +46,10 @@ BUILT_FOR = COLLECTIVES_MPI_FAMILY.decode()
 # (bfloat16) own recipe, so the bits match the numpy twin. A NaN operand wins as it does there:
 # float16 returns b's NaN if b is one, else a's, quieted (| 0x200); bfloat16 keeps only the sign
 # of that NaN (sign | 0x7fc0). MIN/MAX return an operand's bits unchanged (float16 gives a on
-# ties, bfloat16 b, as numpy and ml_dtypes do). float16 uses F16C (8 lanes per instruction)
-# where the CPU has it, checked at run time so the build needs no -march; a scalar bit-exact
-# converter elsewhere. bfloat16 is integer work that GCC vectorises; an AVX2 copy of the loops
-# is picked at run time.
+# ties, bfloat16 b, as numpy and ml_dtypes do). float16 uses AVX-512 (16 lanes) or F16C (8)
+# where the CPU has them, checked at run time so the build needs no -march; a scalar bit-exact
+# converter elsewhere. bfloat16 is integer work that GCC vectorises; AVX2 and AVX-512 copies of
+# the loops are picked at run time.
 cdef extern from *:
     """
     #include <stdint.h>
@@ -128,8 +128,12 @@ cdef extern from *:
         }
     #define COLL_F16_ARITH(OP)                                                             \
         r = _mm256_cvtps_ph(OP(x, y), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);      \
-        r = coll_pick(_mm_cmpgt_epi16(_mm_and_si128(p, absmask), inf), _mm_or_si128(p, quiet), r); \
-        r = coll_pick(_mm_cmpgt_epi16(_mm_and_si128(q, absmask), inf), _mm_or_si128(q, quiet), r);
+        __m128i pn = _mm_cmpgt_epi16(_mm_and_si128(p, absmask), inf);                      \
+        __m128i qn = _mm_cmpgt_epi16(_mm_and_si128(q, absmask), inf);                      \
+        if (!_mm_testz_si128(_mm_or_si128(pn, qn), _mm_or_si128(pn, qn))) {               \
+            r = coll_pick(pn, _mm_or_si128(p, quiet), r);                                  \
+            r = coll_pick(qn, _mm_or_si128(q, quiet), r);                                  \
+        }
     #define COLL_F16_SELECT(PRED)                                                          \
         __m256i m = _mm256_castps_si256(_mm256_or_ps(_mm256_cmp_ps(x, y, PRED),            \
                                                      _mm256_cmp_ps(x, x, _CMP_UNORD_Q)));  \
@@ -151,6 +155,54 @@ cdef extern from *:
         coll_f16_scalar(op, d + i, a + i, b + i, n - i);
     }
 
+    /* AVX-512 (F, BW, VL): 16 lanes, and NaN lanes come as bit masks */
+    #define COLL_F16_LOOP16(BODY)                                                          \
+        for (; i + 16 <= n; i += 16) {                                                     \
+            __m256i p = _mm256_loadu_si256((const __m256i*)(a + i));                       \
+            __m256i q = _mm256_loadu_si256((const __m256i*)(b + i));                       \
+            __m512 x = _mm512_cvtph_ps(p), y = _mm512_cvtph_ps(q);                         \
+            __m256i r;                                                                     \
+            BODY                                                                           \
+            _mm256_storeu_si256((__m256i*)(d + i), r);                                     \
+        }
+    #define COLL_F16_ARITH16(OP)                                                           \
+        r = _mm512_cvtps_ph(OP(x, y), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);      \
+        __mmask16 xn = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);                             \
+        __mmask16 yn = _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);                             \
+        if (xn | yn) {                                                                     \
+            r = _mm256_mask_blend_epi16(xn, r, _mm256_or_si256(p, quiet));                 \
+            r = _mm256_mask_blend_epi16(yn, r, _mm256_or_si256(q, quiet));                 \
+        }
+    #define COLL_F16_SELECT16(PRED)                                                        \
+        __mmask16 take_a = _mm512_cmp_ps_mask(x, y, PRED) | _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q); \
+        r = _mm256_mask_blend_epi16(take_a, q, p);
+
+    #define COLL_AVX512 "avx512f,avx512bw,avx512vl,avx2,f16c"
+    __attribute__((target(COLL_AVX512)))
+    static void coll_f16_avx512(int op, uint16_t* d, const uint16_t* a, const uint16_t* b,
+                                Py_ssize_t n) {
+        const __m256i quiet = _mm256_set1_epi16(0x200);
+        Py_ssize_t i = 0;
+        switch (op) {
+        case COLL_SUM: COLL_F16_LOOP16(COLL_F16_ARITH16(_mm512_add_ps)) break;
+        case COLL_PRODUCT: COLL_F16_LOOP16(COLL_F16_ARITH16(_mm512_mul_ps)) break;
+        case COLL_MIN: COLL_F16_LOOP16(COLL_F16_SELECT16(_CMP_LE_OQ)) break;
+        case COLL_MAX: COLL_F16_LOOP16(COLL_F16_SELECT16(_CMP_GE_OQ)) break;
+        default: return;
+        }
+        coll_f16_scalar(op, d + i, a + i, b + i, n - i);
+    }
+
+    static int coll_has_avx512(void) {
+        static int known = -1;
+        if (known < 0) {
+            __builtin_cpu_init();
+            known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+                    && __builtin_cpu_supports("avx512vl");
+        }
+        return known;
+    }
+
     static int coll_has_f16c(void) {
         static int known = -1;
         if (known < 0) {
@@ -164,11 +216,13 @@ cdef extern from *:
     }
     #endif
 
-    static int coll_f16_path = -1;   /* -1 auto, 0 scalar, 1 F16C: the tests force each */
+    /* -1: the best the CPU has; 0: portable C; 1: at most F16C / AVX2 (tests force each) */
+    static int coll_f16_path = -1;
 
     static void coll_reduce_f16(int op, uint16_t* d, const uint16_t* a, const uint16_t* b,
                                 Py_ssize_t n) {
     #if COLL_X86
+        if (coll_f16_path < 0 && coll_has_avx512()) { coll_f16_avx512(op, d, a, b, n); return; }
         if (coll_f16_path != 0 && coll_has_f16c()) { coll_f16_f16c(op, d, a, b, n); return; }
     #endif
         coll_f16_scalar(op, d, a, b, n);
@@ -211,11 +265,16 @@ cdef extern from *:
     COLL_BF16_LOOPS(generic, )
     #if COLL_X86
     COLL_BF16_LOOPS(avx2, __attribute__((target("avx2"))))
+    COLL_BF16_LOOPS(avx512, __attribute__((target(COLL_AVX512))))
     #endif
 
     static void coll_reduce_bf16(int op, uint16_t* d, const uint16_t* a, const uint16_t* b,
                                  Py_ssize_t n) {
     #if COLL_X86
+        if (coll_f16_path < 0 && coll_has_avx512()) {
+            coll_bf16_avx512(op, d, a, b, n);
+            return;
+        }
         if (coll_f16_path != 0 && __builtin_cpu_supports("avx2")) {
             coll_bf16_avx2(op, d, a, b, n);
             return;
@@ -562,8 +621,8 @@ def execute(FlatPlan plan, Comm comm, input, output, scratch, int itemsize, int 
 
 def reduce_array(int dtype, int op, dst, a, b, int path=-1):
     """dst = a op b through the executor's own C loops (dtype/op codes as in ``execute``), for
-    tests and benchmarks. ``path`` 0 forces the portable scalar float16/bfloat16 code, -1 picks
-    by CPU. Arrays must be C-contiguous, of one itemsize and length; dst may be a or b."""
+    tests and benchmarks. ``path`` picks the float16/bfloat16 code: -1 the best the CPU has
+    (AVX-512, else F16C / AVX2), 1 at most F16C / AVX2, 0 the portable C. Arrays must be C-contiguous, of one itemsize and length; dst may be a or b."""
     cdef Py_ssize_t itemsize = dst.itemsize
     cdef const unsigned char[::1] va = a.reshape(-1).view("u1")
     cdef const unsigned char[::1] vb = b.reshape(-1).view("u1")
