@@ -10,8 +10,10 @@ rank's plan run in one process on random 64-bit words with a wrapping sum, so a 
 contribution shows) with small, uneven counts (all_reduce P+1 elements, one element per
 block elsewhere). The simulator is pure Python and walks every transfer: the ring schedules
 cost O(P²) transfers, ~50 s for the ring all_reduce at P = 1024 on this machine, so
-verification runs cheapest first within ``--verify-seconds`` (default 60) and names what it
-had to skip, with its estimated time.
+verification runs cheapest first and starts a check only while its estimated time (from the
+operation count) fits what is left of ``--verify-seconds`` (default 60); it names what it
+skipped, with the estimate. Estimates are rough (the machine's load can double a check's
+time), so the total may overrun the budget by one check.
 """
 from __future__ import annotations
 
