@@ -153,3 +153,17 @@ def test_socket_launches_its_own_ranks(tmp_path):
         assert all(r["ratio_to_native"] > 0 for r in records)
     else:
         assert not natives and "no baseline column" in result.stdout
+
+
+def test_socket_without_torch_says_there_is_no_baseline(tmp_path):
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('torch hidden by the test')\n")
+    result = ok(bench("--backend", "socket", "--world-size", "2", "--sizes", "1K",
+                      "--collectives", "all_reduce", "--algorithms", "ring,native", *TINY,
+                      env={"PYTHONPATH": os.pathsep.join([ROOT, str(fake.parent)])},
+                      timeout=90))
+    assert "no baseline column: torch is not importable" in result.stdout
+    rows = [line.split() for line in result.stdout.split("# all_reduce", 1)[1].splitlines()
+            if line.strip() and not line.startswith("#")]
+    assert [row[4] for row in rows] == ["ring"]         # no native row, ring still runs
