@@ -497,7 +497,8 @@ def run(groups, config: Config, on_record=None) -> list[dict]:
 COLUMNS = [("size", 10), ("count", 10), ("dtype", 8), ("op", 5), ("algorithm", 18),
            ("p50_us", 11), ("p99_us", 11), ("algbw", 8), ("busbw", 8), ("vs_native", 9),
            ("model_us", 10), ("meas/mod", 8), ("wrong", 6)]
-_SHORT = {"recursive_doubling": "rec_doubling"}     # so "auto:<chosen>" fits its column
+_SHORT = {"recursive_doubling": "rec_doubling",     # so "auto:<chosen>" fits its column
+          "ring_bidirectional": "ring_bidir"}
 
 
 def _algorithm_cell(r: dict) -> str:
