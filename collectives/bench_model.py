@@ -3,7 +3,8 @@
 No transport is opened. For each collective x algorithm x size of the sweep, ``cost.estimate``
 (the α-β-γ model with the backend's parameters: ``--tuning FILE``, else COLLECTIVES_TUNING,
 else the defaults) predicts the time; busbw follows nccl-tests' factors; ``*`` marks the
-predicted best algorithm at each size, which is what ``auto`` would run there.
+predicted best of the listed algorithms at each size (what ``auto`` runs when these are all
+the registered ones; name others with ``--algorithms``).
 
 Then the schedules themselves are proved at P by the simulator (``simulate.verify``: every
 rank's plan run in one process on random 64-bit words with a wrapping sum, so a lost or doubled
@@ -109,7 +110,7 @@ def format_rows(rows) -> str:
     lines = []
     for collective in dict.fromkeys(r["collective"] for r in rows):
         p = rows[0]["world_size"]
-        lines += ["", f"# {collective}, {p} ranks (predicted; * = best, what auto runs)",
+        lines += ["", f"# {collective}, {p} ranks (predicted; * = best of these)",
                   f"#{'size':>9} {'count':>11} {'algorithm':>19} {'model_us':>12} "
                   f"{'busbw':>9}  best", "#" + "-" * 68]
         for r in (r for r in rows if r["collective"] == collective):
