@@ -268,10 +268,12 @@ def test_store_dies_during_rendezvous_every_rank_errors(tmp_path):
               f"store died: {error['message']}")
     for rank, error in enumerate(errors):
         # A rank blocked on the store learns at once that it went away; rank 0, which only
-        # waits for connections from the others, names the rank that never connected.
+        # waits for connections from the others, names the ranks that never connected (rank 2,
+        # and on a loaded machine also rank 1 if it had not connected before the store died).
         assert error["type"] in ("StoreError", "StoreTimeout", "CollectiveTimeout"), error
-        assert "store" in error["message"].lower() or "ranks [2] did not connect" in \
-            error["message"], error
+        missing = re.search(r"ranks \[([0-9, ]+)\] did not connect", error["message"])
+        assert "store" in error["message"].lower() or (
+            missing and "2" in missing.group(1).split(", ")), error
         assert error["at"] - killed["at"] < 5 + CI_BOUND, error
 
 
