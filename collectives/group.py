@@ -14,7 +14,7 @@ import numpy as np
 
 from .algorithms import AUTO, NATIVE, check_algorithm, choose
 from .algorithms.cost import ENV_TUNING
-from .algorithms.schedule import ROOTED, buffer_sizes, build_plan, plan_args
+from .algorithms.schedule import ROOTED, Matrix, buffer_sizes, build_plan, plan_args
 from . import debug
 from .executors import host
 from .kernels.reduce import check_op, finish_average, reducer
@@ -281,7 +281,7 @@ class ProcessGroup:
             return input.size
         if counts is not None:
             if collective == "all_to_all":
-                counts = tuple(tuple(int(c) for c in row) for row in counts)
+                counts = Matrix(tuple(int(c) for c in row) for row in counts)
                 bad = len(counts) != p or any(len(row) != p for row in counts)
             else:
                 counts = tuple(int(c) for c in counts)
@@ -300,7 +300,7 @@ class ProcessGroup:
             if input.size % p:
                 raise ValueError(f"all_to_all on rank {self.rank}: {input.size} elements do not "
                                  f"split evenly over {p} ranks; give split sizes")
-            return ((input.size // p,) * p,) * p
+            return Matrix(((input.size // p,) * p,) * p)
         raise ValueError(f"unknown collective {collective!r}")
 
     def _check_sizes(self, collective, input, output, n_in, n_out, root):

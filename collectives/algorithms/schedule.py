@@ -88,6 +88,18 @@ def partition(count: int, size: int, buffer: str = "output", base: int = 0) -> l
     return blocks
 
 
+class Matrix(tuple):
+    """An all_to_all count matrix (a tuple of rows) that hashes once: plans are cached by
+    their counts, and at p = 1024 the matrix has a million entries."""
+
+    def __hash__(self):
+        try:
+            return self._hash
+        except AttributeError:
+            self._hash = tuple.__hash__(self)
+            return self._hash
+
+
 def layout(counts: Iterable[int], buffer: str, base: int = 0) -> list[Region]:
     """Consecutive blocks of the given counts (allgatherv / alltoallv layouts)."""
     blocks, offset = [], base

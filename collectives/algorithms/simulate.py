@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import CollectiveError
 from ..kernels.reduce import check_op, finish_average, reducer
 from ..ops import ReduceOp
-from .schedule import Copy, buffer_sizes, build_plan, plan_args
+from .schedule import Copy, Matrix, buffer_sizes, build_plan, plan_args
 
 def execute_all(plans, buffers, reduce=None):
     """Run one plan per rank to completion over ``buffers`` (one dict of flat arrays per rank,
@@ -135,7 +135,7 @@ def run(collective, algorithm, arrays, *, op=ReduceOp.SUM, root=0, counts=None):
 def _default_counts(collective, arrays, size, root, counts):
     if counts is not None:
         if collective == "all_to_all":
-            return tuple(tuple(int(c) for c in row) for row in counts)
+            return Matrix(tuple(int(c) for c in row) for row in counts)
         return tuple(int(c) for c in counts) if not np.isscalar(counts) else int(counts)
     if collective in ("all_reduce", "broadcast", "reduce"):
         return arrays[root if collective == "broadcast" else 0].size
@@ -145,7 +145,7 @@ def _default_counts(collective, arrays, size, root, counts):
         total = arrays[root if collective == "scatter" else 0].size
         return tuple(r.count for r in _even(total, size))
     if collective == "all_to_all":
-        return tuple(tuple(r.count for r in _even(a.size, size)) for a in arrays)
+        return Matrix(tuple(r.count for r in _even(a.size, size)) for a in arrays)
     return ()
 
 
