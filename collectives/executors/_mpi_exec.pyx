@@ -622,7 +622,8 @@ def execute(FlatPlan plan, Comm comm, input, output, scratch, int itemsize, int 
 def reduce_array(int dtype, int op, dst, a, b, int path=-1):
     """dst = a op b through the executor's own C loops (dtype/op codes as in ``execute``), for
     tests and benchmarks. ``path`` picks the float16/bfloat16 code: -1 the best the CPU has
-    (AVX-512, else F16C / AVX2), 1 at most F16C / AVX2, 0 the portable C. Arrays must be C-contiguous, of one itemsize and length; dst may be a or b."""
+    (AVX-512, else F16C / AVX2), 1 at most F16C / AVX2, 0 the portable C. Arrays must be
+    C-contiguous, of one itemsize and length; dst may be a or b."""
     cdef Py_ssize_t itemsize = dst.itemsize
     cdef const unsigned char[::1] va = a.reshape(-1).view("u1")
     cdef const unsigned char[::1] vb = b.reshape(-1).view("u1")

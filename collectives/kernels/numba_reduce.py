@@ -11,8 +11,9 @@ than trusting the operand order LLVM picks.
 Cost: one pass over three arrays, vectorised by LLVM, in place too (dst is a or b gets a loop
 over two distinct arrays, which LLVM's alias check lets it vectorise); float16 runs 20-50x
 faster than numpy's scalar half loops, bfloat16 3-5x faster than ml_dtypes, float32 ties numpy.
-The Python wrapper costs ~2-3 µs a call (it was ~13 µs; numpy's own call: ~0.5). Compilation is lazy per (kernel, storage dtype) and cached on
-disk (``cache=True``), so a machine pays it once; ``warmup(dtypes)`` compiles ahead. To keep
+The Python wrapper costs ~2-3 µs a call (it was ~13 µs; numpy's own call: ~0.5).
+Compilation is lazy per (kernel, storage dtype) and cached on disk (``cache=True``), so a
+machine pays it once; ``warmup(dtypes)`` compiles ahead. To keep
 the number of compiled signatures (and the compile time) small, kernels run on storage views:
 signed and unsigned integers of one width share the wrapping add/multiply and bitwise kernels,
 complex SUM is float SUM over twice the elements, float16 / bfloat16 / bool run on uint views.
