@@ -18,7 +18,14 @@ Two modes:
   an operation waits for the latest operation of the other stream whose regions conflict with
   its own (read-after-write, write-after-read, write-after-write). So the reduction of segment
   k overlaps the transfer of segment k+1, and a send waits only for the kernels that wrote
-  what it sends.
+  what it sends. Local ops are cut and interleaved with the rounds only when every two
+  overlapping regions of the step (op and transfer, op and op) of which one is written are
+  equal, so cutting cannot reorder a dependency (``_splittable``); otherwise each op runs
+  whole after the step's last round. Every piece of every op runs: a step of copies alone
+  has as many rounds as its longest op has pieces. (Before this, rounds were counted from
+  the transfers only, so the local copy of all_to_all, gather and scatter lost all pieces
+  but the first.) ``tests/test_nccl_executor_fake.py`` checks this ordering on the CPU with
+  streams as queues run in random dependency-respecting orders.
 
 **Graph replay** (``COLLECTIVES_NCCL_GRAPH=1``, in-order plans only): the host work of a call
 (a Python NCCL group per step, a CuPy kernel launch per reduction: ~10-20 µs each) dominates
@@ -284,10 +291,13 @@ class _Run:
         for index, step in enumerate(steps):
             # Each message is cut by its own size, so sender and receiver cut it alike.
             moves = [(t, pieces(t.region.count)) for t in step.sends + step.recvs]
-            rounds = max([n for _, n in moves] + [1])
             # Local ops of a step run after all its transfers; piece k of them may follow
-            # round k of the transfers only if they touch transfer regions exactly.
-            split_local = _aligned(step)
+            # round k of the transfers only when that cannot reorder anything (_splittable).
+            split_local = _splittable(step)
+            cuts = [pieces(op[0].count) for op in step.local] if split_local else []
+            # Every piece of every op must run: a step of local ops alone (the first copy of
+            # all_to_all, gather, scatter) or ops longer than its messages still has rounds.
+            rounds = max([n for _, n in moves] + cuts + [1])
             for k in range(rounds):
                 sends = [type(t)(t.peer, _piece(t.region, k, n)) for t, n in moves
                          if k < n and isinstance(t, Send)]
@@ -299,10 +309,7 @@ class _Run:
                     enqueue("comm", [t.region for t in sends], [t.region for t in recvs],
                             lambda s=sends, r=recvs: self.transfer(s, r, comm_stream.ptr,
                                                                    index, total))
-                if not split_local:
-                    continue
-                for op in step.local:
-                    n = pieces(op[0].count)
+                for op, n in zip(step.local, cuts):
                     if k >= n:
                         continue
                     piece = type(op)(*(_piece(region, k, n) for region in op))
@@ -330,15 +337,35 @@ def _access(op):
     return [op.a, op.b], [op.dst]
 
 
-def _aligned(step) -> bool:
-    """Whether every region of the step's local ops either equals one of its transfer regions
-    or overlaps none of them (then segment k of an op touches only segment k of a transfer)."""
-    moved = [s.region for s in step.sends] + [r.region for r in step.recvs]
-    for op in step.local:
-        for region in op:
-            if region not in moved and _conflict([region], moved):
+def _splittable(step) -> bool:
+    """Whether the step's local ops may be cut into pieces and interleaved with its transfer
+    rounds (piece k of every op right after round k) without changing what the step means
+    (all transfers, then each op whole, in order). True when every two regions that overlap
+    and of which one is written are *equal* (so they are cut at the same bounds and piece k
+    of one meets only piece k of the other), between an op and a transfer and between two
+    ops; also within one op (a Reduce's ``dst`` may alias ``a`` or ``b`` exactly)."""
+    sent = [s.region for s in step.sends]        # read by the step: op writes must match
+    received = [r.region for r in step.recvs]    # written by the step: any op access must
+    ops = [_access(op) for op in step.local]
+    for reads, writes in ops:
+        for region in reads + writes:
+            if not _same_or_apart(region, received):
                 return False
+        for region in writes:
+            if not _same_or_apart(region, sent):
+                return False
+    for i, (reads_i, writes_i) in enumerate(ops):
+        for reads_j, writes_j in ops[i:]:
+            pairs = [(w, x) for w in writes_i for x in reads_j + writes_j] + \
+                    [(r, w) for r in reads_i for w in writes_j]
+            for a, b in pairs:
+                if a != b and _conflict([a], [b]):
+                    return False
     return True
+
+
+def _same_or_apart(region, others) -> bool:
+    return all(region == other or not _conflict([region], [other]) for other in others)
 
 
 def _conflict(regions_a, regions_b) -> bool:

@@ -1,0 +1,324 @@
+"""A CPU stand-in for the slice of CuPy and NCCL the NCCL executor and transport use.
+
+Why: the GPU path is stream-ordered; its bugs are missing or wrong cross-stream dependencies,
+which an eager mock (every call executed at once) can never show. Here a stream is a queue,
+an event a marker, and nothing runs when it is enqueued. ``World.drain`` then executes the
+queued work of every rank in a random order that respects only what CUDA and NCCL guarantee:
+
+* the operations of one stream run in order;
+* ``stream.wait_event(e)`` blocks that stream until the ``record`` that made ``e`` has run;
+* an NCCL group (``groupStart`` ... ``groupEnd``) is one operation of its stream: it starts
+  when it reaches the head of the stream, its sends and receives match those of the peer in
+  FIFO order per (sender, receiver) pair, each match copies the bytes at some random later
+  moment while other streams keep running, and the group completes once all its parts did.
+
+A race the executor leaves open (a kernel that overwrites a region before the send that
+reads it, a send that reads before the kernel that writes it) therefore shows up as wrong
+data under some seeds; a missing match shows up as a deadlock (``RuntimeError``).
+
+Use: ``world = World(size); modules = world.modules()`` and put ``modules`` into
+``sys.modules`` (pytest's monkeypatch), then ``with world.on(rank): ...`` around each rank's
+host calls, then ``world.drain(seed)``. Memory is numpy: ``FakeArray.np`` is the host view.
+Limits: one process, no real concurrency inside a kernel (each kernel or copy is atomic),
+no graph capture.
+"""
+from __future__ import annotations
+
+import collections
+import random
+import types
+
+import numpy as np
+
+
+class NcclError(Exception):
+    pass
+
+
+class _Memory:
+    """One address space for all ranks: every allocation gets its own numpy bytes."""
+
+    def __init__(self):
+        self.next = 1 << 20
+        self.blocks = []           # (base, nbytes, uint8 array)
+
+    def allocate(self, nbytes):
+        base = self.next
+        self.next += max(nbytes, 1) + 4096
+        raw = np.zeros(max(nbytes, 1), np.uint8)
+        self.blocks.append((base, nbytes, raw))
+        return base, raw
+
+    def bytes_at(self, ptr, nbytes):
+        for base, size, raw in self.blocks:
+            if base <= ptr and ptr + nbytes <= base + size:
+                return raw[ptr - base:ptr - base + nbytes]
+        raise RuntimeError(f"fake device: {nbytes} bytes at {ptr:#x} are not allocated")
+
+
+class _Data:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+class FakeArray:
+    """A flat device array: numpy memory, a device address, slicing as views."""
+
+    def __init__(self, np_view, ptr):
+        self.np = np_view
+        self.data = _Data(ptr)
+
+    @property
+    def size(self):
+        return self.np.size
+
+    @property
+    def dtype(self):
+        return self.np.dtype
+
+    @property
+    def itemsize(self):
+        return self.np.itemsize
+
+    @property
+    def nbytes(self):
+        return self.np.nbytes
+
+    def __getitem__(self, key):
+        if not isinstance(key, slice) or key.step not in (None, 1):
+            raise TypeError("fake arrays slice contiguously only")
+        start, _, _ = key.indices(self.np.size)
+        return FakeArray(self.np[key], self.data.ptr + start * self.np.itemsize)
+
+    def __setitem__(self, key, value):          # host-side fill (test set-up only)
+        self.np[key] = value
+
+
+class Event:
+    def __init__(self):
+        self.done = False
+
+
+class Stream:
+    def __init__(self, world, rank, ptr):
+        self.world, self.rank, self.ptr = world, rank, ptr
+        self.queue = collections.deque()
+
+    def record(self, event=None):
+        event = event or Event()
+        self.queue.append(("record", event))
+        return event
+
+    def wait_event(self, event):
+        self.queue.append(("wait", event))
+
+    def enqueue(self, fn):
+        self.queue.append(("run", fn))
+
+    def __enter__(self):
+        self.world.current[self.world.rank].append(self)
+        return self
+
+    def __exit__(self, *exc):
+        self.world.current[self.world.rank].pop()
+
+
+class _Group:
+    """One NCCL group on one stream: its parts and how many are still unmatched."""
+
+    def __init__(self, rank, parts):
+        self.rank, self.parts = rank, parts     # [(kind, peer, ptr, nbytes)]
+        self.left = len(parts)
+        self.posted = False
+
+
+class Comm:
+    def __init__(self, world, rank):
+        self.world, self.rank = world, rank
+        self.destroyed = False
+
+    def send(self, ptr, nbytes, dtype, peer, stream):
+        self.world.group_part(self.rank, ("send", peer, ptr, nbytes), stream)
+
+    def recv(self, ptr, nbytes, dtype, peer, stream):
+        self.world.group_part(self.rank, ("recv", peer, ptr, nbytes), stream)
+
+    def check_async_error(self):
+        pass
+
+    def abort(self):
+        self.destroyed = True
+
+    def destroy(self):
+        self.destroyed = True
+
+
+class World:
+    def __init__(self, size):
+        self.size = size
+        self.memory = _Memory()
+        self.rank = 0
+        self.streams = []
+        self.defaults = [self._stream(r, ptr=0) for r in range(size)]
+        self.current = [[] for _ in range(size)]
+        self.group = None                        # (rank, stream ptr, parts) while open
+        self.depth = 0
+
+    def _stream(self, rank, ptr=None):
+        stream = Stream(self, rank, ptr if ptr is not None else 1000 + len(self.streams))
+        self.streams.append(stream)
+        return stream
+
+    def on(self, rank):
+        world = self
+
+        class _On:
+            def __enter__(self):
+                world.rank = rank
+
+            def __exit__(self, *exc):
+                pass
+        return _On()
+
+    # -- the cupy surface --------------------------------------------------------------------
+
+    def current_stream(self):
+        stack = self.current[self.rank]
+        return stack[-1] if stack else self.defaults[self.rank]
+
+    def stream_of(self, ptr):
+        if ptr == 0:
+            return self.defaults[self.rank]
+        for s in self.streams:
+            if s.ptr == ptr and s.rank == self.rank:
+                return s
+        raise RuntimeError(f"fake cuda: rank {self.rank} has no stream {ptr}")
+
+    def empty(self, count, dtype):
+        dtype = np.dtype(dtype)
+        base, raw = self.memory.allocate(count * dtype.itemsize)
+        return FakeArray(raw[:count * dtype.itemsize].view(dtype), base)
+
+    def asarray(self, host):
+        host = np.ascontiguousarray(host).reshape(-1)
+        out = self.empty(host.size, host.dtype)
+        out.np[...] = host
+        return out
+
+    def memcpy_async(self, dst, src, nbytes, kind, stream_ptr):
+        memory = self.memory
+
+        def copy():
+            memory.bytes_at(dst, nbytes)[...] = memory.bytes_at(src, nbytes).copy()
+        self.stream_of(stream_ptr).enqueue(copy)
+
+    def launch(self, fn):
+        """A kernel on the current stream: ``fn`` runs when the stream gets there."""
+        self.current_stream().enqueue(fn)
+
+    # -- the nccl surface --------------------------------------------------------------------
+
+    def group_start(self):
+        self.depth += 1
+
+    def group_end(self):
+        self.depth -= 1
+        if self.depth == 0 and self.group is not None:
+            rank, ptr, parts = self.group
+            self.group = None
+            stream = self.stream_of(ptr)
+            stream.queue.append(("group", _Group(rank, parts)))
+
+    def group_part(self, rank, part, stream_ptr):
+        if self.depth == 0:                 # a lone call is a group of one
+            self.group_start()
+            self.group_part(rank, part, stream_ptr)
+            self.group_end()
+            return
+        if self.group is None:
+            self.group = (rank, stream_ptr, [])
+        elif self.group[0] != rank or self.group[1] != stream_ptr:
+            raise RuntimeError("fake nccl: one group spans ranks or streams")
+        self.group[2].append(part)
+
+    def modules(self):
+        """{module name: fake module} for sys.modules."""
+        world = self
+        nccl = types.ModuleType("cupy.cuda.nccl")
+        nccl.available = True
+        nccl.NcclError = NcclError
+        nccl.get_version = lambda: 22809
+        nccl.groupStart = world.group_start
+        nccl.groupEnd = world.group_end
+        runtime = types.SimpleNamespace(
+            memcpyAsync=world.memcpy_async, getDeviceCount=lambda: world.size)
+        cuda = types.ModuleType("cupy.cuda")
+        cuda.nccl = nccl
+        cuda.runtime = runtime
+        cuda.get_current_stream = world.current_stream
+        cuda.Stream = lambda non_blocking=False: world._stream(world.rank)
+        cupy = types.ModuleType("cupy")
+        cupy.cuda = cuda
+        cupy.ndarray = FakeArray
+        cupy.empty = lambda count, dtype=np.float64: world.empty(count, dtype)
+        cupy.zeros = lambda count, dtype=np.float64: world.empty(count, dtype)
+        cupy.asarray = world.asarray
+        cupy.__version__ = "fake"
+        return {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.nccl": nccl}
+
+    # -- execution ---------------------------------------------------------------------------
+
+    def drain(self, seed=0, limit=10_000_000):
+        """Run every queued operation of every rank in a random order CUDA/NCCL allow."""
+        rng = random.Random(seed)
+        sends = collections.defaultdict(collections.deque)   # (src, dst) -> [(group, part)]
+        recvs = collections.defaultdict(collections.deque)
+        for _ in range(limit):
+            actions = []
+            for stream in self.streams:
+                if not stream.queue:
+                    continue
+                kind, item = stream.queue[0]
+                if kind == "wait" and not item.done:
+                    continue
+                if kind == "group" and item.posted and item.left:
+                    continue
+                actions.append(stream)
+            pairs = [key for key in sends if sends[key] and recvs.get(key)]
+            if not actions and not pairs:
+                stuck = [s for s in self.streams if s.queue]
+                if stuck:
+                    raise RuntimeError(
+                        f"fake cuda: deadlock; stuck streams (rank, head): "
+                        f"{[(s.rank, s.queue[0][0]) for s in stuck][:8]}")
+                return
+            choice = rng.randrange(len(actions) + len(pairs))
+            if choice >= len(actions):
+                self._match(*pairs[choice - len(actions)], sends, recvs)
+                continue
+            stream = actions[choice]
+            kind, item = stream.queue[0]
+            if kind == "group" and not item.posted:
+                item.posted = True
+                for part in item.parts:
+                    what, peer, _, _ = part
+                    key = (item.rank, peer) if what == "send" else (peer, item.rank)
+                    (sends if what == "send" else recvs)[key].append((item, part))
+                if item.left:
+                    continue
+            stream.queue.popleft()
+            if kind == "record":
+                item.done = True
+            elif kind == "run":
+                item()
+        raise RuntimeError("fake cuda: too many operations")
+
+    def _match(self, src, dst, sends, recvs):
+        (sgroup, spart), (rgroup, rpart) = sends[(src, dst)].popleft(), recvs[(src, dst)].popleft()
+        if spart[3] != rpart[3]:
+            raise RuntimeError(f"fake nccl: rank {src} sends {spart[3]} bytes to rank {dst}, "
+                               f"which receives {rpart[3]}")
+        self.memory.bytes_at(rpart[2], rpart[3])[...] = \
+            self.memory.bytes_at(spart[2], spart[3]).copy()
+        sgroup.left -= 1
+        rgroup.left -= 1
