@@ -1,7 +1,9 @@
 """Builds the optional compiled MPI executor. Everything else is in setup.cfg.
 
 The extension needs Cython, mpi4py's Cython declarations and an MPI's mpi.h (found through
-``$MPICC`` or ``mpicc -show``; the mpich wheel in the build requirements provides one). If
+``$COLLECTIVES_MPI_INCLUDE``, ``$MPICC`` or ``mpicc -show``; the mpich wheel in the build
+requirements provides one). Build it against the MPI you run on: an extension built with
+MPICH's headers refuses to run on Open MPI (and says so in ``python -m collectives info``). If
 any of that is missing, or the compile fails, the package installs without it and
 ``python -m collectives info`` says why.
 """
@@ -16,6 +18,8 @@ from setuptools.command.build_ext import build_ext
 
 
 def mpi_include_dirs():
+    if os.environ.get("COLLECTIVES_MPI_INCLUDE"):        # the folder holding mpi.h, by hand
+        return [os.environ["COLLECTIVES_MPI_INCLUDE"]]
     mpicc = os.environ.get("MPICC") or shutil.which("mpicc")
     if mpicc:
         try:
