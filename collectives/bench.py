@@ -468,27 +468,7 @@ def on_every_group(groups, fn):
 def run(groups, config: Config, on_record=None) -> list[dict]:
     """Run ``bench_rank`` on every group of this process (threads when there are several);
     return rank 0's records (or this process's, under MPI)."""
-    if len(groups) == 1:
-        return bench_rank(groups[0][0], config, on_record)
-    results, errors = {}, []
-
-    def worker(group):
-        try:
-            results[group.rank] = bench_rank(group, config, on_record)
-        except BaseException as exc:    # wake the other ranks, then report
-            errors.append(exc)
-            abort = getattr(group.transport, "abort", None)
-            if abort:
-                abort(f"bench failed: {exc}")
-
-    threads = [threading.Thread(target=worker, args=(g,), daemon=True) for g, _ in groups]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results[0]
+    return on_every_group(groups, lambda group: bench_rank(group, config, on_record))
 
 
 # ---------------------------------------------------------------------------------------------
