@@ -572,7 +572,7 @@ def format_summary(summary: dict) -> str:
         autos = [b for b in info["best"] if b.get("auto_vs_best") is not None]
         if autos:
             worst = max(b["auto_vs_best"] for b in autos)
-            lines.append(f"#    auto time / best measured (auto's pick): " + "; ".join(
+            lines.append("#    auto time / best measured (auto's pick): " + "; ".join(
                 f"{format_size(b['size'])}: {b['auto_vs_best']:.2f} ({b['auto_chose']}"
                 f"{'' if b['auto_chose'] == b['best'] else ' vs ' + str(b['best'])})"
                 for b in autos) + f"  -> worst {worst:.2f}"

@@ -274,14 +274,15 @@ def run_from_bench(args, group=None):
                 print(HEADER, flush=True)
             out["rows"] = bench(group, cupy, args, comm)
     if comm.Get_rank() == 0:
-        out["graph_capture_failures"] = executor._GRAPHS.failures[:10]
-        if executor._GRAPHS.failures:
-            print(f"# graph capture failures: {executor._GRAPHS.failures[:3]}", flush=True)
+        failures = executor.graph_cache(transport).failures
+        out["graph_capture_failures"] = failures[:10]
+        if failures:
+            print(f"# graph capture failures: {failures[:3]}", flush=True)
     if comm.Get_rank() == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     wrong = sum(r["wrong"] for r in out.get("rows", []))
-    transport.close()
+    transport.close()      # drops the captured graphs first: NCCL waits for them on destroy
     return 1 if wrong else 0
 
 

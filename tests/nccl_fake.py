@@ -19,14 +19,17 @@ data under some seeds; a missing match shows up as a deadlock (``RuntimeError``)
 Use: ``world = World(size); modules = world.modules()`` and put ``modules`` into
 ``sys.modules`` (pytest's monkeypatch), then ``with world.on(rank): ...`` around each rank's
 host calls, then ``world.drain(seed)``. Memory is numpy: ``FakeArray.np`` is the host view.
-Limits: one process, no real concurrency inside a kernel (each kernel or copy is atomic),
-no graph capture.
+Graph capture: ``begin_capture``/``end_capture`` record a stream's operations; ``launch``
+replays them. Like NCCL >= 2.26, ``Comm.destroy``/``abort`` refuse (here: raise instead of
+hanging) while a graph captured on that rank is still alive.
+Limits: one process, no real concurrency inside a kernel (each kernel or copy is atomic).
 """
 from __future__ import annotations
 
 import collections
 import random
 import types
+import weakref
 
 import numpy as np
 
@@ -115,12 +118,37 @@ class Stream:
     def enqueue(self, fn):
         self.queue.append(("run", fn))
 
+    def begin_capture(self, mode=None):
+        if self.ptr == 0:
+            raise RuntimeError("fake cuda: the legacy default stream cannot be captured")
+        self.captured, self.queue = self.queue, collections.deque()
+
+    def end_capture(self):
+        ops, self.queue = list(self.queue), self.captured
+        return Graph(self.world, self.rank, ops)
+
     def __enter__(self):
         self.world.current[self.world.rank].append(self)
         return self
 
     def __exit__(self, *exc):
         self.world.current[self.world.rank].pop()
+
+
+class Graph:
+    """A captured stream: its operations, replayed (fresh NCCL groups) on each launch."""
+
+    def __init__(self, world, rank, ops):
+        self.world, self.rank, self.ops = world, rank, ops
+        world.graphs.add(self)
+
+    def launch(self, stream):
+        for kind, item in self.ops:
+            if kind == "group":
+                item = _Group(item.rank, item.parts)
+            elif kind == "record":
+                item = Event()
+            stream.queue.append((kind, item))
 
 
 class _Group:
@@ -146,11 +174,18 @@ class Comm:
     def check_async_error(self):
         pass
 
-    def abort(self):
+    def _release(self, what):
+        # NCCL >= 2.26 waits in destroy/abort until every graph holding the comm is gone
+        if self.world.live_graphs(self.rank):
+            raise RuntimeError(f"fake nccl: {what} on rank {self.rank} with "
+                               f"{self.world.live_graphs(self.rank)} live graphs would hang")
         self.destroyed = True
 
+    def abort(self):
+        self._release("ncclCommAbort")
+
     def destroy(self):
-        self.destroyed = True
+        self._release("ncclCommDestroy")
 
 
 class World:
@@ -163,6 +198,10 @@ class World:
         self.current = [[] for _ in range(size)]
         self.group = None                        # (rank, stream ptr, parts) while open
         self.depth = 0
+        self.graphs = weakref.WeakSet()          # a graph lives while anyone holds it
+
+    def live_graphs(self, rank):
+        return sum(1 for g in list(self.graphs) if g.rank == rank)
 
     def _stream(self, rank, ptr=None):
         stream = Stream(self, rank, ptr if ptr is not None else 1000 + len(self.streams))

@@ -6,11 +6,15 @@ A job script gets a prelude (imports, ``RANK``, ``report(**fields)``, ``rss_mib(
 reports by printing one ``RESULT <json>`` line; the helpers return one dict per rank with
 ``rc``, ``results`` (the parsed reports), ``stdout``/``stderr`` and ``wall`` seconds. Every
 process is killed at ``limit`` seconds, so a hang is a test failure, never a stuck CI.
+
+``VethPair`` makes two "hosts" on one machine (two network namespaces joined by a veth pair,
+root only) for the two-host and slow-link tests.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -145,3 +149,90 @@ def explain(records) -> str:
         records = [records]
     return "\n".join(f"--- process {i}: rc={r['rc']} wall={r['wall']:.2f}s\n{r['stdout'][-3000:]}"
                      f"\n{r['stderr'][-3000:]}" for i, r in enumerate(records))
+
+
+# ---------------------------------------------------------------------------------------------
+# Two "hosts" on one machine: network namespaces joined by a veth pair (needs root, iproute2).
+
+_PAIRS_MADE = 0
+
+
+def _run(command, timeout=20):
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return subprocess.CompletedProcess(command, 1, "", f"{type(exc).__name__}: {exc}")
+
+
+class VethPair:
+    """Two fresh network namespaces, each holding one end of a veth pair, addressed
+    ``10.<s>.<t>.1`` and ``.2``. Names and subnet are derived from the pid and a counter, so
+    concurrent runs and several pairs per run never collide. ``create()`` returns None, or the
+    reason it cannot be done (not root, no ``ip``, the kernel refuses); ``close()`` removes
+    everything and is safe to call at any point, twice included."""
+
+    def __init__(self, label: str):
+        global _PAIRS_MADE
+        _PAIRS_MADE += 1
+        pid = os.getpid()
+        tag = f"{pid % 100000}{_PAIRS_MADE % 10}"
+        self.namespaces = (f"coll-{label}a{tag}", f"coll-{label}b{tag}")
+        self.devices = (f"v{label}a{tag}"[:15], f"v{label}b{tag}"[:15])
+        subnet = f"10.{100 + _PAIRS_MADE % 100}.{pid % 250 + 1}"
+        self.addresses = (f"{subnet}.1", f"{subnet}.2")
+        self._made: list = []
+
+    def exec_prefix(self, side: int) -> list:
+        return ["ip", "netns", "exec", self.namespaces[side]]
+
+    def run_in(self, side: int, *command, timeout=20):
+        return _run([*self.exec_prefix(side), *command], timeout=timeout)
+
+    def create(self):
+        if os.geteuid() != 0:
+            return "network namespaces need root (run as root, as CI does)"
+        if not shutil.which("ip"):
+            return "needs iproute2's `ip`: apt-get install -y iproute2"
+        for ns in self.namespaces:
+            result = _run(["ip", "netns", "add", ns])
+            if result.returncode:
+                return f"cannot create a network namespace (ip netns add): {result.stderr.strip()}"
+            self._made.append(ns)
+        (a, b), (va, vb), (addr_a, addr_b) = self.namespaces, self.devices, self.addresses
+        steps = [
+            ("link", "add", va, "type", "veth", "peer", "name", vb),
+            ("link", "set", va, "netns", a), ("link", "set", vb, "netns", b),
+            ("-n", a, "addr", "add", f"{addr_a}/24", "dev", va),
+            ("-n", b, "addr", "add", f"{addr_b}/24", "dev", vb),
+            ("-n", a, "link", "set", va, "up"), ("-n", b, "link", "set", vb, "up"),
+            ("-n", a, "link", "set", "lo", "up"), ("-n", b, "link", "set", "lo", "up"),
+        ]
+        for step in steps:
+            result = _run(["ip", *step])
+            if result.returncode:
+                return f"cannot set up the veth pair (ip {' '.join(step)}): {result.stderr.strip()}"
+        return None
+
+    def qdisc_stats(self, side: int) -> dict:
+        """``tc -s qdisc show`` of this side's veth end: the text and the packets dropped."""
+        result = self.run_in(side, "tc", "-s", "qdisc", "show", "dev", self.devices[side])
+        dropped = sum(int(n) for n in re.findall(r"dropped (\d+)", result.stdout))
+        return {"text": result.stdout.strip(), "dropped": dropped}
+
+    def tcp_retransmits(self, side: int) -> int:
+        """TCP segments retransmitted in this namespace (its own MIB counters), -1 if unknown."""
+        result = self.run_in(side, "cat", "/proc/net/snmp")
+        rows = [line.split() for line in result.stdout.splitlines() if line.startswith("Tcp:")]
+        if len(rows) != 2 or "RetransSegs" not in rows[0]:
+            return -1
+        return int(rows[1][rows[0].index("RetransSegs")])
+
+    def close(self):
+        # A veth end dies with its namespace, taking its peer along; one left in the root
+        # namespace (setup failed half-way) is removed by name.
+        for ns in self._made:
+            _run(["ip", "netns", "del", ns])
+        self._made = []
+        for dev in self.devices:
+            if os.path.exists(f"/sys/class/net/{dev}"):
+                _run(["ip", "link", "del", dev])

@@ -107,6 +107,7 @@ APPROXIMATE = {
     # blocks filed on the way down the tree: a few n/p copies whose number follows the
     # tree's staging details (still changing); the transfers are exact
     ("scatter", "tree"): 0.02,
+    ("scatter", "recursive_doubling"): 0.02,     # the tree's schedule under this name
     ("reduce_scatter", "tree"): 0.02,
     ("all_to_all", "tree"): 0.02,
 }

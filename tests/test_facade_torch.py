@@ -2,7 +2,6 @@
 the import changed (``import collectives as dist``), on the local backend."""
 from datetime import timedelta
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")

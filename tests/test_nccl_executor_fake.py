@@ -96,3 +96,94 @@ def test_pipelined_matches_reference(collective, algorithm, monkeypatch):
 def test_in_order_matches_reference(collective, algorithm, monkeypatch):
     for size in (2, 4):
         _run(collective, algorithm, size, 37, 0, size, monkeypatch)
+
+
+def _install(world, monkeypatch):
+    for name, module in world.modules().items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def _transports(world, size):
+    from collectives.transports.nccl import NcclTransport
+    from nccl_fake import Comm
+    out = []
+    for rank in range(size):
+        with world.on(rank):
+            out.append(NcclTransport(Comm(world, rank), rank, size, rank))
+    return out
+
+
+@pytest.mark.parametrize("algorithm", capabilities()["all_reduce"])
+def test_graph_replay_then_close(algorithm, monkeypatch):
+    """COLLECTIVES_NCCL_GRAPH=1 on a non-default stream: eager, captured, replayed; right
+    each time; then close() must destroy the graphs before the communicator (the fake comm,
+    like NCCL >= 2.26, refuses to go while a graph holds it: the 4-GPU hang at close)."""
+    from collectives.executors import nccl as executor
+    size, count = 3, 41
+    world = World(size)
+    _install(world, monkeypatch)
+    monkeypatch.setenv(executor.ENV_GRAPH, "1")
+    transports = _transports(world, size)
+    host_reduce = reducer(ReduceOp.SUM, np.dtype(np.int64))
+
+    def kernel(dst, a, b):
+        world.launch(lambda: host_reduce(dst.np, a.np, b.np))
+
+    rng = np.random.default_rng(1)
+    streams, outs = [], []
+    for rank in range(size):
+        with world.on(rank):
+            streams.append(sys.modules["cupy"].cuda.Stream(non_blocking=True))
+            outs.append(world.asarray(np.zeros(count, np.int64)))
+    for call in range(4):
+        data = [rng.integers(-50, 50, count) for _ in range(size)]
+        for rank in range(size):
+            with world.on(rank), streams[rank]:
+                outs[rank].np[...] = data[rank]        # host-side: the stream is idle here
+                plan = build_plan("all_reduce", algorithm, rank, size, count)
+                executor.execute(plan, transports[rank], {"output": outs[rank]}, kernel,
+                                 dtype=np.int64)
+        world.drain(call)
+        for rank in range(size):
+            assert np.array_equal(outs[rank].np, sum(data)), (algorithm, call, rank)
+    assert all(len([e for e in executor.graph_cache(t).entries.values() if e[0] is not None])
+               == 1 for t in transports)
+    for rank in range(size):
+        with world.on(rank):
+            with pytest.raises(RuntimeError, match="live graphs"):
+                transports[rank].comm.destroy()     # what close() did before the fix
+            transports[rank].close()
+            assert transports[rank].comm is None
+            assert world.live_graphs(rank) == 0
+
+
+def test_isend_irecv_batched_and_barrier(monkeypatch):
+    """isend/irecv issue together at the first wait (one group per rank); the native barrier
+    is an all_reduce the fake does not model, so the schedule barriers run instead."""
+    size = 4
+    world = World(size)
+    _install(world, monkeypatch)
+    transports = _transports(world, size)
+    outs, reqs = [], []
+    for rank in range(size):
+        with world.on(rank):
+            t = transports[rank]
+            out = world.asarray(np.zeros(5, np.float32))
+            outs.append(out)
+            reqs.append([t.isend(world.asarray(np.full(5, rank, np.float32)), (rank + 1) % size),
+                         t.irecv(out, (rank - 1) % size)])
+            t.flush()
+    world.drain(0)
+    for rank in range(size):
+        assert (outs[rank].np == (rank - 1) % size).all()
+    from collectives.executors import nccl as executor
+    for algorithm in capabilities()["barrier"]:
+        for rank in range(size):
+            with world.on(rank):
+                plan = build_plan("barrier", algorithm, rank, size)
+                scratch = world.asarray(np.zeros(plan.scratch, np.uint8))
+                executor.execute(plan, transports[rank], {"scratch": scratch}, None)
+        world.drain(1)
+    for rank in range(size):
+        with world.on(rank):
+            transports[rank].close()

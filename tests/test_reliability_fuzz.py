@@ -14,7 +14,6 @@ import os
 from datetime import timedelta
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import collectives as dist

@@ -5,7 +5,6 @@ hang fails the test instead of stalling CI, and measures the time to the error.
 
 Measured times are printed (``pytest -s``) and recorded in /work/briefs/reliability_table.md.
 """
-import os
 import re
 import signal
 import subprocess

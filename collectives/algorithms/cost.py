@@ -364,9 +364,9 @@ def copied_bytes(collective: str, algorithm: str, p: int, nbytes: float) -> floa
     power = p & (p - 1) == 0
     if collective in ("all_gather", "gather", "scatter", "all_to_all") and algorithm == "ring":
         return block
+    if algorithm == "recursive_doubling" and collective in ("gather", "scatter"):
+        algorithm = "tree"            # the same schedules are registered under both names
     if algorithm == "recursive_doubling":
-        if collective in ("gather", "scatter"):
-            return block
         if collective == "all_gather":
             return block if power else block + nbytes
         if collective == "all_to_all":

@@ -57,11 +57,10 @@ the root: 2 lg p'·α + 2((p'-1)/p')nβ + ((p'-1)/p')nγ, plus the fold. Non-roo
 scratch and never touch output; for counts below p' some blocks are empty and some rounds
 carry nothing, so small counts pay 2 lg p' latencies where a binomial tree pays lg p.
 
-gather / scatter. Binomial trees over relative ranks (rank - root) mod p, distances halving
-(scatter) or doubling (gather); each rank stages its subtree's blocks contiguously in scratch
-in relative order and the root rotates them into output at the end (no staging where the root
-is rank 0). lg p·α + ((p-1)/p)nβ. These coincide with the binomial tree versions; they are
-here so that every collective has a recursive-doubling schedule.
+gather / scatter. A binomial tree is the recursive-doubling pattern for these (distances
+doubling toward the root, halving away from it): the tree module's schedules are registered
+under this name as well, so every collective has a recursive-doubling schedule.
+lg p·α + ((p-1)/p)nβ.
 
 barrier. Dissemination: in round k send one byte to rank + 2^k and receive one from
 rank - 2^k; after lg p rounds every rank has heard, directly or not, from every other:
@@ -70,6 +69,8 @@ lg p·α, for any p.
 from __future__ import annotations
 
 from itertools import chain
+
+from . import tree
 
 from .schedule import (Copy, Recv, Reduce, Region, Send, Step, algorithm, copy, recv, send,
                        sendrecv)
@@ -459,91 +460,11 @@ def _binomial_down(rel, size, real, subtree):
         mask //= 2
 
 
-@algorithm("gather", NAME)
-def gather(rank, size, counts, root):
-    """Binomial gather over relative ranks, blocks staged in relative order."""
-    own = Region("input", 0, counts[rank])
-    out_bounds = _bounds(counts)
-    if size == 1:
-        yield copy(own, Region("output", 0, counts[0]))
-        return
-    rel = (rank - root) % size
-
-    def real(v):
-        return (v + root) % size
-
-    rel_bounds = _bounds([counts[real(v)] for v in range(size)])
-    # The root with root 0 stages in output (relative order is the natural one); other ranks
-    # stage their subtree in scratch from offset 0.
-    if rel == 0:
-        stage = ("output", 0) if root == 0 else ("scratch", 0)
-    else:
-        stage = ("scratch", -rel_bounds[rel])
-    filed = False                             # own block copied into the stage yet?
-    mask = 1
-    while mask < size:
-        if rel & mask:
-            stop = min(rel + mask, size)
-            # Nothing received (a leaf): send straight from input.
-            yield send(real(rel - mask), _span(stage, rel_bounds, rel, stop) if filed else own)
-            return
-        if rel + mask < size:
-            local = () if filed else (Copy(own, _span(stage, rel_bounds, rel, rel + 1)),)
-            stop = min(rel + 2 * mask, size)
-            yield Step(recvs=(Recv(real(rel + mask), _span(stage, rel_bounds, rel + mask, stop)),),
-                       local=local)
-            filed = True
-        mask *= 2
-    if root != 0:                             # rotate relative order into rank order
-        total = out_bounds[size]
-        yield Step(local=(
-            Copy(_span(stage, rel_bounds, 0, size - root),
-                 Region("output", out_bounds[root], total - out_bounds[root])),
-            Copy(_span(stage, rel_bounds, size - root, size),
-                 Region("output", 0, out_bounds[root]))))
-
-
-@algorithm("scatter", NAME)
-def scatter(rank, size, counts, root):
-    """Binomial scatter over relative ranks, blocks staged in relative order."""
-    mine = Region("output", 0, counts[rank])
-    in_bounds = _bounds(counts)
-    if size == 1:
-        yield copy(Region("input", 0, counts[0]), mine)
-        return
-    rel = (rank - root) % size
-
-    def real(v):
-        return (v + root) % size
-
-    rel_bounds = _bounds([counts[real(v)] for v in range(size)])
-    if rel == 0:
-        if root == 0:
-            stage = ("input", 0)
-        else:                                  # rotate rank order into relative order
-            stage = ("scratch", 0)
-            total = in_bounds[size]
-            yield Step(local=(
-                Copy(Region("input", in_bounds[root], total - in_bounds[root]),
-                     _span(stage, rel_bounds, 0, size - root)),
-                Copy(Region("input", 0, in_bounds[root]),
-                     _span(stage, rel_bounds, size - root, size))))
-        own_src = Region("input", in_bounds[root], counts[root])
-    else:
-        stage = ("scratch", -rel_bounds[rel])
-        own_src = _span(stage, rel_bounds, rel, rel + 1)
-    received_into_output = False
-
-    def subtree(first, stop):
-        nonlocal received_into_output
-        if first == rel and stop == rel + 1:   # a leaf receives straight into output
-            received_into_output = True
-            return mine
-        return _span(stage, rel_bounds, first, stop)
-
-    yield from _binomial_down(rel, size, real, subtree)
-    if not received_into_output:
-        yield copy(own_src, mine)
+# A binomial tree is already the recursive-doubling pattern for gather (distances doubling
+# toward the root) and scatter (halving away from it): the tree module's schedules serve
+# under this name too, rather than a second copy of them.
+algorithm("gather", NAME)(tree.gather)
+algorithm("scatter", NAME)(tree.scatter)
 
 
 @algorithm("barrier", NAME)

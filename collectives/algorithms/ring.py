@@ -46,7 +46,7 @@ barrier: a one-element token goes around the ring twice: the first lap (0 → 1 
 """
 import math
 
-from .schedule import (Copy, Recv, Reduce, Region, Send, Step, algorithm, copy, layout,
+from .schedule import (Recv, Reduce, Region, Send, Step, algorithm, copy, layout,
                        partition, recv, send, sendrecv)
 
 # α/β of the link in elements: α ≈ 10 µs at ≈ 3 GB/s is ≈ 32 KiB, 8192 float32 elements.

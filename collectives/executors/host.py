@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 
 from ..algorithms.schedule import Copy, Plan
 from ..errors import CollectiveError, CollectiveTimeout

@@ -35,7 +35,14 @@ supports send/recv under capture) on its second occurrence and replayed from the
 graph launch per call. Every rank captures and replays the same calls in the same order, as
 NCCL requires of any call. Capture needs a non-default stream; where it is the legacy default
 stream, or capture fails, the call runs as usual (and that key is never tried again).
-Graphs are kept per key (at most ``GRAPH_CACHE`` of them, least recently used dropped).
+Graphs are kept per transport and key (at most ``GRAPH_CACHE`` of them, least recently used
+dropped). Two rules NCCL imposes: (1) whether an NCCL call is captured must be the same on
+every rank taking part, so ranks must make the same calls with the same buffers (pointer
+reuse that differs between ranks, or a capture that fails on one rank only, breaks this);
+(2) since NCCL 2.26 ``ncclCommDestroy``/``ncclCommAbort`` wait until every graph that captured
+work of the communicator is destroyed, so ``drop_graphs(transport)`` must run before the
+communicator goes (``NcclTransport.close`` does it; a graph kept alive there hangs the
+process for ever).
 
 Why reductions overlap transfers only in pipelined mode: in a ring (one-way or
 bidirectional) the block reduced in step k is the block sent in step k+1, and the landing
@@ -146,7 +153,26 @@ class _Graphs:
         return True
 
 
-_GRAPHS = _Graphs()
+def graph_cache(transport) -> _Graphs:
+    """The captured graphs of ``transport`` (created on first use)."""
+    cache = getattr(transport, "_graphs", None)
+    if cache is None:
+        cache = _Graphs()
+        transport._graphs = cache
+    return cache
+
+
+def drop_graphs(transport) -> int:
+    """Destroy every graph captured on ``transport``'s communicator; how many there were.
+    Must precede ``ncclCommDestroy``/``ncclCommAbort``, which wait for them (see above)."""
+    cache = getattr(transport, "_graphs", None)
+    if cache is None:
+        return 0
+    count = sum(1 for entry in cache.entries.values() if entry[0] is not None)
+    cache.entries.clear()        # the last references: CuPy destroys graph and exec here
+    import gc
+    gc.collect()
+    return count
 
 
 def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
@@ -175,8 +201,8 @@ def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
         if graphs_enabled():
             key = (id(plan), tuple((k, a.data.ptr, a.size) for k, a in arrays.items()),
                    dtype.str, op, id(kernel) if op is None else None,
-                   cupy.cuda.get_current_stream().ptr, id(transport))
-            if _GRAPHS.run(key, plan, run, cupy):
+                   cupy.cuda.get_current_stream().ptr)
+            if graph_cache(transport).run(key, plan, run, cupy):
                 return
         run.in_order(plan.steps)
     else:

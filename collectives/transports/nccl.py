@@ -18,7 +18,18 @@ call returns as soon as it is enqueued. So:
 The device of a rank: ``LOCAL_RANK`` (our launcher, torchrun) or the local rank under
 mpiexec (``OMPI_COMM_WORLD_LOCAL_RANK``, ``MPI_LOCALRANKID``, ``PMI_LOCAL_RANK``), modulo the
 visible device count; else the global rank modulo it. The NCCL unique id travels through the
-store, or through MPI (mpi4py ``bcast``) when there is no store.
+store, or through MPI (mpi4py ``bcast``) when there is no store. The store must belong to this
+job alone (a fresh file or port per launch): nothing in a store tells one job's id from an
+earlier job's. Two guards make a reused store less dangerous: the key names the world size
+(a 2-rank job never reads a 4-rank job's id), and rank 0 deletes the id once the
+communicator exists (every rank has joined, so every rank has read it), so a job that got
+that far leaves no id behind. An id left by a job that crashed before that point is still
+read by the next job of the same size on the same store: NCCL then hangs in init.
+
+Shutdown: ``close()`` waits (bounded) for the stream, destroys the CUDA graphs captured on
+this communicator (NCCL >= 2.26 ``ncclCommDestroy`` and ``ncclCommAbort`` wait for every such
+graph to be destroyed: a cached graph left alive hangs the process in ``close`` for ever),
+then destroys the communicator, or aborts it when the GPU work did not finish.
 
 ``native`` exposes NCCL's own collectives (allReduce, reduceScatter, allGather, broadcast,
 reduce; all_to_all, gather and scatter as grouped send/recv; uneven reduce_scatter and
@@ -40,6 +51,7 @@ from .base import Request, Transport
 LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                         "PMI_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
 _UID_KEY = "collectives/nccl/unique_id"
+_UID_BYTES = 128                  # NCCL_UNIQUE_ID_BYTES
 _UINT8 = 1
 _D2D = 3
 
@@ -103,7 +115,22 @@ def create(rank: int, world_size: int, store=None, timeout: float = 1800.0) -> "
     except nccl.NcclError as exc:
         raise TransportError(f"nccl: rank {rank} could not join the communicator of "
                              f"{world_size} ranks on GPU {device}: {exc}") from exc
+    _forget_unique_id(rank, world_size, store)
     return NcclTransport(comm, rank, world_size, device, timeout)
+
+
+def _uid_key(world_size: int) -> str:
+    return f"{_UID_KEY}/{world_size}"
+
+
+def _forget_unique_id(rank, world_size, store) -> None:
+    """Rank 0, once the communicator exists: no later job may read this id."""
+    if store is None or rank != 0 or world_size == 1:
+        return
+    try:
+        store.delete_key(_uid_key(world_size))
+    except Exception:          # a store without delete (or gone): only the guard is lost
+        pass
 
 
 def _exchange_unique_id(rank, world_size, store, timeout, nccl) -> tuple:
@@ -111,11 +138,15 @@ def _exchange_unique_id(rank, world_size, store, timeout, nccl) -> tuple:
     if world_size == 1:
         return nccl.get_unique_id()
     if store is not None:
+        key = _uid_key(world_size)
         if rank == 0:
             uid = nccl.get_unique_id()
-            store.set(_UID_KEY, bytes(b & 0xFF for b in uid))
+            store.set(key, bytes(b & 0xFF for b in uid))
             return uid
-        raw = store.get(_UID_KEY)
+        raw = store.get(key)
+        if len(raw) != _UID_BYTES:
+            raise TransportError(f"nccl on rank {rank}: the store holds {len(raw)} bytes under "
+                                 f"{key!r}, not a {_UID_BYTES}-byte NCCL unique id")
         return tuple(b - 256 if b > 127 else b for b in raw)   # NCCL's id is signed chars
     try:
         from mpi4py import MPI
@@ -148,6 +179,7 @@ class NcclTransport(Transport):
         self._comm_stream = None
         self._scratch: dict = {}
         self._pending: list = []
+        self._aborted = False
         self.native = NcclNative(self)
 
     # -- what the executor needs ---------------------------------------------------------
@@ -183,7 +215,7 @@ class NcclTransport(Transport):
         while not event.done:
             self._check_async(operation)
             if deadline is not None and time.monotonic() > deadline:
-                self.comm.abort()
+                self._abort()
                 raise CollectiveTimeout(f"{operation} on rank {self.rank}: the GPU work did "
                                         f"not finish within {timeout} s; the NCCL "
                                         f"communicator was aborted")
@@ -238,14 +270,38 @@ class NcclTransport(Transport):
         for req in requests:
             req.completed = True
 
-    def close(self):
-        if self.comm is not None:
-            try:
-                self.synchronize(timeout=10.0, operation="close")
-            except Exception:
-                pass
-            self.comm.destroy()
+    def _abort(self):
+        """ncclCommAbort, after the graphs that hold the communicator (NCCL waits for them)."""
+        if self.comm is None or self._aborted:
+            return
+        self._aborted = True
+        executor.drop_graphs(self)
+        self.comm.abort()
+
+    def close(self, timeout: float = 10.0):
+        """Finish (at most ``timeout`` s), drop captured graphs, destroy the communicator.
+        Unfinished work or an NCCL error aborts it instead: destroy would wait for kernels
+        that may never end. Posted but never waited isend/irecv are discarded."""
+        if self.comm is None:
+            return
+        if self._aborted:
             self.comm = None
+            return
+        self._pending = []
+        finished = False
+        try:
+            self.synchronize(timeout=timeout, operation="close")
+            finished = True
+        except CollectiveTimeout:
+            pass                      # synchronize aborted the communicator already
+        except Exception:
+            self._abort()
+        if finished:
+            executor.drop_graphs(self)
+            self.comm.destroy()
+        self.comm = None
+        self._comm_stream = None
+        self._scratch.clear()
 
 
 class _NcclRequest(Request):

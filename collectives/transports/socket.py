@@ -29,7 +29,6 @@ authenticated at connection time, not per frame, and not encrypted.
 from __future__ import annotations
 
 import collections
-import errno
 import ipaddress
 import logging
 import os
@@ -42,7 +41,7 @@ import time
 import numpy as np
 
 from ..auth import (AuthenticationError, client_handshake, job_secret, new_secret,
-                    serve_handshake, SECRET_ENV)
+                    serve_handshake)
 from ..errors import CollectiveError, CollectiveTimeout, TransportError
 from .base import Request, Transport
 
