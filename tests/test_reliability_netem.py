@@ -10,7 +10,8 @@ serialisation. After the job the test reads ``tc -s qdisc`` and the namespaces' 
 and, for tbf, asserts that packets were really dropped and retransmitted.
 
 Needs root and iproute2 (``ip``, ``tc``; ``.ci/run`` installs it); otherwise skipped with the
-reason. About 6 s with tbf; the job is killed after 45 s, so a hang fails the test instead of stalling CI.
+reason. About 6 s with tbf; the job is killed after 45 s, so a hang fails the test instead
+of stalling CI.
 """
 import shutil
 import time
