@@ -98,8 +98,21 @@ class FakeArray:
 
 
 class Event:
-    def __init__(self):
-        self.done = False
+    """``done`` is what the host sees: asking runs whatever queued work can run (all ranks,
+    as if they were other processes), so host polling (``synchronize``) ends."""
+
+    def __init__(self, world=None):
+        self.world, self._done = world, False
+
+    @property
+    def done(self):
+        if not self._done and self.world is not None:
+            self.world.drain(partial=True)
+        return self._done
+
+    @done.setter
+    def done(self, value):
+        self._done = value
 
 
 class Stream:
@@ -108,7 +121,7 @@ class Stream:
         self.queue = collections.deque()
 
     def record(self, event=None):
-        event = event or Event()
+        event = event or Event(self.world)
         self.queue.append(("record", event))
         return event
 
@@ -147,7 +160,7 @@ class Graph:
             if kind == "group":
                 item = _Group(item.rank, item.parts)
             elif kind == "record":
-                item = Event()
+                item = Event(self.world)
             stream.queue.append((kind, item))
 
 
@@ -198,6 +211,8 @@ class World:
         self.current = [[] for _ in range(size)]
         self.group = None                        # (rank, stream ptr, parts) while open
         self.depth = 0
+        self.sends = collections.defaultdict(collections.deque)
+        self.recvs = collections.defaultdict(collections.deque)
         self.graphs = weakref.WeakSet()          # a graph lives while anyone holds it
 
     def live_graphs(self, rank):
@@ -307,18 +322,18 @@ class World:
 
     # -- execution ---------------------------------------------------------------------------
 
-    def drain(self, seed=0, limit=10_000_000):
-        """Run every queued operation of every rank in a random order CUDA/NCCL allow."""
+    def drain(self, seed=0, limit=10_000_000, partial=False):
+        """Run every queued operation of every rank in a random order CUDA/NCCL allow.
+        ``partial``: stop quietly where nothing can run (other ranks have not enqueued yet)."""
         rng = random.Random(seed)
-        sends = collections.defaultdict(collections.deque)   # (src, dst) -> [(group, part)]
-        recvs = collections.defaultdict(collections.deque)
+        sends, recvs = self.sends, self.recvs    # (src, dst) -> [(group, part)], FIFO
         for _ in range(limit):
             actions = []
             for stream in self.streams:
                 if not stream.queue:
                     continue
                 kind, item = stream.queue[0]
-                if kind == "wait" and not item.done:
+                if kind == "wait" and not item._done:
                     continue
                 if kind == "group" and item.posted and item.left:
                     continue
@@ -326,7 +341,7 @@ class World:
             pairs = [key for key in sends if sends[key] and recvs.get(key)]
             if not actions and not pairs:
                 stuck = [s for s in self.streams if s.queue]
-                if stuck:
+                if stuck and not partial:
                     raise RuntimeError(
                         f"fake cuda: deadlock; stuck streams (rank, head): "
                         f"{[(s.rank, s.queue[0][0]) for s in stuck][:8]}")
