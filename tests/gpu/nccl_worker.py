@@ -11,6 +11,7 @@ all_reduce, in place.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import sys
@@ -194,10 +195,20 @@ def check_kernels(cupy):
     return failures
 
 
+T0 = time.time()
+
+
+def stage(rank, text, every_rank=False):
+    """A progress line (flushed), so a hang shows where it happened."""
+    if every_rank or rank == 0:
+        print(f"stage rank {rank} {time.time() - T0:6.1f}s: {text}", flush=True)
+
+
 def graph_check(group, cupy, have, runs, failures):
     """COLLECTIVES_NCCL_GRAPH=1: the same call (same buffers) GRAPH_CALLS times on a
     non-default stream: eager, captured, replayed; each result checked."""
-    from collectives.executors.nccl import ENV_GRAPH, _GRAPHS
+    from collectives.executors.nccl import ENV_GRAPH, graph_cache
+    cache = graph_cache(group.transport)
     os.environ[ENV_GRAPH] = "1"
     p, rank = group.size, group.rank
     count, dtype, op = 4099, np.dtype(np.float32), R.SUM
@@ -228,12 +239,12 @@ def graph_check(group, cupy, have, runs, failures):
                 except Exception as exc:
                     failures.append(f"{label}: {type(exc).__name__}: {exc}")
     os.environ[ENV_GRAPH] = "0"
-    captured = sum(1 for e in _GRAPHS.entries.values() if e[0] is not None)
+    captured = sum(1 for e in cache.entries.values() if e[0] is not None)
     if rank == 0:
         print(f"graph check: {captured} plans captured, capture failures "
-              f"{_GRAPHS.failures[:3]}, {len(failures) - before} wrong results", flush=True)
-    if _GRAPHS.failures:
-        failures.append(f"graph capture failed: {_GRAPHS.failures[:3]}")
+              f"{cache.failures[:3]}, {len(failures) - before} wrong results", flush=True)
+    if cache.failures:
+        failures.append(f"graph capture failed: {cache.failures[:3]}")
     return runs, failures
 
 
@@ -241,16 +252,31 @@ def main():
     args = argparse.ArgumentParser()
     args.add_argument("--rendezvous", default="mpi", help="mpi or file:PATH")
     args.add_argument("--quick", action="store_true")
+    args.add_argument("--job", default="", help="this launch's unique id (store key prefix)")
+    args.add_argument("--pid-dir", default="", help="write pid.RANK here (the test kills by id)")
+    args.add_argument("--deadline", type=float, default=0.0,
+                      help="seconds; past it every thread's stack goes to stderr and the "
+                           "process exits (a hang never outlives the test)")
     args = args.parse_args()
+    if args.deadline > 0:
+        faulthandler.dump_traceback_later(args.deadline, exit=True)
     from mpi4py import MPI
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
+    if args.pid_dir:
+        with open(os.path.join(args.pid_dir, f"pid.{rank}"), "w") as f:
+            f.write(str(os.getpid()))
+    stage(rank, f"started, {size} ranks, rendezvous {args.rendezvous}, job {args.job!r}",
+          every_rank=True)
     store = None
     if args.rendezvous.startswith("file:"):
-        from collectives.store import FileStore
-        store = FileStore(args.rendezvous[5:], size)
+        from collectives.store import FileStore, PrefixStore
+        # a fresh file per launch, and this launch's id in every key: never another job's id
+        store = PrefixStore(args.job or "job", FileStore(args.rendezvous[5:], size,
+                                                          timeout=60.0))
     import cupy
     transport = nccl_transport.create(rank=rank, world_size=size, store=store, timeout=120.0)
+    stage(rank, f"communicator ready on GPU {transport.device}", every_rank=True)
     group = ProcessGroup(transport, backend="nccl", timeout=120.0)
     failures, runs = [], 0
     if rank == 0:
@@ -317,27 +343,32 @@ def main():
               flush=True)
         os._exit(1)
     os.environ[nccl_executor.ENV_SEGMENT] = "0"
+    stage(rank, "graph check")
     runs, failures = graph_check(group, cupy, have, runs, failures)
     # barrier through every algorithm, and the generic isend/irecv path
     for algorithm in list(have["barrier"]) + ["native"]:
+        stage(rank, f"barrier {algorithm}", every_rank=True)
         runs += 1
         try:
             group.prepare("barrier", algorithm=algorithm)()
-            transport.synchronize(60.0)
+            transport.synchronize(20.0)
         except Exception as exc:
             failures.append(f"barrier {algorithm}: {type(exc).__name__}: {exc}")
+    stage(rank, "isend/irecv ring", every_rank=True)
     runs += 1
     try:
         right, left = (rank + 1) % size, (rank - 1) % size
         out = cupy.zeros(1000, dtype=cupy.float32)
         reqs = [transport.isend(cupy.full(1000, rank, dtype=cupy.float32), right, 0),
                 transport.irecv(out, left, 0)]
-        transport.wait_all(reqs, timeout=60.0)
+        transport.wait_all(reqs, timeout=20.0)
         if not bool((out == left).all()):
             failures.append("isend/irecv ring: wrong data")
     except Exception as exc:
         failures.append(f"isend/irecv ring: {type(exc).__name__}: {exc}")
+    stage(rank, "close (graphs dropped, communicator destroyed)", every_rank=True)
     transport.close()
+    stage(rank, "closed", every_rank=True)
     print("RESULT " + json.dumps({"rank": rank, "size": size, "runs": runs,
                                   "failures": failures[:40], "failed": len(failures)}),
           flush=True)
