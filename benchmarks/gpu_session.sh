@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# One device call (about 7 minutes): GPU tests at 4 and 2 GPUs, then the benchmark on 4 GPUs
-# (4 collectives x ring, ring_bidirectional, recursive_doubling, tree, native; 1M-1G) and on
-# 2 GPUs (ring, ring_bidirectional, native).
-#   bash benchmarks/gpu_session.sh            (logs under $OUT, or ./gpu-logs; at most 7 files)
-# Every step has its own timeout so one hang cannot eat the call; a short table ends the run.
+# One device call. Modes:
+#   bash benchmarks/gpu_session.sh tests   GPU tests only: 4 GPUs (limit 90 s) then 2 GPUs
+#                                          (limit 50 s), ~150 s at most, short summary
+#   bash benchmarks/gpu_session.sh [full]  tests, then the benchmark on 4 GPUs (4 collectives
+#                                          x ring, ring_bidirectional, recursive_doubling,
+#                                          tree, native; 1M-1G) and on 2 GPUs (ring,
+#                                          ring_bidirectional, native); about 7 minutes
+# Logs under $OUT (or ./gpu-logs). Limits nest so a hang always reports where it was: the
+# worker dumps its stacks and exits 10 s before the test's limit, the test kills its ranks by
+# pid at its limit, this script's `timeout` (a few seconds later) is the last resort.
 set -u
+MODE=${1:-full}
+case "$MODE" in tests|full) ;; *) echo "usage: $0 [tests|full]"; exit 2;; esac
 OUT=${OUT:-./gpu-logs}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -13,6 +20,8 @@ PY=python3
 MPI="mpiexec --allow-run-as-root --oversubscribe -x NCCL_NVLS_ENABLE -x PYTHONUNBUFFERED"
 SIZES=${SIZES:-1M,16M,256M,1G}
 COLLS=all_reduce,reduce_scatter,all_gather,all_to_all
+T4=${T4:-90}
+T2=${T2:-50}
 
 step() {   # step NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
@@ -30,9 +39,28 @@ step() {   # step NAME SECONDS COMMAND...
 } >"$OUT/env.log" 2>&1
 cat "$OUT/env.log"
 
-step tests4 100 env COLLECTIVES_GPU_TEST_SECONDS=92 $PY -m pytest -m gpu tests/gpu -q -rs -s -k 4gpus
-step tests2 55 env COLLECTIVES_GPU_TEST_SECONDS=48 CUDA_VISIBLE_DEVICES=0,1 \
-  $PY -m pytest -m gpu tests/gpu -q -rs -s -k 2gpus
+step tests4 $((T4 + 5)) env COLLECTIVES_GPU_TEST_SECONDS_4=$T4 \
+  $PY -m pytest -m gpu tests/gpu -q -rs -s -k 4gpus -p no:cacheprovider
+step tests2 $((T2 + 5)) env COLLECTIVES_GPU_TEST_SECONDS_2=$T2 CUDA_VISIBLE_DEVICES=0,1 \
+  $PY -m pytest -m gpu tests/gpu -q -rs -s -k 2gpus -p no:cacheprovider
+
+summary_tests() {
+  for n in 4 2; do
+    echo "## tests, $n GPUs"
+    grep -h "FAIL\|progress\|kernel check\|graph check\|passed\|failed\|skipped\|Error\|did not finish\|Timeout\|Thread 0x\|File \"" \
+      "$OUT/tests$n.log" | head -n 30
+    echo "last stage lines:"
+    grep -h "^stage" "$OUT/tests$n.log" | tail -n 6
+  done
+}
+
+if [ "$MODE" = tests ]; then
+  echo
+  echo "################ summary (tests)"
+  summary_tests
+  exit 0
+fi
+
 step bench4 175 $MPI -n 4 $PY benchmarks/bench.py --backend nccl --collectives $COLLS \
   --algorithms ring,ring_bidirectional,recursive_doubling,tree --sizes $SIZES --json "$OUT/bench4.json"
 step bench2 55 env CUDA_VISIBLE_DEVICES=0,1 $MPI -x CUDA_VISIBLE_DEVICES -n 2 $PY benchmarks/bench.py \
@@ -41,11 +69,7 @@ step bench2 55 env CUDA_VISIBLE_DEVICES=0,1 $MPI -x CUDA_VISIBLE_DEVICES -n 2 $P
 
 echo
 echo "################ summary"
-for n in 4 2; do
-  echo "## tests, $n GPUs"
-  grep -h "FAIL\|progress\|kernel check\|graph check\|passed\|failed\|skipped\|Error\|did not finish" \
-    "$OUT/tests$n.log" | head -n 25
-done
+summary_tests
 for n in 4 2; do
   echo "## bench, $n GPUs"
   grep -E "^# |collective|^ +(all_|reduce_)" "$OUT/bench$n.log" | grep -v ":ceiling" | head -n 150
