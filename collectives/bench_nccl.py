@@ -36,7 +36,7 @@ from .algorithms import capabilities
 from .algorithms.schedule import Plan, Recv, Region, Send, Step, build_plan, plan_args
 from .bench import BUS_FACTOR, Case, element_count, format_size, parse_sizes
 from .executors import nccl as executor
-from .group import ProcessGroup
+from .group import ProcessGroup, call_size
 from .ops import ReduceOp
 from .transports import nccl as nccl_transport
 
@@ -85,14 +85,18 @@ def bench(group, cupy, args, comm):
             d_out = cupy.empty_like(expect)
             iters, reps = iterations(nbytes)
             names = ["native"] + [a for a in args.algorithms.split(",")
-                                  if a in have[collective]]
+                                  if a in have[collective] or a == "auto"]
             variants = [(n, None) for n in names]
             variants += [(f"{a}:graph", None) for a in names[1:]
-                         if nbytes <= args.graph_max]
+                         if nbytes <= args.graph_max and a != "auto"]
             variants += [("ring", seg) for seg in args.segments if "ring" in have[collective]]
             native_t = {}
             for name, seg in variants:
                 label = name if seg is None else f"{name}:seg={format_size(seg)}"
+                if name == "auto":      # show what auto chose, as the main suite does
+                    label = "auto:" + group.resolve_algorithm(
+                        collective, "auto", call_size(collective, _counts(collective, count, p),
+                                                       p) * dtype.itemsize)
                 os.environ[executor.ENV_SEGMENT] = str(seg or 0)
                 graph = name.endswith(":graph")
                 os.environ[executor.ENV_GRAPH] = "1" if graph else "0"
@@ -113,7 +117,7 @@ def bench(group, cupy, args, comm):
                 if name == "native":
                     native_t[collective] = t
                 os.environ[executor.ENV_GRAPH] = "0"
-                if name != "native" and seg is None and not graph:
+                if name not in ("native", "auto") and seg is None and not graph:
                     plan = build_plan(collective, name, rank, p,
                                       *plan_args(collective, p, _counts(collective, count, p)))
                     bare = transfers_only(plan)

@@ -130,7 +130,7 @@ class ProcessGroup:
         counts = self._counts(collective, counts, input, output, root)
         n_in, n_out = buffer_sizes(collective, self.rank, self.size, counts, root)
         self._check_sizes(collective, input, output, n_in, n_out, root)
-        nbytes = 0 if data is None else _call_size(collective, counts, self.size) * data.itemsize
+        nbytes = 0 if data is None else call_size(collective, counts, self.size) * data.itemsize
         name = self.resolve_algorithm(collective, algorithm, nbytes)
         deadline = self.timeout if timeout is None else timeout
         check = self._call_check(collective, name, dtype, counts, root, op, deadline)
@@ -327,7 +327,7 @@ def _host_reducer(op, dtype):
     return reducer(op, dtype)
 
 
-def _call_size(collective, counts, size) -> int:
+def call_size(collective, counts, size) -> int:
     """The call's size in elements as ``auto`` sees it (cost.uniform_counts' convention),
     computed only from what every rank knows alike: ranks that disagreed here would pick
     different algorithms and deadlock."""

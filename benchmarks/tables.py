@@ -1,0 +1,61 @@
+"""Markdown tables for BENCHMARKS.md from ``bench.py --json`` files.
+
+    python benchmarks/tables.py results/mpi_8ranks.json [more.json ...]
+
+One table per collective: each size's p50 time of every algorithm as a ratio to the native
+baseline of the same run (native time / ours: above 1 is faster), the best of ours, and
+``auto``'s pick with its time relative to the best measured algorithm.
+"""
+import json
+import sys
+from collections import defaultdict
+
+
+def size_label(n):
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)
+
+
+def tables(path):
+    data = json.load(open(path))
+    meta, records = data.get("meta", {}), data["records"]
+    out = [f"`{path}`: {meta.get('backend', '?')}, {meta.get('world_size', '?')} ranks, "
+           f"{meta.get('mpi_library', '')}".rstrip(", ")]
+    by = defaultdict(dict)
+    for r in records:
+        if r.get("wrong"):
+            out.append(f"WRONG RESULTS in {r['collective']} {r['algorithm']} {r['size']}")
+        name = "auto" if r["algorithm"].startswith("auto") else r["algorithm"]
+        by[(r["collective"], r["size"])][name] = r
+    collectives = sorted({c for c, _ in by}, key=lambda c: [r["collective"] for r in records].index(c))
+    for collective in collectives:
+        sizes = sorted(s for c, s in by if c == collective)
+        names = [n for n in ("ring", "ring_bidirectional", "tree", "recursive_doubling")
+                 if any(n in by[(collective, s)] for s in sizes)]
+        out.append("")
+        out.append(f"**{collective}** (native time / ours; >1 is faster than native)")
+        out.append("")
+        out.append("| size | native p50 µs | native busbw GB/s | " + " | ".join(names) +
+                   " | best of ours (busbw vs native) | auto's pick | auto / best time |")
+        out.append("|" + "---|" * (5 + len(names)) + "---|")
+        for size in sizes:
+            row = by[(collective, size)]
+            native = next((r for n, r in row.items() if n.startswith("native")), None)
+            if native is None:
+                continue
+            t0 = native["time_p50_us"]
+            cells = [f"{t0 / row[n]['time_p50_us']:.2f}" if n in row else "–" for n in names]
+            ours = [(row[n]["time_p50_us"], n) for n in names if n in row]
+            best_t, best = min(ours)
+            auto = row.get("auto")
+            auto_cells = (f"{auto.get('chosen', '?')} | {auto['time_p50_us'] / best_t:.2f}"
+                          if auto else "– | –")
+            out.append(f"| {size_label(size)} | {t0:.1f} | {native['busbw_gbs']:.2f} | "
+                       + " | ".join(cells) + f" | {best} {t0 / best_t:.2f}× | {auto_cells} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print("\n\n".join(tables(p) for p in sys.argv[1:]))
