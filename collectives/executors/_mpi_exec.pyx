@@ -417,10 +417,12 @@ cdef extern from "<sched.h>" nogil:
 # Waiting: Testall in a loop. MPICH's blocking MPI_Waitall measured ~5 µs per 4 KiB exchange
 # step here against ~1.2 µs for a Testall loop (benchmarks in /work/briefs/perf7.md), so even
 # without a deadline we poll. Spin first (most steps finish within microseconds), then yield the
-# CPU (oversubscribed ranks must let their peers run), then sleep with a short growing backoff
-# (MPI makes no progress while we sleep, so the cap stays small).
+# CPU (oversubscribed ranks must let their peers run), and only after a whole second (a peer
+# that is late, not a message in flight) sleep with a short growing backoff. MPI makes no
+# progress while we sleep: Open MPI moves a large shared-memory message in fragments, each
+# needing a poll on both sides, and sleeping after 10 ms made 32 MiB messages 4x slower.
 DEF SPIN_POLLS = 64
-DEF YIELD_SECONDS = 0.01
+DEF YIELD_SECONDS = 1.0
 DEF FIRST_SLEEP = 2e-5
 DEF MAX_SLEEP = 2e-4
 

@@ -34,7 +34,8 @@ from .base import Request, Transport
 
 ANY_SOURCE = -1
 _SPIN_POLLS = 200          # Testall polls before the first yield: most steps finish here
-_YIELD_SECONDS = 2e-3      # then yield the CPU (sleep(0)) until this long has passed
+_YIELD_SECONDS = 1.0       # then yield the CPU (sleep(0)) until this long has passed: large
+                           # messages progress only while someone polls (see _mpi_exec.pyx)
 _MAX_SLEEP = 2e-4          # then sleep, doubling from 20 µs up to this (short: no progress while asleep)
 
 

@@ -111,12 +111,21 @@ def create(rank: int, world_size: int, store=None, timeout: float = 1800.0) -> "
     cupy.cuda.Device(device).use()
     uid = _exchange_unique_id(rank, world_size, store, timeout, nccl)
     try:
-        comm = nccl.NcclCommunicator(world_size, uid, rank)
+        comm = _communicator(nccl, world_size, uid, rank)
     except nccl.NcclError as exc:
         raise TransportError(f"nccl: rank {rank} could not join the communicator of "
                              f"{world_size} ranks on GPU {device}: {exc}") from exc
     _forget_unique_id(rank, world_size, store)
     return NcclTransport(comm, rank, world_size, device, timeout)
+
+
+def _communicator(nccl, world_size, uid, rank):
+    """CuPy 14 takes the unique id as bytes, older CuPy as a tuple of signed chars; a wrong
+    type fails while converting the argument, before NCCL is called, so retrying is safe."""
+    try:
+        return nccl.NcclCommunicator(world_size, bytes(b & 0xFF for b in uid), rank)
+    except TypeError:
+        return nccl.NcclCommunicator(world_size, tuple(b - 256 if b > 127 else b for b in uid), rank)
 
 
 def _uid_key(world_size: int) -> str:
@@ -147,7 +156,7 @@ def _exchange_unique_id(rank, world_size, store, timeout, nccl) -> tuple:
         if len(raw) != _UID_BYTES:
             raise TransportError(f"nccl on rank {rank}: the store holds {len(raw)} bytes under "
                                  f"{key!r}, not a {_UID_BYTES}-byte NCCL unique id")
-        return tuple(b - 256 if b > 127 else b for b in raw)   # NCCL's id is signed chars
+        return bytes(raw)
     try:
         from mpi4py import MPI
     except ImportError:
