@@ -20,9 +20,11 @@ def size_label(n):
 
 def tables(path):
     data = json.load(open(path))
+    if "rows" in data:
+        return gpu_tables(path, data)
     meta, records = data.get("meta", {}), data["records"]
     out = [f"`{path}`: {meta.get('backend', '?')}, {meta.get('world_size', '?')} ranks, "
-           f"{meta.get('mpi_library', '')}".rstrip(", ")]
+           f"{meta.get('mpi_library', '')}".replace(chr(0), '').strip().rstrip(",")]
     by = defaultdict(dict)
     for r in records:
         if r.get("wrong"):
@@ -54,6 +56,41 @@ def tables(path):
                           if auto else "– | –")
             out.append(f"| {size_label(size)} | {t0:.1f} | {native['busbw_gbs']:.2f} | "
                        + " | ".join(cells) + f" | {best} {t0 / best_t:.2f}× | {auto_cells} |")
+    return "\n".join(out)
+
+
+def gpu_tables(path, data):
+    """bench --backend nccl output: ratios to NCCL native, the p2p ceiling, graph replay."""
+    meta, rows = data["meta"], data["rows"]
+    out = [f"`{path}`: {meta.get('world_size')} x {meta.get('gpu')}, NCCL {meta.get('nccl')}, "
+           f"CuPy {meta.get('cupy')}"]
+    by = defaultdict(dict)
+    for r in rows:
+        if r.get("wrong"):
+            out.append(f"WRONG RESULTS in {r['collective']} {r['algorithm']} {r['size']}")
+        by[(r["collective"], r["size"])][r["algorithm"]] = r
+    names = ("ring", "ring_bidirectional", "recursive_doubling", "tree")
+    for collective in dict.fromkeys(r["collective"] for r in rows):
+        out += ["", f"**{collective}** (native time / ours; in brackets the share of the point-to-"
+                    f"point ceiling reached: the same plan's transfers alone, timed, / ours)", "",
+                "| size | native µs | native busbw GB/s | " + " | ".join(names) +
+                " | best with graph replay | auto's pick | auto / best time |",
+                "|" + "---|" * (3 + len(names)) + "---|---|---|"]
+        for size in sorted(s for c, s in by if c == collective):
+            row = by[(collective, size)]
+            t0 = row["native"]["time_us"]
+            cells = []
+            for n in names:
+                r = row.get(n)
+                cells.append("–" if r is None else f"{r['vs_native']:.2f} ({r.get('vs_ceiling', 0):.2f})")
+            best_t = min(row[n]["time_us"] for n in names if n in row)
+            graphs = [(r["time_us"], a) for a, r in row.items() if a.endswith(":graph")]
+            graph = f"{t0 / min(graphs)[0]:.2f} ({min(graphs)[1].split(':')[0]})" if graphs else "–"
+            auto = next((r for a, r in row.items() if a.startswith("auto")), None)
+            auto_cells = (f"{auto['algorithm'][5:]} | {auto['time_us'] / best_t:.2f}"
+                          if auto else "– | –")
+            out.append(f"| {size_label(size)} | {t0:.1f} | {row['native']['busbw_gbs']:.0f} | "
+                       + " | ".join(cells) + f" | {graph} | {auto_cells} |")
     return "\n".join(out)
 
 
