@@ -709,7 +709,8 @@ def parse_args(argv=None):
                    "--world-size local processes and compares with torch's gloo")
     p.add_argument("--world-size", type=int, default=None,
                    help="ranks for --backend local, and processes that --backend socket "
-                   "launches when not started by a launcher (default 2)")
+                   "(default 2) or nccl (default: one per visible GPU) launches when not "
+                   "started by a launcher")
     p.add_argument("--collectives", default=",".join(BENCH_COLLECTIVES))
     p.add_argument("--algorithms", default=",".join(ALGORITHMS),
                    help="those a collective lacks are skipped")
@@ -819,8 +820,14 @@ def main(argv=None) -> int:
         if not bench_socket.launched():
             return bench_socket.launch(argv, args.world_size or 2)
     if args.backend == "nccl":           # stream-ordered GPU work: CUDA-event timing there
-        from .bench_nccl import run_from_bench
-        return run_from_bench(args, BACKENDS["nccl"](args)[0][0])
+        from . import bench_nccl
+        if not bench_nccl.launched():    # by hand: one rank per GPU under collectives.run
+            try:
+                return bench_nccl.self_launch(argv, args.world_size)
+            except ValueError as exc:
+                print(f"bench: {exc}", file=sys.stderr)
+                return 2
+        return bench_nccl.run_from_bench(args, BACKENDS["nccl"](args)[0][0])
     groups = BACKENDS[args.backend](args)
     leader = groups[0][0].rank == 0
     if args.calibrate:
