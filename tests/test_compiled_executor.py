@@ -10,6 +10,8 @@ SUM/PRODUCT lanes that are NaN may differ in payload (numpy's own SIMD and scala
 different operands' NaN), so there only NaN-ness is compared. Then the faults: a timeout (one
 rank waits for a peer that never sends) and a size mismatch (ranks disagree on counts), and,
 at size 1, the float16 / bfloat16 C loops (AVX-512, F16C and the portable path) against numpy.
+At size 3 every scratch goes through the bounded scratch pool with a tiny cap (reuse and
+eviction on every call). The pool's own bookkeeping is tested without MPI.
 
 Skipped (with the reason) when the extension is not built, or mpi4py / mpiexec are missing.
 """
@@ -62,6 +64,39 @@ def test_compiled_matches_host_under_mpiexec(n):
     assert cases > 1000 and compiled_cases > 0.8 * cases, out
     expected = {"ok timeout", "ok size mismatch"} if n > 1 else {"ok half kernels"}
     assert expected <= set(lines), out
+
+
+def test_scratch_pool_reuses_and_stays_under_its_cap():
+    from collectives.executors.compiled import ScratchPool
+    pool = ScratchPool(cap=100)
+    a = pool.take(40)
+    assert a.nbytes == 40 and a.dtype == np.uint8 and pool.held == 0
+    pool.give(a)
+    assert pool.held == 40 and pool.take(40) is a and pool.held == 0
+    b, c, d = pool.take(40), pool.take(40), pool.take(30)
+    for buffer in (a, b, c):         # the third 40 goes over 100: the least recent goes
+        pool.give(buffer)
+    assert pool.held == 80
+    pool.give(d)                      # 110 > 100: the oldest 40 is dropped
+    assert pool.held == 70
+    assert pool.take(30) is d and pool.take(40) is c and pool.held == 0
+    pool.give(np.empty(101, np.uint8))   # larger than the cap: never kept
+    assert pool.held == 0
+    closed = ScratchPool(cap=0)
+    closed.give(closed.take(10))
+    assert closed.held == 0
+    pool.give(a)
+    pool.clear()
+    assert pool.held == 0 and pool.take(40) is not a
+
+
+def test_scratch_cap_parsing():
+    from collectives.executors.compiled import _parse_bytes
+    assert _parse_bytes("256M") == 256 << 20
+    assert _parse_bytes("1GiB") == 1 << 30
+    assert _parse_bytes("64k") == 64 << 10
+    assert _parse_bytes("0") == 0
+    assert _parse_bytes("4096") == 4096
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,6 +190,11 @@ def _worker():
         if rank == 0:
             print(f"SKIP compiled executor unavailable: {compiled.status()}", flush=True)
         return 0
+    if size == 3:
+        # every scratch through the bounded pool, with a cap that evicts on nearly every call:
+        # reused (stale) scratch must not change a bit
+        compiled.KEEP_SCRATCH_BYTES = 0
+        compiled.scratch_pool.cap = 256
     world = transports.create("mpi", rank=rank, world_size=size, timeout=60)
     group = ProcessGroup(world, backend="mpi")
     fast = world.execute
