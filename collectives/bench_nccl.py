@@ -339,19 +339,22 @@ class StoreHost:
             self.store.wait([f"{left}/all"], timeout=self.timeout)
 
 
-def nccl_group(timeout=300.0):
+def nccl_group(timeout=300.0, init_method=None, rank=None, world_size=None):
     """(group, cupy) for this process, one GPU per rank. Under mpiexec the NCCL id goes
-    through MPI; under a launcher (RANK/WORLD_SIZE/MASTER_* set) through the env:// store.
+    through MPI; under a launcher (RANK/WORLD_SIZE/MASTER_* set), or with ``init_method``,
+    through the rendezvous store (``rank``/``world_size`` override the environment's).
     ``group.bench_host`` is the matching host coordinator (``MpiHost`` or ``StoreHost``)."""
     import cupy
-    if under_mpi() or not launched():
+    if init_method is None and (under_mpi() or not launched()):
         host = MpiHost()
         transport = nccl_transport.create(rank=host.rank, world_size=host.size,
                                           timeout=timeout)
     else:
         from datetime import timedelta
         from .rendezvous import rendezvous
-        store, rank, size = rendezvous("env://", timeout=timedelta(seconds=timeout))
+        store, rank, size = rendezvous(init_method or "env://", rank=rank,
+                                       world_size=world_size,
+                                       timeout=timedelta(seconds=timeout))
         transport = nccl_transport.create(rank=rank, world_size=size, store=store,
                                           timeout=timeout)
         host = StoreHost(store, rank, size, timeout)
