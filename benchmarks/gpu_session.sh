@@ -6,12 +6,18 @@
 #                                          x ring, ring_bidirectional, recursive_doubling,
 #                                          tree, native; 1M-1G) and on 2 GPUs (ring,
 #                                          ring_bidirectional, native); about 7 minutes
+#   bash benchmarks/gpu_session.sh launcher  the benchmark under our launcher instead of
+#                                          mpiexec (env:// rendezvous, NCCL id and host sync
+#                                          through the store): 2 GPUs, all_reduce and
+#                                          all_to_all, ring and recursive_doubling, 1M and
+#                                          16M (limit 120 s); then the same by hand (no
+#                                          launcher: it self-launches one rank per GPU)
 # Logs under $OUT (or ./gpu-logs). Limits nest so a hang always reports where it was: the
 # worker dumps its stacks and exits 10 s before the test's limit, the test kills its ranks by
 # pid at its limit, this script's `timeout` (a few seconds later) is the last resort.
 set -u
 MODE=${1:-full}
-case "$MODE" in tests|full) ;; *) echo "usage: $0 [tests|full]"; exit 2;; esac
+case "$MODE" in tests|full|launcher) ;; *) echo "usage: $0 [tests|full|launcher]"; exit 2;; esac
 OUT=${OUT:-./gpu-logs}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -38,6 +44,24 @@ step() {   # step NAME SECONDS COMMAND...
   $PY -c "import cupy; from cupy.cuda import nccl; print('cupy', cupy.__version__, 'nccl', nccl.get_version(), 'gpus', cupy.cuda.runtime.getDeviceCount())"
 } >"$OUT/env.log" 2>&1
 cat "$OUT/env.log"
+
+if [ "$MODE" = launcher ]; then
+  TL=${TL:-120}
+  # TERM first (the launcher forwards it to its workers), KILL only as the last resort
+  step launcher2 $TL timeout -k 5 $((TL - 10)) env CUDA_VISIBLE_DEVICES=0,1 $PY -m collectives.run --standalone \
+    --nproc-per-node 2 benchmarks/bench.py --backend nccl --collectives all_reduce,all_to_all \
+    --algorithms ring,recursive_doubling --sizes 1M,16M --json "$OUT/launcher2.json"
+  step byhand2 $TL timeout -k 5 $((TL - 10)) env CUDA_VISIBLE_DEVICES=0,1 $PY benchmarks/bench.py --backend nccl \
+    --collectives all_reduce --algorithms ring --sizes 1M,16M --json "$OUT/byhand2.json"
+  echo
+  echo "################ summary (launcher)"
+  for name in launcher2 byhand2; do
+    echo "## $name"
+    grep -hE "^(\[rank [0-9]+\]:)?(# |.*collective|.*Error|.*Traceback| +(all_|reduce_))|collectives.run:" \
+      "$OUT/$name.log" | grep -v ":ceiling" | head -n 40
+  done
+  exit 0
+fi
 
 step tests4 $((T4 + 5)) env COLLECTIVES_GPU_TEST_SECONDS_4=$T4 \
   $PY -m pytest -m gpu tests/gpu -q -rs -s -k 4gpus -p no:cacheprovider

@@ -370,7 +370,7 @@ def self_launch(argv, world_size=None) -> int:
     if world_size is None:
         usable, why = nccl_transport.available()
         if not usable:
-            raise ValueError(f"bench --backend nccl: {why}")
+            raise ValueError(f"--backend nccl: {why}")
         import cupy
         world_size = cupy.cuda.runtime.getDeviceCount()
     return launch(list(argv), world_size)
