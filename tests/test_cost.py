@@ -246,11 +246,13 @@ def test_auto_takes_a_log_p_algorithm_for_tiny_messages_at_scale():
 
 def test_auto_takes_a_bandwidth_optimal_algorithm_for_large_messages():
     for transport in ("mpi", "socket", "local", "nccl"):
-        # ring, or Rabenseifner (recursive_doubling at this size); never the tree's lg p·nβ
-        assert choose("all_reduce", 8, 64 * MIB, transport) in ("ring", "recursive_doubling")
-        assert choose("all_gather", 8, 64 * MIB, transport) in ("ring", "recursive_doubling")
-        # Bruck moves lg p/2 times the data: the pairwise exchange wins
-        assert choose("all_to_all", 8, 64 * MIB, transport) == "ring"
+        # ring (either direction or both: with two ports, nccl's bidirectional ring), or
+        # Rabenseifner (recursive_doubling at this size); never the tree's lg p·nβ
+        rings = ("ring", "ring_bidirectional", "recursive_doubling")
+        assert choose("all_reduce", 8, 64 * MIB, transport) in rings
+        assert choose("all_gather", 8, 64 * MIB, transport) in rings
+        # Bruck moves lg p/2 times the data: a pairwise or ring exchange wins
+        assert choose("all_to_all", 8, 64 * MIB, transport) in ("ring", "ring_bidirectional")
         assert choose("broadcast", 8, 64 * MIB, transport) != "tree"
 
 
@@ -390,3 +392,66 @@ def test_calibrate_gives_every_rank_the_same_fit(size):
     if size == 1:   # nobody to ping-pong with: α and β stay the defaults
         assert (fitted.alpha, fitted.beta) == (cost.DEFAULTS["local"].alpha,
                                                cost.DEFAULTS["local"].beta)
+
+
+# --- terms beyond α-β-γ: ports, size-dependent β, shared memory bandwidth, local launches --------
+
+def test_two_ports_run_two_peers_at_once_sharing_the_link():
+    """Rank 0 sends 100 bytes to each of ranks 1 and 2 in one step: with two ports both run
+    at once, each at no better than twice the link's per-byte cost."""
+    data = Region("output", 0, 100)
+    plans = [_plan(0, [Step(sends=(Send(1, data), Send(2, data)))]),
+             _plan(1, [Step(recvs=(Recv(0, data),))]),
+             _plan(2, [Step(recvs=(Recv(0, data),))])]
+    one = Params(alpha=1.0, beta=0.01, gamma=0.0)
+    two = Params(alpha=1.0, beta=0.01, gamma=0.0, ports=2)
+    assert cost.replay(plans, 1, one) == pytest.approx(2 * (1.0 + 1.0))
+    assert cost.replay(plans, 1, two) == pytest.approx(1.0 + 2 * 0.01 * 100)
+    # a slow per-message rate (small messages) is the bound when it is above 2x the link's
+    slow = Params(alpha=1.0, beta=0.01, gamma=0.0, ports=2, beta_small=0.05, beta_knee=1e9)
+    assert cost.replay(plans, 1, slow) == pytest.approx(1.0 + slow.beta_at(100) * 100)
+    # two messages to the same peer share that pair's link whatever the ports
+    same = [_plan(0, [Step(sends=(Send(1, data), Send(1, data)))]),
+            _plan(1, [Step(recvs=(Recv(0, data), Recv(0, data)))]), _plan(2, [])]
+    assert cost.replay(same, 1, two) == pytest.approx(1.0 + 2 * 0.01 * 100)
+
+
+def test_beta_moves_from_small_to_large_messages_halfway_at_the_knee():
+    params = Params(alpha=0.0, beta=1.0, gamma=0.0, beta_small=3.0, beta_knee=1000)
+    assert params.beta_at(0) == pytest.approx(3.0)
+    assert params.beta_at(1000) == pytest.approx(2.0)
+    assert params.beta_at(1e12) == pytest.approx(1.0, rel=1e-6)
+    assert Params(1.0, 1.0, 0.0).beta_at(5) == 1.0            # no knee: flat
+
+
+def test_reductions_past_the_cache_share_memory_bandwidth():
+    """8 ranks at 64 MiB: Rabenseifner reduces a 32 MiB block first (past the 16 MiB knee:
+    γ·8), the ring only 8 MiB blocks, so the ring wins reduce_scatter where they tie in the
+    classic model (BENCHMARKS.md §1)."""
+    base = Params(alpha=6e-6, beta=1e-10, gamma=8.5e-11)
+    shared = Params(alpha=6e-6, beta=1e-10, gamma=8.5e-11, gamma_shared_bytes=16 * MIB)
+    assert cost.choose("reduce_scatter", 8, 64 * MIB, candidates=["ring", "recursive_doubling"],
+                       params=base)[0] == "recursive_doubling"
+    assert cost.choose("reduce_scatter", 8, 64 * MIB, candidates=["ring", "recursive_doubling"],
+                       params=shared)[0] == "ring"
+    assert shared.gamma_at(8 * MIB, 8) == shared.gamma
+    assert shared.gamma_at(32 * MIB, 8) == 8 * shared.gamma
+
+
+def test_local_alpha_is_paid_per_local_operation():
+    params = Params(alpha=0.0, beta=0.0, gamma=0.0, local_alpha=1.0)
+    # ring all_reduce on 4 ranks: 3 reductions on each rank's critical path, no copies
+    assert predict_bytes("all_reduce", "ring", 4, 4096, params) == pytest.approx(3.0)
+
+
+def test_old_tuning_files_take_the_new_terms_from_the_defaults(tmp_path):
+    path = tmp_path / "old.json"
+    path.write_text('{"nccl": {"alpha": 1e-5, "beta": 1e-11, "gamma": 1e-12}}')
+    got = cost.load_params("nccl", str(path))
+    assert (got.alpha, got.beta, got.gamma) == (1e-5, 1e-11, 1e-12)
+    assert got.ports == cost.DEFAULTS["nccl"].ports == 2
+    assert got.beta_knee == cost.DEFAULTS["nccl"].beta_knee
+    cost.save_params(str(path), "nccl", Params(1e-5, 1e-11, 1e-12, ports=3))
+    assert cost.load_params("nccl", str(path)).ports == 3
+    with pytest.raises(ValueError, match="ports"):
+        Params(1.0, 1.0, 1.0, ports=0)

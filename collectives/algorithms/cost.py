@@ -15,6 +15,28 @@ pair of ranks) with a clock per rank instead of data:
 - a step ends when its last transfer ends, plus its local operations in order;
 - the prediction is the latest final clock of any rank.
 
+Terms past the classic three, each measured in BENCHMARKS.md and off unless a transport's
+defaults or its tuning file turn it on (``Params``' docstring has the formulas):
+
+- ``ports`` (nccl: 2): a rank runs that many sends and receives at once; k messages of one
+  step to k peers share its link (each no faster than k·β per byte), messages to one peer
+  share that pair's link. The 4 x H200 p2p probe moved up to 1.7x more to two peers than to
+  one at 4-64 MiB, the same at 256 MiB-1 GiB: with it the bidirectional ring wins where it
+  measured fastest (16-256 MiB on 4 GPUs, all_to_all 1-256 MiB).
+- ``beta_small``/``beta_knee`` (nccl: 144 GB/s for small messages, 335 GB/s for large,
+  halfway at 60 MiB): NCCL send/recv's rate grows with the message (43 GB/s at 1 MiB, 355 GB/s
+  at 1 GiB); fewer, larger messages (Rabenseifner) beat the ring at 1 GiB for that reason.
+- ``gamma_shared_bytes`` (mpi, socket: 16 MiB): reductions of operands past the cache stream
+  from memory bandwidth that all the host's ranks share: γ·p per byte. On 8 MPI ranks
+  Rabenseifner's first 32 MiB reduction at 64 MiB took ~0.74 ns/B against ~0.05 for the
+  ring's 8 MiB blocks (≈ 8 x the calibrated γ); the ring won reduce_scatter 1.84x there.
+- ``local_alpha`` (nccl: 10 µs): each reduction or copy is a kernel launch; the bidirectional
+  ring's extra reductions cost it the 16 MiB reduce_scatter on 4 GPUs.
+
+``calibrate`` measures α, β, γ; the shape terms keep the transport's defaults (or what the
+tuning file says): they were fitted offline from bench runs (``benchmarks/model_check.py``
+replays a bench JSON through the model and shows what ``auto`` would pick).
+
 At powers of two this reproduces the classic formulas (``formula``; the tests hold the two
 together), and it stays right where formulas are silent or approximate: uneven blocks, folded
 non-powers of two, Bruck's rotations, a schedule nobody wrote a formula for. The price is one
@@ -41,7 +63,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from ..errors import CollectiveError
 from .schedule import COLLECTIVES, REGISTRY, Copy, build_plan, partition, plan_args
@@ -52,17 +74,58 @@ ENV_TUNING = "COLLECTIVES_TUNING"
 @dataclass(frozen=True)
 class Params:
     """α: seconds per message; β: seconds per byte moved; γ: seconds per byte reduced
-    (bytes of one operand; a copy costs γ/2 per byte)."""
+    (bytes of one operand; a copy costs γ/2 per byte). The terms past these three each
+    default to "off", which is the classic one-port α-β-γ model:
+
+    - ``ports``: how many sends and how many receives a rank runs at full speed at once
+      (1: Thakur-Rabenseifner-Gropp's one port; NVLink/NVSwitch GPUs drive several peers).
+      k messages of one rank's step that run together share its link: none of them moves
+      faster than k·``link_beta`` seconds per byte (``link_beta`` 0: β itself).
+    - ``beta_small``, ``beta_knee``: the per-byte cost of a message of m bytes is
+      β(m) = β + (beta_small − β)·knee/(m + knee): ``beta_small`` for small messages, β for
+      large ones, halfway at ``beta_knee`` bytes (0: β for every size).
+    - ``gamma_shared_bytes``: a reduction whose operands are larger than this many bytes runs
+      from memory while every rank of the host does the same, so it costs γ·p per byte
+      instead of γ (0: off).
+    - ``local_alpha``: fixed seconds per local operation (a reduction or copy): a kernel
+      launch on a GPU (0: off)."""
     alpha: float
     beta: float
     gamma: float
+    ports: int = 1
+    link_beta: float = 0.0
+    beta_small: float = 0.0
+    beta_knee: float = 0.0
+    gamma_shared_bytes: float = 0.0
+    local_alpha: float = 0.0
 
     def __post_init__(self):
-        for name in ("alpha", "beta", "gamma"):
+        for name in ("alpha", "beta", "gamma", "link_beta", "beta_small", "beta_knee",
+                     "gamma_shared_bytes", "local_alpha"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"cost parameters: {name} must be a finite number >= 0, "
                                  f"got {value!r}")
+        if not isinstance(self.ports, int) or isinstance(self.ports, bool) or self.ports < 1:
+            raise ValueError(f"cost parameters: ports must be an integer >= 1, "
+                             f"got {self.ports!r}")
+
+    def beta_at(self, nbytes: float) -> float:
+        """Seconds per byte of one message of ``nbytes`` bytes."""
+        if self.beta_knee <= 0:
+            return self.beta
+        return self.beta + (self.beta_small - self.beta) * self.beta_knee / (nbytes +
+                                                                             self.beta_knee)
+
+    def gamma_at(self, nbytes: float, ranks: int) -> float:
+        """Seconds per byte of a reduction of ``nbytes``-byte operands on ``ranks`` ranks."""
+        if 0 < self.gamma_shared_bytes < nbytes:
+            return self.gamma * ranks
+        return self.gamma
+
+
+SHAPE_FIELDS = ("ports", "link_beta", "beta_small", "beta_knee", "gamma_shared_bytes",
+                "local_alpha")
 
 
 # Defaults, used until a transport is calibrated (``python -m collectives.bench --calibrate``).
@@ -72,18 +135,32 @@ DEFAULTS = {
     # 5 GB/s is one core's copy bandwidth through MPICH's shared-memory channel (DESIGN.md:
     # the 2-core machine moves ~130 µs per MiB MPI_Allreduce); γ: numpy float32 add, one
     # thread, ~5 GB/s of output.
-    "mpi": Params(alpha=5e-6, beta=1 / 5e9, gamma=1 / 5e9),
+    "mpi": Params(alpha=5e-6, beta=1 / 5e9, gamma=1 / 5e9),     # shape: below
     # Python TCP over loopback (DESIGN.md: 3.3-4.2 GB/s); α: two syscalls, a frame header and
     # the selector loop per message, ~40 µs measured with gloo-like small messages.
-    "socket": Params(alpha=4e-5, beta=1 / 3.5e9, gamma=1 / 5e9),
+    "socket": Params(alpha=4e-5, beta=1 / 3.5e9, gamma=1 / 5e9),   # shape: below
     # Threads of one process: a hand-off through a condition variable under the GIL is
     # ~10-20 µs; the copy is one memcpy (~1e10 B/s) but holds the GIL.
     "local": Params(alpha=1.5e-5, beta=1 / 8e9, gamma=1 / 5e9),
     # NCCL send/recv in a group call: ~20 µs launch + completion per step (DESIGN.md: a naive
     # send/recv ring is 0.12x native at 1 MiB); 150 GB/s: the measured send/recv ring step on
     # H200 with 16-64 MiB blocks (135-157 GB/s); γ: an elementwise kernel at ~1 TB/s of output.
-    "nccl": Params(alpha=2e-5, beta=1 / 150e9, gamma=1 / 1e12),
+    # Shape (fitted to the p2p probe in BENCHMARKS.md §3, 4 x H200, one and two peers at
+    # 1 MiB-1 GiB, within ~20%): a message's rate grows with its size, from 144 GB/s for
+    # small ones to 335 GB/s for large ones (halfway at 60 MiB), and a GPU drives two peers
+    # at once, each at its own message's rate, together no faster than the 335 GB/s link.
+    # local_alpha: each reduction or copy is a kernel launch, ~10 µs (BENCHMARKS.md §3: full
+    # time minus the transfers-only ceiling, 16 MiB, grows with the number of local ops).
+    "nccl": Params(alpha=1.9e-5, beta=1 / 335e9, gamma=1 / 1e12, ports=2,
+                   beta_small=1 / 144e9, beta_knee=60 * 2**20, local_alpha=1e-5),
 }
+# Ranks of one host stream reductions of operands past the cache from shared memory
+# bandwidth: 8 MPI ranks (16-core host) reduced 32 MiB blocks at ~0.74 ns/B against
+# ~0.05 ns/B for 8 MiB blocks, about γ·8 with the calibrated γ (BENCHMARKS.md §1, the
+# 64 MiB reduce_scatter); the knee lies between 8 and 32 MiB.
+HOST_SHARED_BYTES = 16 * 2**20
+DEFAULTS["mpi"] = Params(5e-6, 1 / 5e9, 1 / 5e9, gamma_shared_bytes=HOST_SHARED_BYTES)
+DEFAULTS["socket"] = Params(4e-5, 1 / 3.5e9, 1 / 5e9, gamma_shared_bytes=HOST_SHARED_BYTES)
 # Transports without defaults of their own (tests' fakes, future ones) get the MPI numbers.
 FALLBACK_TRANSPORT = "mpi"
 
@@ -111,9 +188,15 @@ def _read_tuning(path: str) -> dict:
 
 
 def _params_from(entry, path: str, transport: str) -> Params:
+    """α, β, γ from the entry; the shape terms (``SHAPE_FIELDS``) from the entry where it has
+    them, else the transport's defaults (files written before those terms existed)."""
+    default = default_params(transport)
     try:
-        return Params(float(entry["alpha"]), float(entry["beta"]), float(entry["gamma"]))
-    except (KeyError, TypeError, ValueError) as exc:
+        shape = {name: entry.get(name, getattr(default, name)) for name in SHAPE_FIELDS}
+        shape = {name: (int(v) if name == "ports" else float(v)) for name, v in shape.items()}
+        return Params(float(entry["alpha"]), float(entry["beta"]), float(entry["gamma"]),
+                      **shape)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ValueError(f"{ENV_TUNING}={path}: entry {transport!r} needs numbers alpha, beta, "
                          f"gamma >= 0 ({exc})") from exc
 
@@ -133,7 +216,11 @@ def load_params(transport: str, path: str | None = None) -> Params:
 def save_params(path: str, transport: str, params: Params) -> None:
     """Write (or update) ``transport``'s entry in the tuning file at ``path``, atomically."""
     data = _read_tuning(path) if os.path.exists(path) else {}
-    data[transport] = asdict(params)
+    # α, β, γ always; a shape term only where it differs from the transport's default, which
+    # is what loading fills in for a missing one (files stay readable by older versions)
+    default = asdict(default_params(transport))
+    data[transport] = {name: value for name, value in asdict(params).items()
+                       if name not in SHAPE_FIELDS or value != default[name]}
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(data, f, indent=2, sort_keys=True)
@@ -145,24 +232,28 @@ def save_params(path: str, transport: str, params: Params) -> None:
 # Counted from the schedules: a timed replay of every rank's plan
 
 
-def _local_cost(step, itemsize, gamma) -> float:
+def _local_cost(step, itemsize, params, ranks) -> float:
     cost = 0.0
     for op in step.local:
         weight = 0.5 if isinstance(op, Copy) else 1.0
-        cost += weight * gamma * op.dst.count * itemsize
+        nbytes = op.dst.count * itemsize
+        cost += params.local_alpha + weight * params.gamma_at(nbytes, ranks) * nbytes
     return cost
 
 
 def replay(plans, itemsize: int, params: Params) -> float:
     """Predicted seconds for ``plans`` (one per rank, in rank order): see the module text."""
     size = len(plans)
-    alpha, beta, gamma = params.alpha, params.beta, params.gamma
+    alpha, ports = params.alpha, params.ports
+    link = params.link_beta or params.beta
     step_of = [0] * size
     outstanding = [0] * size
     posted_at = [0.0] * size      # when the rank posted its current step
     step_end = [0.0] * size       # when the last transfer of its current step ended
-    send_free = [0.0] * size      # the rank's send port is busy until then
-    recv_free = [0.0] * size
+    send_free = [[0.0] * ports for _ in range(size)]   # when each send port is free again
+    recv_free = [[0.0] * ports for _ in range(size)]
+    fan_out = [{}] * size         # the current step's sends / receives: {peer: messages}
+    fan_in = [{}] * size
     finished = [None] * size
     sends: dict = {}              # (src, dst) -> [counts posted, not yet matched] (FIFO)
     recvs: dict = {}
@@ -170,7 +261,8 @@ def replay(plans, itemsize: int, params: Params) -> float:
 
     def complete(rank):
         step = plans[rank].steps[step_of[rank]]
-        end = step_end[rank] + (_local_cost(step, itemsize, gamma) if step.local else 0.0)
+        end = step_end[rank] + (_local_cost(step, itemsize, params, size) if step.local
+                                else 0.0)
         step_of[rank] += 1
         heapq.heappush(events, (end, rank))
 
@@ -183,9 +275,21 @@ def replay(plans, itemsize: int, params: Params) -> float:
                     f"{plans[src].collective} ({plans[src].algorithm}): rank {src} step "
                     f"{step_of[src] + 1} sends {sent} elements to rank {dst}, whose step "
                     f"{step_of[dst] + 1} receives {into}")
-            start = max(posted_at[src], posted_at[dst], send_free[src], recv_free[dst])
-            end = start + alpha + beta * sent * itemsize
-            send_free[src] = recv_free[dst] = end
+            out_port = min(range(ports), key=send_free[src].__getitem__)
+            in_port = min(range(ports), key=recv_free[dst].__getitem__)
+            start = max(posted_at[src], posted_at[dst], send_free[src][out_port],
+                        recv_free[dst][in_port])
+            nbytes = sent * itemsize
+            beta = params.beta_at(nbytes)
+            # messages to one peer share that pair's link (the bidirectional ring at p = 2);
+            # messages running at once share the rank's link
+            same = max(fan_out[src].get(dst, 1), fan_in[dst].get(src, 1))
+            beta *= same
+            together = min(ports, max(sum(fan_out[src].values()), sum(fan_in[dst].values())))
+            if together > 1:
+                beta = max(beta, together * link)
+            end = start + alpha + beta * nbytes
+            send_free[src][out_port] = recv_free[dst][in_port] = end
             for rank in (src, dst) if src != dst else (src,):
                 if end > step_end[rank]:
                     step_end[rank] = end
@@ -199,7 +303,7 @@ def replay(plans, itemsize: int, params: Params) -> float:
         # steps without transfers run back to back, no need to go through the queue
         while step_of[rank] < len(steps) and not (steps[step_of[rank]].sends or
                                                    steps[step_of[rank]].recvs):
-            now += _local_cost(steps[step_of[rank]], itemsize, gamma)
+            now += _local_cost(steps[step_of[rank]], itemsize, params, size)
             step_of[rank] += 1
         if step_of[rank] == len(steps):
             finished[rank] = now
@@ -207,6 +311,11 @@ def replay(plans, itemsize: int, params: Params) -> float:
         step = steps[step_of[rank]]
         posted_at[rank] = step_end[rank] = now
         outstanding[rank] = len(step.sends) + len(step.recvs)
+        fan_out[rank], fan_in[rank] = {}, {}
+        for s in step.sends:
+            fan_out[rank][s.peer] = fan_out[rank].get(s.peer, 0) + 1
+        for r in step.recvs:
+            fan_in[rank][r.peer] = fan_in[rank].get(r.peer, 0) + 1
         for r in step.recvs:
             recvs.setdefault((r.peer, rank), []).append(r.region.count)
         for s in step.sends:
@@ -299,7 +408,8 @@ COUNTED_WORK = 50_000
 # receive port, and so on around the ring), so the counted time exceeds the one-port optimum
 # of 2(α + (n/2p)β) per step by a factor that grows with p, and no formula reproduces it.
 # Where counting is too dear, ``estimate`` prices them at infinity: ``auto`` skips them at
-# scale (the replay always puts them above the one-way ring anyway: same β, more α).
+# scale (with one port the replay puts them above the one-way ring anyway: same β, more α;
+# with two ports, as nccl has, they compete wherever the schedules are counted).
 COUNTED_ONLY = frozenset({"ring_bidirectional"})
 
 
@@ -527,7 +637,10 @@ def fit(pingpong, reductions, default: Params | None = None) -> Params:
         raise ValueError("cost model fit: need ping-pong and reduction timings, or defaults")
     alpha, beta = _weighted_line(pingpong) if pingpong else (default.alpha, default.beta)
     gamma = _weighted_line(reductions, relative=False)[1] if reductions else default.gamma
-    return Params(alpha, beta, gamma)
+    # the shape terms (ports, β's knee, shared memory bandwidth, local launches) are not
+    # measured here: they stay the default's
+    return replace(default, alpha=alpha, beta=beta, gamma=gamma) if default is not None \
+        else Params(alpha, beta, gamma)
 
 
 PINGPONG_BYTES = (8, 64, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20)
@@ -608,7 +721,8 @@ def calibrate(group, *, repeats: int = 15, pingpong_bytes=PINGPONG_BYTES,
     values = xp.zeros(3, dtype=xp.float64)
     exchange([transport.irecv(values, 0, tag)])
     host = values.get() if hasattr(values, "get") else values
-    return Params(*(float(v) for v in host))
+    alpha, beta, gamma = (float(v) for v in host)
+    return replace(default, alpha=alpha, beta=beta, gamma=gamma)
 
 
 def clear_caches() -> None:
