@@ -237,3 +237,72 @@ def build_plan(collective: str, name: str, rank: int, size: int, *args) -> Plan:
     fn = REGISTRY[collective][name]
     steps = tuple(s for s in map(_drop_empty, fn(rank, size, *args)) if s is not None)
     return Plan(collective, name, rank, size, steps, _scratch_needed(steps))
+
+
+# ---------------------------------------------------------------------------------------------
+# Segmentation: large messages cut into pieces, for executors that overlap them with reductions
+
+
+def _cut(region: Region, pieces: int) -> list[Region]:
+    """``pieces`` consecutive parts of ``region`` with proportional bounds, so two regions of
+    equal count (a message at both ends, a reduction and its landing zone) cut alike."""
+    return [region.sub(region.count * k // pieces,
+                       region.count * (k + 1) // pieces - region.count * k // pieces)
+            for k in range(pieces)]
+
+
+def segment_pieces(count: int, max_count: int) -> int:
+    """How many segments a transfer or local op of ``count`` elements becomes: whole pieces of
+    at least ``max_count`` elements (so pieces hold max_count .. 2*max_count - 1), one piece
+    below 2 * max_count. Both ends of a message see the same count, hence the same cut."""
+    return max(1, count // max_count)
+
+
+def _cuttable(op) -> bool:
+    """A local op may be cut into element-wise pieces only when any two of its regions are
+    equal or disjoint (a Reduce's dst aliasing a or b exactly); a partial overlap would make
+    piece k read what piece j < k already wrote."""
+    regions = list(op)
+    for i, a in enumerate(regions):
+        for b in regions[i + 1:]:
+            if a != b and a.buffer == b.buffer and a.offset < b.end and b.offset < a.end:
+                return False
+    return True
+
+
+@functools.lru_cache(maxsize=1024)
+def segmented(plan: Plan, max_count: int) -> Plan:
+    """``plan`` with every transfer of at least ``2 * max_count`` elements cut into segments of
+    ``max_count .. 2 * max_count - 1`` elements, and every local op that can be cut
+    (``_cuttable``) cut by the same rule, so segment k of a reduction reads exactly segment k
+    of its landing zone. Pieces replace their message in place: messages between a pair keep
+    their order and the pieces of one message follow each other, on both sides alike (FIFO
+    per pair and tag keeps them matched). The result means the same as ``plan`` under the
+    step semantics; executors that wait per piece overlap reductions with later pieces.
+    Cached like ``build_plan`` (a plan is hashable); ``plan`` itself is returned when nothing
+    is large enough to cut."""
+    if max_count < 1:
+        raise ValueError(f"segmented: max_count must be >= 1, got {max_count}")
+    steps, changed = [], False
+    for step in plan.steps:
+        sends, recvs, local = [], [], []
+        for send_ in step.sends:
+            n = segment_pieces(send_.region.count, max_count)
+            sends.extend(Send(send_.peer, r) for r in _cut(send_.region, n))
+        for recv_ in step.recvs:
+            n = segment_pieces(recv_.region.count, max_count)
+            recvs.extend(Recv(recv_.peer, r) for r in _cut(recv_.region, n))
+        for op in step.local:
+            n = segment_pieces(op[0].count, max_count) if _cuttable(op) else 1
+            if n == 1:
+                local.append(op)
+            else:
+                local.extend(type(op)(*parts) for parts in zip(*(_cut(r, n) for r in op)))
+        if len(sends) != len(step.sends) or len(recvs) != len(step.recvs) \
+                or len(local) != len(step.local):
+            changed = True
+            step = Step(tuple(sends), tuple(recvs), tuple(local))
+        steps.append(step)
+    if not changed:
+        return plan
+    return Plan(plan.collective, plan.algorithm, plan.rank, plan.size, tuple(steps), plan.scratch)

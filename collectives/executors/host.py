@@ -3,13 +3,22 @@
 Each step posts its receives first (so eager transports can land data directly), then its
 sends, waits for all of them within the collective's deadline, then runs its local copies and
 reductions. This is the reference executor; compiled ones must give the same bits.
+
+Overlapped mode, for transports that move data in the background (a progress thread) and say
+so with ``segment_bytes``: messages of at least twice that many bytes are cut into segments
+(``schedule.segmented``, cached per plan), and within a step each local op waits only for the
+transfers whose regions it touches (receives writing what it reads or writes, sends reading
+what it writes) before it runs. So the reduction of segment k runs while segments k+1.. are
+still arriving (numpy releases the GIL on large ufuncs). The step still ends only when all its
+transfers are done, so the next step sees exactly what the step semantics promise. Plans with
+no message that large run the plain walk (small messages pay nothing for the mode).
 """
 from __future__ import annotations
 
 import time
 
 
-from ..algorithms.schedule import Copy, Plan
+from ..algorithms.schedule import Copy, Plan, segmented
 from ..errors import CollectiveError, CollectiveTimeout
 
 
@@ -23,10 +32,16 @@ def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
     Scratch is allocated here, with the dtype of the data.
     """
     arrays = dict(buffers)
+    if dtype is None:
+        dtype = next((a.dtype for a in arrays.values() if a is not None), None)
     if plan.scratch and "scratch" not in arrays:
-        if dtype is None:
-            dtype = next(a.dtype for a in arrays.values() if a is not None)
         arrays["scratch"] = transport.xp.empty(plan.scratch, dtype=dtype)
+
+    segment = getattr(transport, "segment_bytes", None)
+    if segment and dtype is not None:
+        cut = _segmented_plan(plan, max(1, segment // transport.xp.dtype(dtype).itemsize))
+        if cut is not plan:
+            return _overlapped(cut, transport, arrays, reduce, tag, timeout, operation)
 
     def view(region):
         return arrays[region.buffer][region.offset:region.end]
@@ -41,15 +56,93 @@ def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 transport.wait_all(requests, left)
         except CollectiveError as exc:
-            # The transport's message names the peer and the tag; say where in the schedule
-            # and, for a timeout, how long the whole collective waited (not just this step).
-            waited = (f", after {time.monotonic() - started:.3g} s"
-                      if isinstance(exc, CollectiveTimeout) else "")
-            raise type(exc)(f"{operation or plan.collective} ({plan.algorithm}) on rank "
-                            f"{plan.rank}, step {index + 1} of {len(plan.steps)}{waited}: "
-                            f"{exc}") from exc
+            raise _where(exc, plan, index, started, operation) from exc
         for op in step.local:
             if isinstance(op, Copy):
                 view(op.dst)[...] = view(op.src)
             else:
                 reduce(view(op.dst), view(op.a), view(op.b))
+
+
+def _where(exc, plan, index, started, operation):
+    """The transport's message names the peer and the tag; say where in the schedule and, for
+    a timeout, how long the whole collective waited (not just this step)."""
+    waited = (f", after {time.monotonic() - started:.3g} s"
+              if isinstance(exc, CollectiveTimeout) else "")
+    return type(exc)(f"{operation or plan.collective} ({plan.algorithm}) on rank "
+                     f"{plan.rank}, step {index + 1} of {len(plan.steps)}{waited}: {exc}")
+
+
+def _segmented_plan(plan: Plan, max_count: int) -> Plan:
+    # Cached on the plan object itself (plans are cached by build_plan): hashing a whole plan
+    # per call, as an lru_cache key would, costs more than the lookup saves at large p.
+    cache = plan.__dict__.get("_segmented")
+    if cache is None:
+        cache = {}
+        object.__setattr__(plan, "_segmented", cache)
+    cut = cache.get(max_count)
+    if cut is None:
+        cut = cache[max_count] = segmented(plan, max_count)
+    return cut
+
+
+def _overlaps(a, b) -> bool:
+    return a.buffer == b.buffer and a.offset < b.end and b.offset < a.end
+
+
+def _overlapped(plan, transport, arrays, reduce, tag, timeout, operation):
+    """The step walk, with each local op waiting only for the transfers it depends on."""
+    def view(region):
+        return arrays[region.buffer][region.offset:region.end]
+
+    started = time.monotonic()
+    deadline = None if timeout is None else started + timeout
+
+    def wait(requests, index):
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            transport.wait_all(requests, left)
+        except CollectiveError as exc:
+            raise _where(exc, plan, index, started, operation) from exc
+
+    for index, step in enumerate(plan.steps):
+        # (request, region, is_receive, peer) still pending in this step
+        pending = []
+        try:
+            for r in step.recvs:
+                pending.append((transport.irecv(view(r.region), r.peer, tag), r.region, True,
+                                r.peer))
+            for s in step.sends:
+                pending.append((transport.isend(view(s.region), s.peer, tag), s.region, False,
+                                s.peer))
+        except CollectiveError as exc:
+            raise _where(exc, plan, index, started, operation) from exc
+        for op in step.local:
+            if pending:
+                if isinstance(op, Copy):
+                    reads, writes = (op.src,), (op.dst,)
+                else:
+                    reads, writes = (op.a, op.b), (op.dst,)
+                # A receive needed now takes every earlier receive from its peer along: some
+                # transports (local) match a receive to a message when it completes, not when
+                # it is posted, so receives from one peer must complete in posting order.
+                needed, rest, peers = [], [], set()
+                for entry in reversed(pending):
+                    _, region, is_receive, peer = entry
+                    touched = (reads + writes) if is_receive else writes
+                    if (is_receive and (peer in peers or -1 in peers)) or any(
+                            _overlaps(region, t) for t in touched):
+                        needed.append(entry)
+                        if is_receive:
+                            peers.add(peer)
+                    else:
+                        rest.append(entry)
+                if needed:
+                    wait([e[0] for e in reversed(needed)], index)
+                    pending = rest[::-1]
+            if isinstance(op, Copy):
+                view(op.dst)[...] = view(op.src)
+            else:
+                reduce(view(op.dst), view(op.a), view(op.b))
+        if pending:
+            wait([e[0] for e in pending], index)

@@ -54,6 +54,9 @@ MAX_MESSAGE = int(os.environ.get("COLLECTIVES_SOCKET_MAX_MESSAGE", 4 << 30))
 MAX_ABORT_REASON = 4096
 STAGE_BYTES = 256 << 10
 SOCKET_BUFFER = int(os.environ.get("COLLECTIVES_SOCKET_BUFFER", 0))   # 0: kernel autotuning
+# Messages of at least twice this many bytes are cut into segments by the host executor, so
+# reductions overlap the arrival of later segments (0: never cut).
+SEGMENT_BYTES = int(os.environ.get("COLLECTIVES_SOCKET_SEGMENT", 1 << 20))
 
 
 def available():
@@ -136,6 +139,7 @@ class _Peer:
 class SocketTransport(Transport):
     name = "socket"
     xp = np
+    segment_bytes = SEGMENT_BYTES or None    # read by executors/host.py
 
     def __init__(self, rank, world_size, store, timeout=1800.0):
         if not isinstance(world_size, int) or world_size < 1:
