@@ -9,9 +9,12 @@ so with ``segment_bytes``: messages of at least twice that many bytes are cut in
 (``schedule.segmented``, cached per plan), and within a step each local op waits only for the
 transfers whose regions it touches (receives writing what it reads or writes, sends reading
 what it writes) before it runs. So the reduction of segment k runs while segments k+1.. are
-still arriving (numpy releases the GIL on large ufuncs). The step still ends only when all its
-transfers are done, so the next step sees exactly what the step semantics promise. Plans with
-no message that large run the plain walk (small messages pay nothing for the mode).
+still arriving (numpy releases the GIL on large ufuncs). The next step's transfers are posted
+as soon as nothing left in this step can touch them (a ring's segment k goes on to the next
+rank right after its reduction, as gloo's pipelined ring does); each peer's messages are still
+posted in plan order, so they match as in the plain walk. A step ends only when all its own
+transfers are done. Plans with no message that large run the plain walk (small messages pay
+nothing for the mode).
 """
 from __future__ import annotations
 
@@ -91,33 +94,69 @@ def _overlaps(a, b) -> bool:
 
 
 def _overlapped(plan, transport, arrays, reduce, tag, timeout, operation):
-    """The step walk, with each local op waiting only for the transfers it depends on."""
+    """The step walk, with each local op waiting only for the transfers it depends on, and
+    the next step's transfers posted as soon as nothing left in this step can touch them."""
     def view(region):
         return arrays[region.buffer][region.offset:region.end]
 
     started = time.monotonic()
     deadline = None if timeout is None else started + timeout
+    index = 0
 
-    def wait(requests, index):
+    def wait(requests):
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             transport.wait_all(requests, left)
         except CollectiveError as exc:
             raise _where(exc, plan, index, started, operation) from exc
 
-    for index, step in enumerate(plan.steps):
-        # (request, region, is_receive, peer) still pending in this step
-        pending = []
+    def post(transfer, is_receive):
         try:
-            for r in step.recvs:
-                pending.append((transport.irecv(view(r.region), r.peer, tag), r.region, True,
-                                r.peer))
-            for s in step.sends:
-                pending.append((transport.isend(view(s.region), s.peer, tag), s.region, False,
-                                s.peer))
+            if is_receive:
+                req = transport.irecv(view(transfer.region), transfer.peer, tag)
+            else:
+                req = transport.isend(view(transfer.region), transfer.peer, tag)
         except CollectiveError as exc:
             raise _where(exc, plan, index, started, operation) from exc
-        for op in step.local:
+        # (request, region, is_receive, peer)
+        return req, transfer.region, is_receive, transfer.peer
+
+    steps = plan.steps
+    early, early_recvs, early_sends = [], 0, 0      # the next step's transfers posted already
+    for index, step in enumerate(steps):
+        pending = early
+        pending += [post(r, True) for r in step.recvs[early_recvs:]]
+        pending += [post(s, False) for s in step.sends[early_sends:]]
+        following = steps[index + 1] if index + 1 < len(steps) else None
+        early, early_recvs, early_sends = [], 0, 0
+
+        def look_ahead(remaining):
+            """Post the following step's transfers, in order, while nothing still to happen
+            in this step touches them: a receive must not overlap a pending transfer or a
+            remaining op; a send must not overlap a pending receive or what a remaining op
+            writes. Posting earlier never blocks (only transports that progress in the
+            background run this mode) and keeps each peer's messages in plan order."""
+            nonlocal early_recvs, early_sends
+            if following is None:
+                return
+            while early_recvs < len(following.recvs):
+                region = following.recvs[early_recvs].region
+                if any(_overlaps(region, e[1]) for e in pending) or any(
+                        _overlaps(region, r) for op in remaining for r in op):
+                    break
+                early.append(post(following.recvs[early_recvs], True))
+                early_recvs += 1
+            while early_sends < len(following.sends):
+                region = following.sends[early_sends].region
+                if any(e[2] and _overlaps(region, e[1]) for e in pending) or any(
+                        _overlaps(region, op.dst) for op in remaining):
+                    break
+                early.append(post(following.sends[early_sends], False))
+                early_sends += 1
+
+        local = step.local
+        look_ahead(local)
+        for j, op in enumerate(local):
             if pending:
                 if isinstance(op, Copy):
                     reads, writes = (op.src,), (op.dst,)
@@ -138,11 +177,13 @@ def _overlapped(plan, transport, arrays, reduce, tag, timeout, operation):
                     else:
                         rest.append(entry)
                 if needed:
-                    wait([e[0] for e in reversed(needed)], index)
+                    wait([e[0] for e in reversed(needed)])
                     pending = rest[::-1]
             if isinstance(op, Copy):
                 view(op.dst)[...] = view(op.src)
             else:
                 reduce(view(op.dst), view(op.a), view(op.b))
+            if following is not None:
+                look_ahead(local[j + 1:])
         if pending:
-            wait([e[0] for e in pending], index)
+            wait([e[0] for e in pending])
