@@ -15,6 +15,7 @@ import numpy as np
 from .algorithms import AUTO, NATIVE, check_algorithm, choose
 from .algorithms.cost import ENV_TUNING
 from .algorithms.schedule import ROOTED, Matrix, buffer_sizes, build_plan, plan_args
+from .algorithms.transforms import read_input_first
 from . import debug
 from .executors import host
 from .kernels.reduce import BFLOAT16, check_op, fast_reducer, finish_average, reducer
@@ -171,10 +172,16 @@ class ProcessGroup:
     def _runner(self, collective, plan, reduce, input, output, root, op, deadline, check, tag,
                 dtype):
         execute = getattr(self.transport, "execute", None) or host.execute
+        direct = None
+        if collective == "all_reduce" and input is not None and not _overlap(input, output):
+            direct = read_input_first(plan, output.size)   # no input -> output copy first
+        if direct is not None:
+            plan = direct
 
         def run():
             check()
-            buffers = self._buffers(collective, input, output)
+            buffers = ({"input": input, "output": output} if direct is not None
+                       else self._buffers(collective, input, output))
             if collective == "barrier":
                 buffers = {"scratch": self.xp.zeros(plan.scratch, dtype=np.uint8)}
             execute(plan, self.transport, buffers, reduce, tag=tag, timeout=deadline,
