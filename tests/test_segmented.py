@@ -170,3 +170,40 @@ def test_overlapped_executor_equals_plain(collective, algorithm):
         assert any(segmented(p, 3) is not p for p in plans)
         for rank in range(size):
             np.testing.assert_array_equal(got[rank]["output"], want[rank]["output"])
+
+
+# -- over real sockets (the transport the mode is for) -------------------------------------------
+
+def _socket_cases(transport, count):
+    """Every algorithm of the three bandwidth collectives, plain then with 64-byte segments
+    (so a ~1000-element message becomes ~60 pieces): both results, per case."""
+    from collectives.algorithms.schedule import plan_args as args_of
+    size, rank = transport.size, transport.rank
+    reduce = reducer(ReduceOp.SUM, np.dtype(np.float32))
+    results, tag = [], 100
+    for collective in ("all_reduce", "reduce_scatter", "all_gather"):
+        counts = count if collective == "all_reduce" else tuple(count // size + i % 2
+                                                                for i in range(size))
+        n_in, n_out = buffer_sizes(collective, rank, size, counts)
+        for algorithm in sorted(capabilities()[collective]):
+            plan = build_plan(collective, algorithm, rank, size, *args_of(collective, size, counts))
+            pair = []
+            for segment in (None, 64):
+                transport.segment_bytes = segment
+                data = (np.arange(max(n_in, n_out), dtype=np.float32) % 97) * (rank + 1)
+                b = ({"output": data[:n_out].copy()} if collective == "all_reduce" else
+                     {"input": data[:n_in].copy(), "output": np.zeros(n_out, np.float32)})
+                host.execute(plan, transport, b, reduce, tag=tag, timeout=30.0,
+                              dtype=np.dtype(np.float32))
+                tag += 1
+                pair.append(b["output"])
+            results.append((collective, algorithm, pair[0], pair[1]))
+    return results
+
+
+def test_socket_segmented_equals_plain():
+    from test_socket_transport import ok, run_ranks
+    for size in (2, 3):
+        for rank_results in ok(run_ranks(size, _socket_cases, 1001), size):
+            for collective, algorithm, plain, cut in rank_results:
+                assert plain.size and np.array_equal(plain, cut), (size, collective, algorithm)
