@@ -23,9 +23,10 @@ timeout -s KILL 80 $PY benchmarks/bench.py --backend socket --world-size 4 \
 timeout -s TERM 60 env CUDA_VISIBLE_DEVICES=0,1 $PY -m collectives.run --standalone \
   --nproc-per-node 2 benchmarks/bench.py --backend nccl --collectives all_reduce,all_to_all \
   --algorithms ring,recursive_doubling --sizes 1M,16M > "$O/launcher2.log" 2>&1; echo "launcher2 rc=$?"
-timeout -s KILL 60 $M -n 4 $PY benchmarks/bench.py --backend nccl --collectives all_reduce,all_gather \
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+[ "$gpus" -ge 4 ] && timeout -s KILL 60 $M -n 4 $PY benchmarks/bench.py --backend nccl --collectives all_reduce,all_gather \
   --algorithms ring,ring_bidirectional,recursive_doubling,auto --sizes 16M,256M \
-  --json "$O/nccl4_auto.json" > "$O/nccl4.log" 2>&1; echo "nccl4 rc=$?"
+  --json "$O/nccl4_auto.json" > "$O/nccl4.log" 2>&1; echo "nccl4 rc=$? ($gpus GPUs)"
 grep -aE "^# +(all_|reduce_|auto|model)|calibrated|rows" "$O/mpi8.log" | head -n 20
 grep -aE "^# +(all_|reduce_|auto)|rows" "$O/socket4.log" | head -n 12
 grep -aE "all_reduce|all_to_all|Error" "$O/launcher2.log" | grep -v ceiling | head -n 12
