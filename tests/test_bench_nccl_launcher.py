@@ -163,7 +163,7 @@ def test_nccl_bench_through_launcher_rendezvous(size, monkeypatch, tmp_path):
                                              world_size=size)
             assert isinstance(group.bench_host, bench_nccl.StoreHost)
             status[rank] = bench_nccl.run_from_bench(args, group)
-        except BaseException as exc:        # reported below with the rank
+        except BaseException:        # reported below with the rank
             errors.append((rank, traceback.format_exc()))
 
     threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(size)]
@@ -204,7 +204,7 @@ def test_nccl_bench_wrong_results_are_counted_over_ranks(monkeypatch, tmp_path):
     from collectives import bench_nccl
     from collectives.store import HashStore
     store = HashStore()
-    status, rows = [None] * size, [None] * size
+    status = [None] * size
 
     def rank_main(rank):
         world.rank = rank
