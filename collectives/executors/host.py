@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 
-
 from ..algorithms.schedule import Copy, Plan, segmented
 from ..errors import CollectiveError, CollectiveTimeout
 
