@@ -105,7 +105,7 @@ class ProcessGroup:
         """Validate a call and return ``run()`` that performs it. Nothing moves before run()."""
         # A call shaped like an earlier one (same collective, dtypes, sizes, op, algorithm,
         # root, timeout) reuses that call's checks, choice and plan: only the per-array checks
-        # run again (~8 µs -> ~2 µs per call; see /work/briefs/perf7.md).
+        # run again (~8 µs -> ~2 µs per call; see docs/notes/compiled-path-perf.md).
         key = self._repeat_key(collective, input, output, counts, root, op, algorithm, timeout)
         known = self._repeats.get(key) if key is not None else None
         if known is not None:

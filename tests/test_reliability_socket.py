@@ -3,7 +3,7 @@ with SIGKILL mid-collective, a rank that never arrives, mismatched calls with an
 COLLECTIVES_DEBUG=DETAIL, and a store server that dies. Every test bounds the whole job, so a
 hang fails the test instead of stalling CI, and measures the time to the error.
 
-Measured times are printed (``pytest -s``) and recorded in /work/briefs/reliability_table.md.
+Measured times are printed (``pytest -s``) and recorded in README.md (Reliability).
 """
 import re
 import signal

@@ -415,7 +415,7 @@ cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
 # Waiting: Testall in a loop. MPICH's blocking MPI_Waitall measured ~5 µs per 4 KiB exchange
-# step here against ~1.2 µs for a Testall loop (benchmarks in /work/briefs/perf7.md), so even
+# step here against ~1.2 µs for a Testall loop (benchmarks in docs/notes/compiled-path-perf.md), so even
 # without a deadline we poll. Spin first (most steps finish within microseconds), then yield the
 # CPU (oversubscribed ranks must let their peers run), and only after a whole second (a peer
 # that is late, not a message in flight) sleep with a short growing backoff. MPI makes no
