@@ -307,10 +307,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
         return None
     root = state.group_rank(pg, dst, group_dst, "reduce", "dst")
     buf = tensors.flat(tensor, "reduce", pg.rank)
-    # The root's input is a copy: MPI's native Reduce refuses aliased buffers, and the
-    # schedules would copy an overlapping input anyway (group._buffers), so this costs nothing.
-    source = buf.copy() if pg.rank == root else buf
-    run = pg.prepare("reduce", input=source, output=buf if pg.rank == root else None,
+    run = pg.prepare("reduce", input=buf, output=buf if pg.rank == root else None,
                      root=root, op=op, algorithm=algorithm)
     return _work.call(pg, run, async_op, [tensor])
 

@@ -379,7 +379,9 @@ class MPINative:
 
     def reduce(self, sendbuf, recvbuf, root, op):
         recv = self._typed(recvbuf) if recvbuf is not None else None
-        self.comm.Reduce(self._typed(sendbuf), recv, self._op(sendbuf.dtype, op), root)
+        # MPI refuses aliased buffers: the root reducing in place says so with IN_PLACE.
+        send = _mpi().IN_PLACE if _same(sendbuf, recvbuf) else self._typed(sendbuf)
+        self.comm.Reduce(send, recv, self._op(sendbuf.dtype, op), root)
 
     def all_gather(self, sendbuf, recvbuf, counts):
         MPI = _mpi()
