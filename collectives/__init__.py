@@ -280,27 +280,37 @@ def _group(group, operation):
     return state.resolve(group, operation)
 
 
-def broadcast(tensor, src=None, group=None, async_op=False, group_src=None, *, algorithm=None):
+def _call_timeout(timeout):
+    """The keyword-only ``timeout=`` of every collective (seconds or a timedelta) bounds that
+    call's waits instead of the group's timeout; None keeps the group's."""
+    return None if timeout is None else _seconds(timeout)
+
+
+def broadcast(tensor, src=None, group=None, async_op=False, group_src=None,
+              *, algorithm=None, timeout=None):
     pg = _group(group, "broadcast")
     if pg is None:
         return None
     root = state.group_rank(pg, src, group_src, "broadcast", "src")
     buf = tensors.flat(tensor, "broadcast", pg.rank)
-    run = pg.prepare("broadcast", output=buf, root=root, algorithm=algorithm)
+    run = pg.prepare("broadcast", output=buf, root=root, algorithm=algorithm,
+                     timeout=_call_timeout(timeout))
     return _work.call(pg, run, async_op, [tensor])
 
 
-def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, *, algorithm=None):
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False,
+               *, algorithm=None, timeout=None):
     pg = _group(group, "all_reduce")
     if pg is None:
         return None
     buf = tensors.flat(tensor, "all_reduce", pg.rank)
-    run = pg.prepare("all_reduce", output=buf, op=op, algorithm=algorithm)
+    run = pg.prepare("all_reduce", output=buf, op=op, algorithm=algorithm,
+                     timeout=_call_timeout(timeout))
     return _work.call(pg, run, async_op, [tensor])
 
 
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None, *,
-           algorithm=None):
+           algorithm=None, timeout=None):
     """The result lands in ``tensor`` on ``dst`` only; other ranks' tensors stay untouched."""
     pg = _group(group, "reduce")
     if pg is None:
@@ -308,11 +318,11 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     root = state.group_rank(pg, dst, group_dst, "reduce", "dst")
     buf = tensors.flat(tensor, "reduce", pg.rank)
     run = pg.prepare("reduce", input=buf, output=buf if pg.rank == root else None,
-                     root=root, op=op, algorithm=algorithm)
+                     root=root, op=op, algorithm=algorithm, timeout=_call_timeout(timeout))
     return _work.call(pg, run, async_op, [tensor])
 
 
-def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm=None):
+def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm=None, timeout=None):
     """Differently sized entries of ``tensor_list`` make this an all-gather-v."""
     pg = _group(group, "all_gather")
     if pg is None:
@@ -323,23 +333,24 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm=Non
     _check_outputs("all_gather", pg, outs)
     whole = tensors.empty(buf, sum(o.size for o in outs))
     run = pg.prepare("all_gather", input=buf, output=whole, counts=[o.size for o in outs],
-                     algorithm=algorithm)
+                     algorithm=algorithm, timeout=_call_timeout(timeout))
     return _work.call(pg, _then(run, tensors.split_into, whole, outs), async_op, tensor_list)
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, *,
-                           algorithm=None):
+                           algorithm=None, timeout=None):
     pg = _group(group, "all_gather_into_tensor")
     if pg is None:
         return None
     out = tensors.flat(output_tensor, "all_gather_into_tensor", pg.rank, "output_tensor")
     buf = tensors.flat(input_tensor, "all_gather_into_tensor", pg.rank, "input_tensor")
-    run = pg.prepare("all_gather", input=buf, output=out, algorithm=algorithm)
+    run = pg.prepare("all_gather", input=buf, output=out, algorithm=algorithm,
+                     timeout=_call_timeout(timeout))
     return _work.call(pg, run, async_op, [output_tensor])
 
 
 def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None, *,
-           algorithm=None):
+           algorithm=None, timeout=None):
     """``gather_list`` (one tensor per rank, each the size of ``tensor``) only on ``dst``."""
     pg = _group(group, "gather")
     if pg is None:
@@ -347,13 +358,14 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
     root = state.group_rank(pg, dst, group_dst, "gather", "dst")
     buf = tensors.flat(tensor, "gather", pg.rank)
     outs, whole = _rooted_list("gather", pg, root, gather_list, "gather_list", buf)
-    run = pg.prepare("gather", input=buf, output=whole, root=root, algorithm=algorithm)
+    run = pg.prepare("gather", input=buf, output=whole, root=root, algorithm=algorithm,
+                     timeout=_call_timeout(timeout))
     finish = _then(run, tensors.split_into, whole, outs) if whole is not None else run
     return _work.call(pg, finish, async_op, list(gather_list or []))
 
 
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None, *,
-            algorithm=None):
+            algorithm=None, timeout=None):
     """``scatter_list`` (one tensor per rank, each the size of ``tensor``) only on ``src``."""
     pg = _group(group, "scatter")
     if pg is None:
@@ -362,12 +374,13 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     out = tensors.flat(tensor, "scatter", pg.rank)
     ins, _ = _rooted_list("scatter", pg, root, scatter_list, "scatter_list", out)
     whole = tensors.concatenate(ins, out) if pg.rank == root else None
-    run = pg.prepare("scatter", input=whole, output=out, root=root, algorithm=algorithm)
+    run = pg.prepare("scatter", input=whole, output=out, root=root, algorithm=algorithm,
+                     timeout=_call_timeout(timeout))
     return _work.call(pg, run, async_op, [tensor])
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, *,
-                   algorithm=None):
+                   algorithm=None, timeout=None):
     """Differently sized entries of ``input_list`` make this an uneven reduce-scatter."""
     pg = _group(group, "reduce_scatter")
     if pg is None:
@@ -377,23 +390,24 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
     _check_same_dtype("reduce_scatter", pg, out, ins)
     whole = tensors.concatenate(ins, out)
     run = pg.prepare("reduce_scatter", input=whole, output=out, counts=[i.size for i in ins],
-                     op=op, algorithm=algorithm)
+                     op=op, algorithm=algorithm, timeout=_call_timeout(timeout))
     return _work.call(pg, run, async_op, [output])
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,
-                          algorithm=None):
+                          algorithm=None, timeout=None):
     pg = _group(group, "reduce_scatter_tensor")
     if pg is None:
         return None
     out = tensors.flat(output, "reduce_scatter_tensor", pg.rank, "output")
     buf = tensors.flat(input, "reduce_scatter_tensor", pg.rank, "input")
-    run = pg.prepare("reduce_scatter", input=buf, output=out, op=op, algorithm=algorithm)
+    run = pg.prepare("reduce_scatter", input=buf, output=out, op=op, algorithm=algorithm,
+                     timeout=_call_timeout(timeout))
     return _work.call(pg, run, async_op, [output])
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, *,
-               algorithm=None):
+               algorithm=None, timeout=None):
     """Entry j of ``input_tensor_list`` goes to rank j; sizes may differ (all-to-all-v)."""
     pg = _group(group, "all_to_all")
     if pg is None:
@@ -409,13 +423,13 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     whole_in = tensors.concatenate(ins, like)
     whole_out = tensors.empty(like, sum(o.size for o in outs))
     run = pg.prepare("all_to_all", input=whole_in, output=whole_out, counts=counts,
-                     algorithm=algorithm)
+                     algorithm=algorithm, timeout=_call_timeout(timeout))
     finish = _then(run, tensors.split_into, whole_out, outs)
     return _work.call(pg, finish, async_op, output_tensor_list)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
-                      group=None, async_op=False, *, algorithm=None):
+                      group=None, async_op=False, *, algorithm=None, timeout=None):
     """Split sizes count rows of dim 0, as in torch; without them the split is even."""
     pg = _group(group, "all_to_all_single")
     if pg is None:
@@ -428,15 +442,16 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         recvs = _splits(pg, output_split_sizes, out.size, tensors.rows(output),
                         "output_split_sizes")
         counts = _all_to_all_counts(pg, sends, recvs, algorithm)
-    run = pg.prepare("all_to_all", input=buf, output=out, counts=counts, algorithm=algorithm)
+    run = pg.prepare("all_to_all", input=buf, output=out, counts=counts, algorithm=algorithm,
+                     timeout=_call_timeout(timeout))
     return _work.call(pg, run, async_op, [output])
 
 
-def barrier(group=None, async_op=False, device_ids=None, *, algorithm=None):
+def barrier(group=None, async_op=False, device_ids=None, *, algorithm=None, timeout=None):
     pg = _group(group, "barrier")
     if pg is None:
         return None
-    run = pg.prepare("barrier", algorithm=algorithm)
+    run = pg.prepare("barrier", algorithm=algorithm, timeout=_call_timeout(timeout))
     return _work.call(pg, run, async_op, [])
 
 

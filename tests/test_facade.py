@@ -517,3 +517,22 @@ def test_p2p_work_timeout_then_completion_and_subgroup_any_source():
         dist.send(np.array([float(rank)]), dst=1, group=sub)
         return None
     assert spawn(4, fn)[1] == {(2, 2.0), (3, 3.0)}
+
+
+def test_a_per_call_timeout_bounds_one_collective():
+    """``timeout=`` on a call overrides the group's (here 60 s) for that call only."""
+    import time
+
+    def body(rank):
+        x = np.ones(4, np.float32)
+        if rank == 1:
+            time.sleep(0.01)
+            return None                     # rank 1 never joins the all_reduce
+        started = time.monotonic()
+        with pytest.raises(dist.CollectiveTimeout) as info:
+            dist.all_reduce(x, timeout=0.3, algorithm="ring")
+        return time.monotonic() - started, str(info.value)
+
+    waited, message = dist.spawn_local(2, body)[0]
+    assert waited < 5, waited
+    assert "all_reduce" in message and "rank 0" in message
