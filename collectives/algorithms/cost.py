@@ -98,10 +98,12 @@ class Params:
     beta_knee: float = 0.0
     gamma_shared_bytes: float = 0.0
     local_alpha: float = 0.0
+    spill_bytes: float = 0.0
+    spill_factor: float = 1.0
 
     def __post_init__(self):
         for name in ("alpha", "beta", "gamma", "link_beta", "beta_small", "beta_knee",
-                     "gamma_shared_bytes", "local_alpha"):
+                     "gamma_shared_bytes", "local_alpha", "spill_bytes", "spill_factor"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"cost parameters: {name} must be a finite number >= 0, "
@@ -111,11 +113,14 @@ class Params:
                              f"got {self.ports!r}")
 
     def beta_at(self, nbytes: float) -> float:
-        """Seconds per byte of one message of ``nbytes`` bytes."""
-        if self.beta_knee <= 0:
-            return self.beta
-        return self.beta + (self.beta_small - self.beta) * self.beta_knee / (nbytes +
-                                                                             self.beta_knee)
+        """Seconds per byte of one message of ``nbytes`` bytes (its average over the
+        message: the bytes past ``spill_bytes`` cost ``spill_factor`` times the rest)."""
+        beta = self.beta
+        if self.beta_knee > 0:
+            beta += (self.beta_small - self.beta) * self.beta_knee / (nbytes + self.beta_knee)
+        if 0 < self.spill_bytes < nbytes:
+            beta *= 1.0 + (self.spill_factor - 1.0) * (nbytes - self.spill_bytes) / nbytes
+        return beta
 
     def gamma_at(self, nbytes: float, ranks: int) -> float:
         """Seconds per byte of a reduction of ``nbytes``-byte operands on ``ranks`` ranks."""
@@ -125,7 +130,7 @@ class Params:
 
 
 SHAPE_FIELDS = ("ports", "link_beta", "beta_small", "beta_knee", "gamma_shared_bytes",
-                "local_alpha")
+                "local_alpha", "spill_bytes", "spill_factor")
 
 
 # Defaults, used until a transport is calibrated (``python -m collectives.bench --calibrate``).
@@ -160,7 +165,18 @@ DEFAULTS = {
 # 64 MiB reduce_scatter); the knee lies between 8 and 32 MiB.
 HOST_SHARED_BYTES = 16 * 2**20
 DEFAULTS["mpi"] = Params(5e-6, 1 / 5e9, 1 / 5e9, gamma_shared_bytes=HOST_SHARED_BYTES)
-DEFAULTS["socket"] = Params(4e-5, 1 / 3.5e9, 1 / 5e9, gamma_shared_bytes=HOST_SHARED_BYTES)
+# Socket, from the two 4-rank runs (benchmarks/results/socket_4ranks_h200x{2_32core_final,
+# 4_64core}.json; fit in docs/notes/cost-model.md). α: a step inside a collective costs ~80 µs,
+# twice the ping-pong's 40 µs (two thread hand-offs per message through the progress thread:
+# 4 KiB recursive-doubling all_gather, 2 steps, 216-238 µs; ring all_reduce, 6 steps, 490-549
+# µs). Spill: Linux caps a TCP send buffer at tcp_wmem's 4 MiB, so the caller's own sendmsg
+# pushes at most that much; the rest of a larger message waits for the receiver to drain and
+# goes through the progress thread at about half the rate (ring steps of 4 MiB messages ran at
+# 2.6-3.6 GB/s, of 16 MiB messages at 1.7-1.9 GB/s). That is why the ring's p - 1 messages of
+# n/p beat recursive doubling's n/4 + n/2 at 16-64 MiB on 4 ranks (reduce_scatter by 1.40-1.58x).
+SOCKET_SPILL_BYTES = 4 * 2**20
+DEFAULTS["socket"] = Params(8e-5, 1 / 3.5e9, 1 / 5e9, gamma_shared_bytes=HOST_SHARED_BYTES,
+                            spill_bytes=SOCKET_SPILL_BYTES, spill_factor=2.0)
 # Transports without defaults of their own (tests' fakes, future ones) get the MPI numbers.
 FALLBACK_TRANSPORT = "mpi"
 
