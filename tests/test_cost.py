@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -455,3 +456,56 @@ def test_old_tuning_files_take_the_new_terms_from_the_defaults(tmp_path):
     assert cost.load_params("nccl", str(path)).ports == 3
     with pytest.raises(ValueError, match="ports"):
         Params(1.0, 1.0, 1.0, ports=0)
+
+
+def test_bytes_past_the_spill_point_cost_the_factor():
+    params = Params(alpha=0.0, beta=1.0, gamma=0.0, spill_bytes=100, spill_factor=3.0)
+    assert params.beta_at(100) == 1.0                         # fits: flat β
+    assert params.beta_at(400) * 400 == pytest.approx(100 + 3 * 300)
+    # on top of β's knee: relative to β(m)
+    knee = Params(alpha=0.0, beta=1.0, gamma=0.0, beta_small=3.0, beta_knee=1000,
+                  spill_bytes=100, spill_factor=2.0)
+    assert knee.beta_at(400) * 400 == pytest.approx((1 + 2 * 1000 / 1400) * (100 + 2 * 300))
+    # p = 4: the ring's three 100-byte messages fit; recursive doubling's second (200) spills
+    assert predict_bytes("all_gather", "ring", 4, 400, params, itemsize=1) == \
+        pytest.approx(3 * 100)
+    assert predict_bytes("all_gather", "recursive_doubling", 4, 400, params, itemsize=1) == \
+        pytest.approx(100 + (100 + 3 * 100))
+
+
+def test_socket_defaults_pick_the_measured_winners_on_four_ranks():
+    """Two 4-rank socket runs (benchmarks/results/socket_4ranks_h200x{2,4}_*.json) agree: the
+    ring beats recursive doubling at 16-64 MiB for reduce_scatter and all_gather (by 1.25-1.64x;
+    its messages stay below the 4 MiB TCP send buffer, recursive doubling's n/2 ones spill) and
+    loses to it at 4 KiB (fewer steps)."""
+    socket = cost.DEFAULTS["socket"]
+    pair = ["recursive_doubling", "ring"]
+    for collective in ("reduce_scatter", "all_gather"):
+        for nbytes in (16 * MIB, 64 * MIB):
+            assert cost.choose(collective, 4, nbytes, "socket", pair)[0] == "ring", \
+                (collective, nbytes)
+            # among every registered schedule: one of the rings (they were 0-10% apart)
+            assert choose(collective, 4, nbytes, "socket") in ("ring", "ring_bidirectional")
+        assert cost.choose(collective, 4, 4096, "socket", pair)[0] == "recursive_doubling"
+    # the spill term is what decides: with a flat β recursive doubling wins at 16 MiB
+    flat = Params(socket.alpha, socket.beta, socket.gamma,
+                  gamma_shared_bytes=socket.gamma_shared_bytes)
+    assert cost.choose("reduce_scatter", 4, 16 * MIB, candidates=pair,
+                       params=flat)[0] == "recursive_doubling"
+
+
+def test_a_calibrated_socket_file_keeps_the_spill_term(tmp_path):
+    """What ``calibrate`` + ``save_params`` write (α, β, γ replaced, shape terms kept), and a
+    file written before the term existed (α, β, γ only), both load with the spill term."""
+    path = str(tmp_path / "tuning.json")
+    cost.save_params(path, "socket", replace(cost.DEFAULTS["socket"], alpha=4.2e-5,
+                                             beta=5e-10, gamma=4.2e-10))
+    assert "spill_bytes" not in json.load(open(path))["socket"]     # the default: not written
+    (tmp_path / "old.json").write_text('{"socket": {"alpha": 4.2e-5, "beta": 5e-10, '
+                                       '"gamma": 4.2e-10}}')
+    assert cost.load_params("socket", str(tmp_path / "old.json")) == \
+        cost.load_params("socket", path)
+    got = cost.load_params("socket", path)
+    assert (got.spill_bytes, got.spill_factor) == (4 * MIB, 2.0)
+    assert cost.choose("all_gather", 4, 64 * MIB, candidates=["recursive_doubling", "ring"],
+                       params=got)[0] == "ring"

@@ -32,6 +32,13 @@ defaults or its tuning file turn it on (``Params``' docstring has the formulas):
   ring's 8 MiB blocks (≈ 8 x the calibrated γ); the ring won reduce_scatter 1.84x there.
 - ``local_alpha`` (nccl: 10 µs): each reduction or copy is a kernel launch; the bidirectional
   ring's extra reductions cost it the 16 MiB reduce_scatter on 4 GPUs.
+- ``spill_bytes``/``spill_factor`` (socket: 4 MiB, 2x): the bytes of a message past Linux's
+  4 MiB TCP send buffer (tcp_wmem's maximum) cannot leave in the caller's own sendmsg; they
+  wait for the receiver to drain and go through the progress thread, at about half the rate.
+  Two 4-rank runs (32- and 64-core hosts): ring steps of 4 MiB messages 2.6-3.6 GB/s, of 16 MiB
+  ones 1.7-1.9 GB/s; so the ring's n/4-byte messages beat recursive doubling's n/4 + n/2 at
+  16-64 MiB (reduce_scatter 1.40-1.58x, all_gather 1.25-1.64x), which the flat β could not see.
+  Any spill point of 1-4 MiB and factor of 1.5-4 gives the same choices on both hosts.
 
 ``calibrate`` measures α, β, γ; the shape terms keep the transport's defaults (or what the
 tuning file says): they were fitted offline from bench runs (``benchmarks/model_check.py``
@@ -47,7 +54,9 @@ slow at scale, and ``estimate`` (what ``auto`` compares) switches to the closed 
 look-up (~1.5 µs) once a call shape has been seen.
 
 Not modelled: contention inside the network (every pair of ranks has its own link), eager vs
-rendezvous protocols, per-step software overhead apart from α, cache effects on γ, overlap of
+rendezvous protocols, per-step software overhead apart from α (the socket default's α, 80 µs,
+is the per-step cost inside a collective, twice the ping-pong's; ``calibrate`` measures the
+ping-pong's), cache effects on γ, overlap of
 reductions with transfers inside one step (the executors do not overlap them either).
 
 Parameters come per transport (``DEFAULTS``, or a tuning file named by ``COLLECTIVES_TUNING``
@@ -88,7 +97,10 @@ class Params:
       from memory while every rank of the host does the same, so it costs γ·p per byte
       instead of γ (0: off).
     - ``local_alpha``: fixed seconds per local operation (a reduction or copy): a kernel
-      launch on a GPU (0: off)."""
+      launch on a GPU (0: off).
+    - ``spill_bytes``, ``spill_factor``: the bytes of one message past ``spill_bytes`` cost
+      ``spill_factor`` times the per-byte cost of the bytes before them (a TCP send buffer
+      that holds only so much; 0: off). Relative to β, so a calibrated β keeps the shape."""
     alpha: float
     beta: float
     gamma: float
