@@ -151,13 +151,15 @@ def run_case(rank, p, case):
         pg.prepare(c, input=mine, output=out, **kw)()
         return out
     offsets = None if c == "all_to_all" else np.cumsum((0,) + counts)
-    if c == "reduce_scatter":
-        if mode == "in":
+    if c in ("reduce_scatter", "scatter"):
+        # In place, this rank's block of the whole input is the output (where it has input).
+        inp = mine if c == "reduce_scatter" or rank == root else None
+        if mode == "in" and inp is not None:
             out = mine[offsets[rank]:offsets[rank + 1]]
-            pg.prepare(c, input=mine, output=out, counts=counts, **kw)()
+            pg.prepare(c, input=inp, output=out, counts=counts, **kw)()
             return out.copy()
         out = np.zeros(counts[rank], dtype)
-        pg.prepare(c, input=mine, output=out, counts=counts, **kw)()
+        pg.prepare(c, input=inp, output=out, counts=counts, **kw)()
         return out
     if c in ("all_gather", "gather"):
         receives = c == "all_gather" or rank == root
@@ -166,15 +168,6 @@ def run_case(rank, p, case):
         if mode == "in" and receives:
             out[offsets[rank]:offsets[rank + 1]] = mine
             inp = out[offsets[rank]:offsets[rank + 1]]
-        pg.prepare(c, input=inp, output=out, counts=counts, **kw)()
-        return out
-    if c == "scatter":
-        inp = mine if rank == root else None
-        if mode == "in" and rank == root:
-            out = mine[offsets[rank]:offsets[rank + 1]]
-            pg.prepare(c, input=inp, output=out, counts=counts, **kw)()
-            return out.copy()
-        out = np.zeros(counts[rank], dtype)
         pg.prepare(c, input=inp, output=out, counts=counts, **kw)()
         return out
     if c == "all_to_all":
