@@ -2,6 +2,9 @@
 # One device call. Modes:
 #   bash benchmarks/gpu_session.sh tests   GPU tests only: 4 GPUs (limit 90 s) then 2 GPUs
 #                                          (limit 50 s), ~150 s at most, short summary
+#   bash benchmarks/gpu_session.sh torch   the torch CUDA suite only (torch_worker.py through
+#                                          the facade): 4 GPUs then 2 GPUs, limit TT s each
+#                                          (default 90), short summary
 #   bash benchmarks/gpu_session.sh [full]  tests, then the benchmark on 4 GPUs (4 collectives
 #                                          x ring, ring_bidirectional, recursive_doubling,
 #                                          tree, native; 1M-1G) and on 2 GPUs (ring,
@@ -17,7 +20,7 @@
 # pid at its limit, this script's `timeout` (a few seconds later) is the last resort.
 set -u
 MODE=${1:-full}
-case "$MODE" in tests|full|launcher) ;; *) echo "usage: $0 [tests|full|launcher]"; exit 2;; esac
+case "$MODE" in tests|torch|full|launcher) ;; *) echo "usage: $0 [tests|torch|full|launcher]"; exit 2;; esac
 OUT=${OUT:-./gpu-logs}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -63,10 +66,28 @@ if [ "$MODE" = launcher ]; then
   exit 0
 fi
 
+if [ "$MODE" = torch ]; then
+  TT=${TT:-90}
+  step torch4 $((TT + 5)) env COLLECTIVES_GPU_TEST_SECONDS_4=$TT \
+    $PY -m pytest -m gpu tests/gpu -q -rs -s -k "torch and 4gpus" -p no:cacheprovider
+  step torch2 $((TT + 5)) env COLLECTIVES_GPU_TEST_SECONDS_2=$TT CUDA_VISIBLE_DEVICES=0,1 \
+    $PY -m pytest -m gpu tests/gpu -q -rs -s -k "torch and 2gpus" -p no:cacheprovider
+  echo
+  echo "################ summary (torch)"
+  for n in 4 2; do
+    echo "## torch, $n GPUs"
+    grep -h "FAIL\|RESULT\|passed\|failed\|skipped\|did not finish\|Thread 0x\|File \"" \
+      "$OUT/torch$n.log" | cut -c1-400 | head -n 40
+    echo "last stage lines:"
+    grep -h "^stage" "$OUT/torch$n.log" | tail -n 6
+  done
+  exit 0
+fi
+
 step tests4 $((T4 + 5)) env COLLECTIVES_GPU_TEST_SECONDS_4=$T4 \
-  $PY -m pytest -m gpu tests/gpu -q -rs -s -k 4gpus -p no:cacheprovider
+  $PY -m pytest -m gpu tests/gpu -q -rs -s -k "4gpus and not torch" -p no:cacheprovider
 step tests2 $((T2 + 5)) env COLLECTIVES_GPU_TEST_SECONDS_2=$T2 CUDA_VISIBLE_DEVICES=0,1 \
-  $PY -m pytest -m gpu tests/gpu -q -rs -s -k 2gpus -p no:cacheprovider
+  $PY -m pytest -m gpu tests/gpu -q -rs -s -k "2gpus and not torch" -p no:cacheprovider
 
 summary_tests() {
   for n in 4 2; do

@@ -16,6 +16,7 @@ thread's stack and exits at ``limit - 10`` s (faulthandler), the test kills the 
 and the mpiexec process group at ``limit`` s. ``COLLECTIVES_GPU_TEST_SECONDS_4`` and
 ``_2`` set each world size's limit (default: ``COLLECTIVES_GPU_TEST_SECONDS``, else 240).
 """
+import importlib.util
 import json
 import os
 import shutil
@@ -31,7 +32,9 @@ from collectives.transports import nccl
 
 pytestmark = pytest.mark.gpu
 OK, WHY = nccl.available()
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "nccl_worker.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "nccl_worker.py")
+TORCH_WORKER = os.path.join(HERE, "torch_worker.py")
 
 
 def limit_for(world_size: int) -> float:
@@ -72,20 +75,17 @@ def _kill_job(process, job_dir):
         pass
 
 
-@pytest.mark.skipif(not OK, reason=f"nccl backend unavailable: {WHY}")
-@pytest.mark.parametrize("world_size,rendezvous,quick", [(4, "mpi", False), (2, "file", True)],
-                         ids=["4gpus", "2gpus"])
-def test_every_collective_matches(world_size, rendezvous, quick):
-    if gpu_count() < world_size:
-        pytest.skip(f"needs {world_size} GPUs, {gpu_count()} visible")
+def launch(worker: str, world_size: int, args: list, tag: str, env=None):
+    """Run ``worker`` under ``mpiexec -n world_size`` in a fresh job directory (passed as
+    ``{job_dir}`` inside ``args``; the worker gets ``--pid-dir`` and ``--deadline`` too),
+    killing it at the world size's limit. Returns (returncode, stdout, stderr, RESULT dicts);
+    a launch that outlives its limit fails the test with its output."""
     limit = limit_for(world_size)
-    job = uuid.uuid4().hex
-    job_dir = tempfile.mkdtemp(prefix=f"collectives-gpu{world_size}-{job[:8]}-")
-    how = f"file:{os.path.join(job_dir, 'store')}" if rendezvous == "file" else "mpi"
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1")
+    job_dir = tempfile.mkdtemp(prefix=f"collectives-{tag}{world_size}-{uuid.uuid4().hex[:8]}-")
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", PYTHONUNBUFFERED="1", **(env or {}))
     command = mpiexec(world_size) + [
-        sys.executable, WORKER, "--rendezvous", how, "--job", job, "--pid-dir", job_dir,
-        "--deadline", str(max(5.0, limit - 10))] + (["--quick"] if quick else [])
+        sys.executable, worker, *[a.replace("{job_dir}", job_dir) for a in args],
+        "--pid-dir", job_dir, "--deadline", str(max(5.0, limit - 10))]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=env, start_new_session=True)
     try:
@@ -101,9 +101,58 @@ def test_every_collective_matches(world_size, rendezvous, quick):
     print(stdout[-3000:])
     results = [json.loads(line[len("RESULT "):]) for line in stdout.splitlines()
                if line.startswith("RESULT ")]
+    return process.returncode, stdout, stderr, results
+
+
+def check_results(world_size, returncode, stdout, stderr, results, min_runs):
+    """Every rank reported, ran at least ``min_runs`` cases and none failed."""
     detail = "\n".join(f for r in results for f in r["failures"])
-    assert process.returncode == 0 and len(results) == world_size, \
-        f"exit {process.returncode}, {len(results)} of {world_size} ranks reported\n" \
+    assert returncode == 0 and len(results) == world_size, \
+        f"exit {returncode}, {len(results)} of {world_size} ranks reported\n" \
         f"{stdout[-4000:]}\n{stderr[-4000:]}"
-    assert all(r["runs"] > 50 for r in results), results
+    assert all(r["runs"] >= min_runs for r in results), results
     assert not detail, detail
+
+
+@pytest.mark.skipif(not OK, reason=f"nccl backend unavailable: {WHY}")
+@pytest.mark.parametrize("world_size,rendezvous,quick", [(4, "mpi", False), (2, "file", True)],
+                         ids=["4gpus", "2gpus"])
+def test_every_collective_matches(world_size, rendezvous, quick):
+    if gpu_count() < world_size:
+        pytest.skip(f"needs {world_size} GPUs, {gpu_count()} visible")
+    job = uuid.uuid4().hex
+    how = "file:{job_dir}/store" if rendezvous == "file" else "mpi"
+    outcome = launch(WORKER, world_size, ["--rendezvous", how, "--job", job] +
+                     (["--quick"] if quick else []), "gpu")
+    check_results(world_size, *outcome, min_runs=51)
+
+
+def torch_cuda() -> tuple[bool, str]:
+    """(usable, why) for the torch suite: torch importable with CUDA (checked without
+    importing torch where it is absent, as on CI)."""
+    if importlib.util.find_spec("torch") is None:
+        return False, "torch is not installed"
+    import torch
+    if not torch.cuda.is_available():
+        return False, f"torch {torch.__version__} sees no CUDA device"
+    return True, f"torch {torch.__version__}, {torch.cuda.device_count()} GPU(s)"
+
+
+TORCH_OK, TORCH_WHY = torch_cuda() if OK else (False, f"nccl backend unavailable: {WHY}")
+# Cases per rank of torch_worker.py: 4 dtypes x (all_reduce x ops, broadcast, reduce,
+# all_gather x2, reduce_scatter_tensor, all_to_all_single x2) x algorithms, then bad inputs,
+# stream ordering and async. A rank that ran fewer stopped early.
+TORCH_MIN_CASES = 180
+
+
+@pytest.mark.skipif(not TORCH_OK, reason=TORCH_WHY)
+@pytest.mark.parametrize("world_size", [4, 2], ids=["torch-4gpus", "torch-2gpus"])
+def test_torch_cuda_tensors_through_the_facade(world_size):
+    """torch CUDA tensors through ``import collectives as dist`` on nccl: every collective x
+    algorithm x dtype exact and zero copy, clear errors for bad tensors, ordering on torch's
+    current stream (default and side stream), async Work/Future (see torch_worker.py)."""
+    import torch
+    if torch.cuda.device_count() < world_size:
+        pytest.skip(f"needs {world_size} GPUs, {torch.cuda.device_count()} visible")
+    outcome = launch(TORCH_WORKER, world_size, ["--store", "{job_dir}/store"], "torch")
+    check_results(world_size, *outcome, min_runs=TORCH_MIN_CASES)
