@@ -15,19 +15,36 @@ import numpy as np
 from .algorithms import AUTO, NATIVE, check_algorithm, choose
 from .algorithms.cost import ENV_TUNING
 from .algorithms.schedule import ROOTED, Matrix, buffer_sizes, build_plan, plan_args
-from .algorithms.transforms import read_input_first
+from .algorithms.transforms import read_input_first, windowed
 from . import debug
 from .executors import host
 from .kernels.reduce import BFLOAT16, check_op, fast_reducer, finish_average, reducer
 from .ops import ReduceOp
 
 ENV_ALGORITHM = "COLLECTIVES_ALGORITHM"
+# issue 7: steps merged into windows of this many (transforms.windowed); 1 = off
+ENV_WINDOW = "COLLECTIVES_WINDOW"
+# host-buffer transports whose executors walk plans step by step (NCCL's groups steps itself)
+WINDOWED_TRANSPORTS = ("local", "mpi", "socket")
 _REPEATS_KEPT = 256
 REDUCING = ("all_reduce", "reduce_scatter", "reduce")
 
 # Wire tags fit in 23 bits, the smallest MPI_TAG_UB seen in practice (Open MPI over UCX):
 # bit 0 tells collectives from user point-to-point, 16 bits of sequence or user tag, 6 of group.
 _SEQ_BITS, _GROUP_BITS = 16, 6
+
+
+def window_setting(text: str | None) -> int:
+    """$COLLECTIVES_WINDOW: how many independent steps may be in flight at once (1 = off)."""
+    if text is None or not text.strip():
+        return 1
+    try:
+        window = int(text)
+    except ValueError:
+        raise ValueError(f"{ENV_WINDOW}: {text!r} is not an integer (1 = off)") from None
+    if window < 1:
+        raise ValueError(f"{ENV_WINDOW}: must be >= 1, got {window}")
+    return window
 
 
 def algorithm_overrides(text: str | None) -> dict[str, str]:
@@ -56,6 +73,8 @@ class ProcessGroup:
         self._sequence = 0
         self._repeats = {}          # prepare's cache of repeated call shapes
         self.overrides = algorithm_overrides(os.environ.get(ENV_ALGORITHM))
+        # issue 7: may be reassigned per group (benchmarks); read by _runner on every call
+        self.window = window_setting(os.environ.get(ENV_WINDOW))
 
     @property
     def rank(self) -> int:
@@ -177,6 +196,8 @@ class ProcessGroup:
             direct = read_input_first(plan, output.size)   # no input -> output copy first
         if direct is not None:
             plan = direct
+        if self.window > 1 and self.transport.name in WINDOWED_TRANSPORTS:   # issue 7
+            plan = windowed(plan, self.window)
 
         def run():
             check()
