@@ -44,12 +44,20 @@ from ..auth import (AuthenticationError, client_handshake, job_secret, new_secre
                     serve_handshake)
 from ..errors import CollectiveError, CollectiveTimeout, TransportError
 from .base import Request, Transport
+from .shm import Channel
 
 log = logging.getLogger("collectives.transports.socket")
 
 ANY_SOURCE = -1
 HEADER = struct.Struct("<B7xqQ")          # kind, tag, nbytes
 DATA, ABORT, GOODBYE = 0, 1, 2
+# Shared-memory frames: SHM_SETUP carries the setup handshake (before the progress thread
+# starts); SHM_MSG announces a message (tag, nbytes) whose payload comes through the ring;
+# SHM_CHUNK (tag field = ring offset, nbytes = length) says a chunk of it is in the ring;
+# SHM_CREDIT (nbytes) returns ring space to the writer.
+SHM_SETUP, SHM_MSG, SHM_CHUNK, SHM_CREDIT = 3, 4, 5, 6
+SHM_KINDS = (SHM_MSG, SHM_CHUNK, SHM_CREDIT)
+MAX_SETUP_FRAME = 4096
 MAX_MESSAGE = int(os.environ.get("COLLECTIVES_SOCKET_MAX_MESSAGE", 4 << 30))
 MAX_ABORT_REASON = 4096
 STAGE_BYTES = 256 << 10
@@ -79,6 +87,7 @@ def _byte_view(buf, operation, rank, writable):
 
 class _Send(Request):
     kind = "send"
+    shm = False
 
     def __init__(self, transport, peer, tag, frames):
         self.transport, self.peer, self.tag = transport, peer, tag
@@ -86,6 +95,17 @@ class _Send(Request):
         self.landing = False
         self.done = False
         self.error = None
+
+
+class _ShmSend(_Send):
+    """A send whose payload goes through the peer's shared-memory ring, chunk by chunk."""
+    shm = True
+
+    def __init__(self, transport, peer, tag, view):
+        super().__init__(transport, peer, tag, [])
+        self.view, self.nbytes = view, view.nbytes
+        self.announced = False
+        self.copied = 0               # bytes already in the ring
 
     def test(self):
         return self.transport._test(self)
@@ -134,6 +154,15 @@ class _Peer:
         self.target = None            # view being filled directly
         self.filled = 0
         self.on_filled = None
+        # sending, under send_lock: the frame being written, the request it completes, and
+        # whether the socket refused bytes (only then is EVENT_WRITE wanted)
+        self.out: list[memoryview] = []
+        self.out_req = None
+        self.blocked = False
+        self.credit_owed = 0          # ring bytes freed, not yet reported to the writer
+        self.shm_out: Channel | None = None   # the ring we write to this peer
+        self.shm_in: Channel | None = None    # the ring this peer writes to us
+        self.shm_msg = None           # [destination, bytes filled, on_filled] arriving by ring
 
 
 class SocketTransport(Transport):
@@ -158,6 +187,8 @@ class SocketTransport(Transport):
         self._close_deadline = 0.0
         self._peers: dict[int, _Peer] = {}
         self.refused: list[str] = []      # connections refused during setup, for diagnosis
+        self.shm_peers: list[int] = []    # peers reached through shared memory
+        self._shm_min = max(1, _env_bytes("COLLECTIVES_SOCKET_SHM_MIN", 64 << 10))
         if world_size > 1:
             self._connect_mesh(store)
         self._selector = selectors.DefaultSelector()
@@ -253,6 +284,69 @@ class SocketTransport(Transport):
             self._peers[peer] = _Peer(peer, sock)
         for peer in self._peers.values():
             _tune(peer.sock)
+        self._setup_shm(deadline)
+
+    def _setup_shm(self, deadline):
+        """Agree with every peer, over the authenticated connections, whether the pair shares a
+        host; if so each side creates the ring it writes, the other maps it and checks its
+        cookie, and both unlink its name. Runs on blocking sockets before the progress thread:
+        every phase sends to all peers (a few hundred bytes, never blocks) and then reads from
+        all, so no order of ranks can deadlock. A pair where anything fails stays on TCP."""
+        peers = [self._peers[r] for r in sorted(self._peers)]
+        identity = _host_identity() if _env_flag("COLLECTIVES_SOCKET_SHM", True) else b""
+        capacity = _env_bytes("COLLECTIVES_SOCKET_SHM_BYTES", 8 << 20)
+        try:
+            for peer in peers:
+                peer.sock.settimeout(max(1.0, deadline - time.monotonic()))
+                _send_setup(peer.sock, identity)
+            theirs = {peer.rank: self._recv_setup(peer) for peer in peers}   # always read it
+            same = [p for p in peers if identity and theirs[p.rank] == identity]
+            for peer in same:
+                offer = b""
+                try:
+                    peer.shm_out = Channel.create(capacity)
+                    offer = f"{peer.shm_out.name} {capacity} {peer.shm_out.cookie.hex()}".encode()
+                except (OSError, ValueError) as exc:
+                    log.info("socket transport rank %d: no shared memory to rank %d, staying on "
+                             "TCP: %s", self.rank, peer.rank, exc)
+                _send_setup(peer.sock, offer)
+            for peer in same:
+                offer = self._recv_setup(peer)
+                try:
+                    if offer:
+                        name, size, cookie = offer.decode().split(" ")
+                        peer.shm_in = Channel.open(name, bytes.fromhex(cookie), int(size))
+                        peer.shm_in.unlink()
+                except (OSError, ValueError) as exc:
+                    log.info("socket transport rank %d: cannot map rank %d's shared memory, "
+                             "staying on TCP: %s", self.rank, peer.rank, exc)
+                _send_setup(peer.sock, b"1" if peer.shm_in is not None else b"0")
+            for peer in same:
+                mapped = self._recv_setup(peer) == b"1"
+                if peer.shm_out is not None:
+                    peer.shm_out.unlink()
+                if mapped and peer.shm_out is not None and peer.shm_in is not None:
+                    self.shm_peers.append(peer.rank)
+                else:
+                    _drop_channels(peer)
+            if not identity:
+                log.info("socket transport rank %d: shared memory is off "
+                         "(COLLECTIVES_SOCKET_SHM=0 or no host identity)", self.rank)
+        except (OSError, TransportError) as exc:
+            for peer in peers:
+                _drop_channels(peer)
+            if isinstance(exc, TransportError):
+                raise
+            raise TransportError(f"socket transport rank {self.rank}: the shared-memory "
+                                 f"handshake failed: {exc}") from None
+
+    def _recv_setup(self, peer) -> bytes:
+        header = _recv_exact(peer.sock, HEADER.size)
+        kind, _, nbytes = HEADER.unpack(header)
+        if kind != SHM_SETUP or nbytes > MAX_SETUP_FRAME:
+            raise TransportError(f"socket transport rank {self.rank}: rank {peer.rank} sent a "
+                                 f"malformed setup frame (kind {kind}, {nbytes} bytes)")
+        return _recv_exact(peer.sock, nbytes)
 
     def _store_get(self, store, key):
         old = store._timeout
@@ -285,7 +379,10 @@ class SocketTransport(Transport):
                              f"{MAX_MESSAGE} (COLLECTIVES_SOCKET_MAX_MESSAGE)")
         if peer == self.rank:
             return self._send_to_self(view, tag)
-        return self._enqueue(self._peers[peer], DATA, tag, memoryview(view))
+        target = self._peers[peer]
+        if target.shm_out is not None and view.nbytes >= self._shm_min:
+            return self._submit(target, _ShmSend(self, peer, tag, view))
+        return self._enqueue(target, DATA, tag, memoryview(view))
 
     def irecv(self, buf, peer, tag):
         if peer != ANY_SOURCE:
@@ -348,41 +445,93 @@ class SocketTransport(Transport):
 
     def _enqueue(self, peer, kind, tag, payload):
         header = HEADER.pack(kind, tag, payload.nbytes)
-        req = _Send(self, peer.rank, tag, [memoryview(header), payload] if payload.nbytes else
-                    [memoryview(header)])
+        return self._submit(peer, _Send(self, peer.rank, tag, [memoryview(header), payload]
+                                        if payload.nbytes else [memoryview(header)]))
+
+    def _submit(self, peer, req):
+        """Queue a send and write what the socket (and the ring) take now, from the caller's
+        thread; the progress thread writes the rest, so this never blocks for long."""
         if self._failure is not None:
-            raise TransportError(f"send on rank {self.rank} to rank {peer.rank} (tag {tag}): "
+            raise TransportError(f"send on rank {self.rank} to rank {peer.rank} (tag {req.tag}): "
                                  f"{self._failure}")
         if peer.closed:
             raise TransportError(f"send on rank {self.rank}: rank {peer.rank} has closed its transport")
-        wake = False
         with peer.send_lock:
-            if not peer.queue:
-                self._write_some(peer, req)
-            if not req.done:
-                peer.queue.append(req)
-                wake = not peer.writing
+            peer.queue.append(req)
+            finished = self._pump(peer)
+            wake = peer.blocked and not peer.writing
+        if finished > 1 or (finished and not req.done):   # other threads' sends completed
+            with self._cond:
+                self._cond.notify_all()
         if wake:
             self._wake()
         return req
 
-    def _write_some(self, peer, req) -> None:
-        """Write what the socket takes now; caller holds peer.send_lock."""
-        frames = req.frames
+    def _pump(self, peer) -> int:
+        """Write queued frames, frame by frame, until the socket refuses bytes
+        (``peer.blocked``), the ring has no room for the next chunk, or the queue is empty.
+        Credit frames go out at any frame boundary, even between the chunks of a message, so
+        two ranks streaming to each other never wait on each other's credit. Caller holds
+        peer.send_lock; returns how many sends completed."""
+        out, sock, finished = peer.out, peer.sock, 0
         try:
-            while frames:
-                sent = peer.sock.sendmsg(frames) if len(frames) > 1 else peer.sock.send(frames[0])
-                while frames and sent >= frames[0].nbytes:
-                    sent -= frames[0].nbytes
-                    frames.pop(0)
-                if frames and sent:
-                    frames[0] = frames[0][sent:]
+            while True:
+                if out:
+                    sent = sock.sendmsg(out) if len(out) > 1 else sock.send(out[0])
+                    while out and sent >= out[0].nbytes:
+                        sent -= out[0].nbytes
+                        out.pop(0)
+                    if out:
+                        if sent:
+                            out[0] = out[0][sent:]
+                        continue
+                    req, peer.out_req = peer.out_req, None
+                    if req is not None:
+                        req.done = True
+                        peer.queue.popleft()
+                        finished += 1
+                    continue
+                if peer.credit_owed:
+                    out.append(memoryview(HEADER.pack(SHM_CREDIT, 0, peer.credit_owed)))
+                    peer.credit_owed = 0
+                    continue
+                if not peer.queue:
+                    break
+                req = peer.queue[0]
+                if req.shm:
+                    frame = self._shm_frame(peer, req)
+                    if frame is None:
+                        break              # the ring is full: the reader's credit resumes us
+                    out.append(frame)
+                    if req.copied == req.nbytes:
+                        peer.out_req = req
+                else:
+                    out.extend(req.frames)
+                    peer.out_req = req
+            peer.blocked = False
         except (BlockingIOError, InterruptedError):
-            return
+            peer.blocked = True
         except OSError as exc:
+            peer.blocked = False
             self._fail(peer.rank, f"sending to rank {peer.rank} failed: {exc}")
-            return
-        req.done = True
+        return finished
+
+    def _shm_frame(self, peer, req):
+        """The next frame of a shared-memory send: its announcement, then one chunk copied
+        into the ring per call; None while the ring lacks room for the next chunk."""
+        if not req.announced:
+            req.announced = True
+            return memoryview(HEADER.pack(SHM_MSG, req.tag, req.nbytes))
+        ring = peer.shm_out
+        pos = ring.head % ring.capacity
+        # whole chunks only (or up to the wrap), so frames stay few even when credit trickles
+        n = min(req.nbytes - req.copied, ring.capacity - pos, ring.chunk)
+        if ring.free() < n:
+            return None
+        ring.ring[pos:pos + n] = req.view[req.copied:req.copied + n]
+        req.copied += n
+        ring.head += n
+        return memoryview(HEADER.pack(SHM_CHUNK, pos, n))
 
     def _wake(self):
         try:
@@ -482,7 +631,7 @@ class SocketTransport(Transport):
             pass
         for peer in self._peers.values():
             with peer.send_lock:
-                want = bool(peer.queue)
+                want = peer.blocked
             if want != peer.writing and not (peer.closed and peer.sock.fileno() < 0):
                 self._register(peer, want)
 
@@ -499,17 +648,13 @@ class SocketTransport(Transport):
                     pass
 
     def _flush(self, peer):
-        finished = []
+        """Write more to ``peer`` from the progress thread (the socket took bytes, or credit
+        came back); watch for EVENT_WRITE only while the socket is what holds us up."""
         with peer.send_lock:
-            while peer.queue:
-                req = peer.queue[0]
-                self._write_some(peer, req)
-                if not req.done:
-                    break
-                finished.append(peer.queue.popleft())
-            idle = not peer.queue
-        if idle:
-            self._register(peer, False)
+            finished = self._pump(peer)
+            blocked = peer.blocked
+        if blocked != peer.writing and not (peer.closed and peer.sock.fileno() < 0):
+            self._register(peer, blocked)
         if finished:
             with self._cond:
                 self._cond.notify_all()
@@ -549,8 +694,14 @@ class SocketTransport(Transport):
         stage = peer.stage_view
         while peer.end - peer.start >= HEADER.size:
             kind, tag, nbytes = HEADER.unpack_from(peer.stage, peer.start)
+            if kind in SHM_KINDS:
+                peer.start += HEADER.size
+                if not self._on_shm_frame(peer, kind, tag, nbytes):
+                    return False
+                continue
             if kind not in (DATA, ABORT, GOODBYE) or nbytes > MAX_MESSAGE or (
-                    kind == ABORT and nbytes > MAX_ABORT_REASON):
+                    kind == ABORT and nbytes > MAX_ABORT_REASON) or (
+                    kind == DATA and peer.shm_msg is not None):
                 self._fail(peer.rank, f"rank {peer.rank} sent a malformed frame (kind {kind}, "
                                       f"{nbytes} bytes)")
                 return False
@@ -590,6 +741,51 @@ class SocketTransport(Transport):
             entry = _Unexpected(peer.rank, tag, bytearray(nbytes))
             return memoryview(entry.data), lambda: self._fill_from(req, entry)
         return memoryview(entry.data), lambda: self._held(entry)
+
+    def _on_shm_frame(self, peer, kind, a, n) -> bool:
+        """Handle an announcement, a chunk or a credit; False (and the transport failed,
+        naming the peer) when it does not fit the ring's state: nothing outside the ring is
+        ever read or written."""
+        if kind == SHM_CREDIT:
+            ring = peer.shm_out
+            if ring is None or not 0 < n <= ring.head - ring.tail:
+                outstanding = 0 if ring is None else ring.head - ring.tail
+                return self._malformed(peer, f"credit of {n} bytes with {outstanding} "
+                                             f"outstanding")
+            ring.tail += n
+            self._flush(peer)
+            return True
+        ring = peer.shm_in
+        if ring is None:
+            return self._malformed(peer, f"kind {kind} without a shared-memory channel")
+        if kind == SHM_MSG:
+            if peer.shm_msg is not None or not 0 < n <= MAX_MESSAGE:
+                return self._malformed(peer, f"announcement of {n} bytes (tag {a})")
+            target, on_filled = self._land(peer, DATA, a, n)
+            if not isinstance(target, np.ndarray):
+                target = np.frombuffer(target, np.uint8)
+            peer.shm_msg = [target, 0, on_filled]
+            return True
+        msg, pos = peer.shm_msg, ring.head % ring.capacity
+        if msg is None or a != pos or not 0 < n <= ring.capacity - pos or (
+                msg[1] + n > msg[0].nbytes):
+            return self._malformed(peer, f"chunk at offset {a} of {n} bytes (expected offset "
+                                         f"{pos} of a {ring.capacity}-byte ring)")
+        target, filled = msg[0], msg[1]
+        target[filled:filled + n] = ring.ring[pos:pos + n]
+        ring.head += n
+        msg[1] = filled + n
+        with peer.send_lock:
+            peer.credit_owed += n
+        self._flush(peer)
+        if msg[1] == target.nbytes:
+            peer.shm_msg = None
+            msg[2]()
+        return True
+
+    def _malformed(self, peer, what) -> bool:
+        self._fail(peer.rank, f"rank {peer.rank} sent a malformed shared-memory frame: {what}")
+        return False
 
     def _match_posted(self, source, tag):
         posted = self._posted.get(tag)
@@ -658,7 +854,7 @@ class SocketTransport(Transport):
             if not peer.send_lock.acquire(blocking=False):
                 continue               # busy writing: the peer will see our EOF instead
             try:
-                if not peer.queue:     # never split another frame
+                if not peer.out:       # never split another frame
                     peer.sock.send(frame)
             except OSError:
                 pass
@@ -689,11 +885,17 @@ class SocketTransport(Transport):
         self._closing = True
         self._wake()
         self._engine.join(timeout)
+        stopped = not self._engine.is_alive()
         for peer in self._peers.values():
             try:
                 peer.sock.close()
             except OSError:
                 pass
+            for ring in (peer.shm_out, peer.shm_in):
+                if ring is not None:
+                    ring.unlink()
+                    if stopped:            # else the thread may still copy: leave it mapped
+                        ring.close()
         self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
@@ -701,6 +903,61 @@ class SocketTransport(Transport):
 
 def _who(req):
     return "any" if req.peer == ANY_SOURCE else req.peer
+
+
+def _send_setup(sock, payload: bytes):
+    sock.sendall(HEADER.pack(SHM_SETUP, 0, len(payload)) + payload)
+
+
+def _recv_exact(sock, nbytes: int) -> bytes:
+    data = bytearray()
+    while len(data) < nbytes:
+        chunk = sock.recv(nbytes - len(data))
+        if not chunk:
+            raise ConnectionError("the peer closed the connection during setup")
+        data += chunk
+    return bytes(data)
+
+
+def _drop_channels(peer):
+    for channel in (peer.shm_out, peer.shm_in):
+        if channel is not None:
+            channel.unlink()
+            channel.close()
+    peer.shm_out = peer.shm_in = None
+
+
+def _host_identity() -> bytes:
+    """Boot id, hostname, network namespace and uid: equal on both sides of a pair only when
+    they can share /dev/shm (a second network namespace, as in the two-hosts test, counts as
+    another host, so that pair keeps its real network path)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        netns = os.stat("/proc/self/ns/net").st_ino
+    except OSError as exc:
+        log.info("socket transport: no host identity (%s), shared memory is off", exc)
+        return b""
+    return f"{boot}|{socket.gethostname()}|{netns}|{os.getuid()}".encode()
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return default
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def _env_bytes(name: str, default: int) -> int:
+    """A byte count from the environment: plain, or with a K/M/G suffix (powers of 1024)."""
+    value = os.environ.get(name, "").strip().upper().rstrip("IB")
+    if not value:
+        return default
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(value[-1], 1)
+    try:
+        return int(float(value[:-1] if scale > 1 else value) * scale)
+    except ValueError:
+        raise ValueError(f"socket transport: {name}={os.environ[name]!r} is not a byte count") from None
 
 
 def _tune(sock):
