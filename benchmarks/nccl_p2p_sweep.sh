@@ -10,11 +10,11 @@ O=${OUT:-./p2p-logs}; mkdir -p "$O"
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 N=${N:-$(nvidia-smi -L | wc -l)}
 M="mpiexec --allow-run-as-root --oversubscribe --bind-to none -n $N"
-B="benchmarks/bench.py --backend nccl --probe ${PROBE:-4M:256M} --collectives all_reduce,reduce_scatter --algorithms ring --sizes ${SIZES:-16M,256M} --graph-max 0"
+B="-m collectives.bench_nccl --probe ${PROBE:-4M:256M} --collectives all_reduce,reduce_scatter --algorithms ring --sizes ${SIZES:-16M,256M} --graph-max 0"
 while read -r name settings; do
   [ -z "$name" ] && continue
   env $settings timeout -s KILL 60 $M -x NCCL_NVLS_ENABLE $(for s in $settings; do echo -x ${s%%=*}; done) \
-    python3 $B > "$O/p2p_$name.log" 2>&1
+    python3 $B < /dev/null > "$O/p2p_$name.log" 2>&1
   echo "== $name ($settings) rc=$?"
   grep -aE "^#  p2p|^ +(all_reduce|reduce_scatter) .*(ring|native|ceiling)" "$O/p2p_$name.log" | head -n 20
 done <<'LIST'
