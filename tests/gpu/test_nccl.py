@@ -9,6 +9,11 @@ unsegmented and pipelined, against exact host references that NCCL's own results
 
     python -m pytest -m gpu tests/gpu          # on a machine with >= 2 (ideally 4) GPUs
 
+``test_torch_cuda_tensors_through_the_facade`` launches ``torch_worker.py`` the same way (skipped
+without torch+CUDA): torch CUDA tensors through ``import collectives as dist`` on nccl, zero
+copy, bad-input errors, ordering on torch's current stream, async Work/Future. Both tests use
+``launch`` (job directory, pid files, limits) and ``check_results``.
+
 Each launch is self-contained: a fresh directory (unique name) holds the file store and the
 ranks' pid files, the store keys carry a per-launch id, so nothing of an earlier (killed) job
 can be picked up. Limits nest so a hang always ends with a report: the worker dumps every
