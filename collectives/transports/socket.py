@@ -16,6 +16,20 @@ payload, no concatenation) and hands the rest to the progress thread, so it neve
 Messages between a pair with one tag arrive in order; ``irecv(peer=-1)`` takes the first
 message of that tag from any rank and sets ``request.source``.
 
+Same host: at setup each pair exchanges a host identity (boot id, hostname, network namespace,
+uid) over its authenticated connection; where they match, each side creates a shared-memory
+ring for its direction (``shm.py``, $COLLECTIVES_SOCKET_SHM_BYTES, default 8 MiB), the other
+maps it and checks its cookie, and both unlink the name at once. Payloads of at least
+$COLLECTIVES_SOCKET_SHM_MIN bytes (default 64 KiB) to such a peer then go through the ring
+while TCP carries only control frames: an announcement (tag, nbytes) that is matched exactly
+like a TCP message, one (offset, length) frame per chunk written (a quarter of the ring at
+most, so writer and reader overlap), and credit frames back as the reader frees space. A
+message's chunks are never interleaved with another message to that peer; credits go out at
+any frame boundary. The caller's thread copies in while the ring has room and the progress
+thread does the rest; the reader copies straight into a posted receive (one copy each side).
+A failure anywhere in that setup keeps the pair on TCP (logged at INFO), and
+COLLECTIVES_SOCKET_SHM=0 turns it off; ``transport.shm_peers`` lists the peers that use it.
+
 Faults: a connection that drops without a goodbye fails the whole transport: every pending
 and later wait raises TransportError naming that rank, and this rank forwards an abort frame
 so the others learn within milliseconds even if they never saw the drop (TCP keepalive covers
@@ -23,8 +37,10 @@ a dead host in about 4 s). ``wait_all`` raises CollectiveTimeout naming the rank
 Frames above ``MAX_MESSAGE`` (4 GiB, $COLLECTIVES_SOCKET_MAX_MESSAGE) are refused.
 
 Cost: one syscall per frame per side plus a thread wake-up on receipt (~30-60 us latency);
-bandwidth near the loopback TCP limit. Limits: host (numpy) buffers only; payloads are
-authenticated at connection time, not per frame, and not encrypted.
+bandwidth near the loopback TCP limit, or about twice that through shared memory on one host
+(two memcpys, plus a control round trip per chunk). Limits: host (numpy) buffers only;
+payloads are authenticated at connection time, not per frame, and not encrypted; shared
+memory costs $COLLECTIVES_SOCKET_SHM_BYTES per ordered same-host pair (touched lazily).
 """
 from __future__ import annotations
 
