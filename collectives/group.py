@@ -289,6 +289,13 @@ class ProcessGroup:
         if not hasattr(buf, "dtype") or not hasattr(buf, "ndim"):
             raise TypeError(f"{collective} on rank {self.rank}: {name} must be an array, "
                             f"got {type(buf).__name__}")
+        xp = self.transport.xp
+        if xp is not None and not isinstance(buf, xp.ndarray):
+            where = "GPU" if xp is not np else "host"
+            raise TypeError(f"{collective} on rank {self.rank}: {name} is a "
+                            f"{type(buf).__module__}.{type(buf).__name__}, but this group's "
+                            f"{self.transport.name} transport works on {xp.__name__} arrays "
+                            f"({where} memory): move the buffer to the {where} first")
         if buf.ndim != 1 or not buf.flags.c_contiguous:
             raise ValueError(f"{collective} on rank {self.rank}: {name} must be a flat "
                              f"contiguous array (got ndim={buf.ndim}, "

@@ -83,8 +83,14 @@ def _torch_view(t, operation, rank, name):
         if cupy is None:
             import cupy  # noqa: F811  (only reached with a CUDA tensor in hand)
         if t.dtype == torch.bfloat16:
-            raise TypeError(f"{operation} on rank {rank}: bfloat16 CUDA tensors are not "
-                            f"supported yet (CuPy has no bfloat16)")
+            # CuPy takes ml_dtypes' bfloat16 (CuPy >= 14), so view the 16-bit words as that.
+            if _BFLOAT16 is None:
+                raise TypeError(f"{operation} on rank {rank}: bfloat16 tensors need ml_dtypes")
+            try:
+                return cupy.asarray(t.view(torch.int16)).view(_BFLOAT16)
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"{operation} on rank {rank}: this CuPy ({cupy.__version__}) "
+                                f"cannot hold bfloat16 arrays: {exc}") from None
         return cupy.asarray(t)
     if t.device.type != "cpu":
         raise TypeError(f"{operation} on rank {rank}: {name} is on device {t.device}; only "

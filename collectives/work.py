@@ -218,8 +218,19 @@ def stop(pg) -> None:
         worker.stop()
 
 
+def _inside(scope, run):
+    def scoped():
+        with scope():
+            return run()
+    return scoped
+
+
 def call(pg, run, async_op: bool, result):
-    """The end of every facade collective: run now, or queue and return Work."""
+    """The end of every facade collective: run now, or queue and return Work. Runs inside
+    the transport's ``call_scope`` (NCCL: the caller's GPU and stream, captured now)."""
+    scope = pg.transport.call_scope(result)
+    if scope is not None:
+        run = _inside(scope, run)
     if async_op:
         return submit(pg, run, result)
     drain(pg)

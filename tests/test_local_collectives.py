@@ -241,3 +241,25 @@ def test_sampled_grid(p):
     rng = random.Random(p)
     picked = sampled_cases(p, SAMPLED_SIZES[p], rng)
     check_world(p, [make_case(p, case, i, seed=7919 * p + i) for i, case in enumerate(picked)])
+
+
+def _prepare_foreign_buffer(rank, p):
+    """A buffer of another array library (here: array-like, not numpy) on a host group."""
+    class DeviceLike:
+        dtype, ndim, size = np.dtype(np.float32), 1, 4
+        flags = np.zeros(4, np.float32).flags
+    mine = np.arange(4, dtype=np.float32)
+    try:
+        dist.GroupMember.WORLD.prepare("all_reduce", input=DeviceLike(), output=mine)
+    except TypeError as exc:
+        return str(exc), mine.tolist()
+    return None, mine.tolist()
+
+
+def test_buffer_of_the_wrong_array_library_is_a_clear_error():
+    """A GPU array on a host group (or the reverse) is refused before any data moves."""
+    for message, untouched in dist.spawn_local(2, _prepare_foreign_buffer, 2,
+                                               timeout=timedelta(seconds=30)):
+        assert message is not None and "all_reduce on rank" in message
+        assert "works on numpy arrays (host memory)" in message
+        assert untouched == [0.0, 1.0, 2.0, 3.0]

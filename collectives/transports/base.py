@@ -66,6 +66,13 @@ class Transport:
     def close(self) -> None:
         pass
 
+    def call_scope(self, buffers):
+        """What a facade call must run inside, captured in the caller's thread when the call
+        is made (None: nothing). The NCCL transport returns its device and the caller's
+        stream, so an async collective that runs later on the group's worker thread still
+        lands on the caller's GPU and stream."""
+        return None
+
     def check_peer(self, peer: int, operation: str) -> None:
         if not 0 <= peer < self.size:
             raise ValueError(f"{operation} on rank {self.rank}: peer {peer} is out of range "

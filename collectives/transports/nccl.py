@@ -7,6 +7,10 @@ call returns as soon as it is enqueued. So:
 
 * ``Work.wait()`` / returning from a synchronous call means: *ordered on the stream*. Any
   later kernel on that stream sees the result; the host does not (yet).
+* The facade enqueues on torch's current stream when a buffer is a torch CUDA tensor, else on
+  CuPy's current stream, both read in the calling thread when the call is made, on this rank's
+  GPU (``call_scope``): an ``async_op=True`` collective, which the group's worker thread runs
+  later, still lands on the caller's device and stream.
 * Host completion: ``cupy.cuda.get_current_stream().synchronize()`` (or ``torch.cuda.
   synchronize()``), or ``transport.synchronize(timeout)``, which polls the stream, raises
   ``CollectiveTimeout`` after ``timeout`` seconds (aborting the communicator, since a hung
@@ -47,7 +51,9 @@ all_gather as grouped reduce/broadcast). Plans run through ``collectives.executo
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import time
 
 import numpy as np
@@ -142,6 +148,14 @@ def _tune_point_to_point() -> None:
         os.environ.setdefault("NCCL_P2P_NVL_CHUNKSIZE", str(chunk))
 
 
+def _flatten(buffers):
+    for b in buffers:
+        if isinstance(b, (list, tuple)):
+            yield from _flatten(b)
+        else:
+            yield b
+
+
 def _communicator(nccl, world_size, uid, rank):
     """CuPy 14 takes the unique id as bytes, older CuPy as a tuple of signed chars; a wrong
     type fails while converting the argument, before NCCL is called, so retrying is safe."""
@@ -218,6 +232,26 @@ class NcclTransport(Transport):
 
     def execute(self, plan, transport, buffers, reduce=None, **kwargs):
         executor.execute(plan, transport, buffers, reduce, **kwargs)
+
+    def call_scope(self, buffers):
+        """This rank's GPU and the stream the caller's tensors are ordered on: torch's current
+        stream when any buffer is a torch CUDA tensor, else CuPy's current stream (both are
+        per thread, so they are read now, in the caller's thread)."""
+        cupy = self.xp
+        torch = sys.modules.get("torch")
+        if torch is not None and any(isinstance(b, torch.Tensor) and b.is_cuda
+                                     for b in _flatten(buffers)):
+            stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream,
+                                              self.device)
+        else:
+            stream = cupy.cuda.get_current_stream()
+        device = cupy.cuda.Device(self.device)
+
+        @contextlib.contextmanager
+        def scope():
+            with device, stream:
+                yield
+        return scope
 
     def comm_stream(self):
         """The private stream transfers run on when a plan is pipelined."""

@@ -58,6 +58,9 @@ class SubgroupTransport(Transport):
         self.check_peer(peer, "recv")
         return self.parent.irecv(buf, self.ranks[peer], tag)
 
+    def call_scope(self, buffers):
+        return self.parent.call_scope(buffers)
+
     def wait_all(self, requests, timeout=None):
         self.parent.wait_all([getattr(r, "inner", r) for r in requests], timeout)
 
