@@ -508,6 +508,12 @@ def main():
                                   "bf16_refused": suite.bf16_refused,
                                   "failures": [f[:200] for f in suite.failures[:8]],
                                   "failed": len(suite.failures)}), flush=True)
+    # Under mpiexec, leaving without MPI_Finalize (os._exit skips it) is an "improper exit"
+    # that makes Open MPI kill the other ranks before they print their RESULT.
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.COMM_WORLD.Barrier()
+        mpi.Finalize()
     os._exit(1 if suite.failures else 0)
 
 
