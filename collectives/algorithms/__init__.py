@@ -14,6 +14,7 @@ from . import ring  # noqa: F401  (each module registers its schedules)
 from . import tree  # noqa: F401
 from . import recursive_doubling  # noqa: F401
 from . import ring_bidirectional  # noqa: F401
+from . import direct  # noqa: F401
 from . import cost
 from .schedule import COLLECTIVES, REGISTRY, Plan, build_plan
 

@@ -437,8 +437,12 @@ COUNTED_WORK = 50_000
 # of 2(α + (n/2p)β) per step by a factor that grows with p, and no formula reproduces it.
 # Where counting is too dear, ``estimate`` prices them at infinity: ``auto`` skips them at
 # scale (with one port the replay puts them above the one-way ring anyway: same β, more α;
-# with two ports, as nccl has, they compete wherever the schedules are counted).
-COUNTED_ONLY = frozenset({"ring_bidirectional"})
+# with two ports, as nccl has, they compete wherever the schedules are counted). The direct
+# (one-shot) schedules likewise: one step of p-1 sends and p-1 receives per rank, which the
+# greedy ports serve in matching order: up to ~2x (p = 8) above the ⌈(p-1)/k⌉(α + k·mβ)
+# optimum once p-1 exceeds k = ports; with ports >= p-1 the replay is exactly α + (p-1)mβ
+# (plus the local work).
+COUNTED_ONLY = frozenset({"ring_bidirectional", "direct"})
 
 
 def counted_work(collective: str, algorithm: str, size: int, nbytes: int,
