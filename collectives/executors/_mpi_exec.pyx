@@ -338,7 +338,8 @@ cdef inline bint _isnan(double x) noexcept nogil:
 
 
 cdef void _arith(number* dst, const number* a, const number* b, Py_ssize_t n, int op) noexcept nogil:
-    """dst = a op b for SUM/PRODUCT/MIN/MAX; MIN/MAX propagate NaN like numpy's minimum."""
+    """dst = a op b for SUM/PRODUCT/MIN/MAX; MIN/MAX as numpy's minimum/maximum on float32/64:
+    a NaN in a wins, then a NaN in b, and on ties (0.0 vs -0.0) b is returned."""
     cdef Py_ssize_t i
     cdef number x, y
     if op == SUM:
@@ -351,14 +352,14 @@ cdef void _arith(number* dst, const number* a, const number* b, Py_ssize_t n, in
         for i in range(n):
             x = a[i]; y = b[i]
             if number is float or number is double:
-                dst[i] = x if (_isnan(x) or x <= y) else y
+                dst[i] = x if (_isnan(x) or x < y) else y
             else:
                 dst[i] = x if x <= y else y
     elif op == MAX:
         for i in range(n):
             x = a[i]; y = b[i]
             if number is float or number is double:
-                dst[i] = x if (_isnan(x) or x >= y) else y
+                dst[i] = x if (_isnan(x) or x > y) else y
             else:
                 dst[i] = x if x >= y else y
 
