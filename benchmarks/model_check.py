@@ -18,7 +18,9 @@ collective (issue 6's target: every ratio within 1.10).
 
 Nothing is measured here and no device is needed: it only reads JSON and runs the model.
 Rows of baselines (``native``), of ``auto`` itself and the nccl bench's ``:ceiling`` and
-``:graph`` variants are not candidates. Where a file holds the same row twice, the median
+``:graph`` variants are not candidates. Algorithms whose plans are identical at a row's world
+size and size (ring, direct and recursive doubling all_to_all at p = 2, say) are one schedule:
+they share the median of their measured times, since any difference between them is noise. Where a file holds the same row twice, the median
 counts. Sizes are bytes as bench reports them (``cost.uniform_counts``' convention); float32.
 """
 from __future__ import annotations
@@ -40,6 +42,10 @@ RESULTS = os.path.join(HERE, "results")
 # The repository's calibrated run and the tuning file its ranks used (bench --calibrate).
 KNOWN_TUNING = {
     "mpi_8ranks_h100x1_16core_calibrated.json": "tuning_mpi_8ranks_h100x1.json",
+    "mpi_8ranks_h200x2_32core_final.json": "tuning_mpi_8ranks_h200x2.json",
+    "mpi_8ranks_h200x4_64core_direct.json": "tuning_mpi_8ranks_h200x4_direct.json",
+    "mpi_8ranks_h200x4_64core_all_1.json": "tuning_mpi_8ranks_h200x4_all_1.json",
+    "mpi_8ranks_h200x4_64core_all_2.json": "tuning_mpi_8ranks_h200x4_all_2.json",
 }
 ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8}
 
@@ -64,6 +70,30 @@ def load_run(path):
     return transport, ITEMSIZE.get(dtype, 4), table
 
 
+def same_schedule(collective, p, size, itemsize, algorithms):
+    """Groups of ``algorithms`` whose plans are identical on every rank at this call (e.g. ring,
+    direct and recursive doubling are one exchange at p = 2): to the machine they are one
+    schedule, so a difference in their measured times is noise, not a better choice."""
+    from collectives.algorithms.schedule import build_plan, plan_args
+    args = plan_args(collective, p, cost._hashable(cost.uniform_counts(collective, p, size,
+                                                                        itemsize)), 0)
+    groups = {}
+    for name in algorithms:
+        steps = tuple(build_plan(collective, name, rank, p, *args).steps for rank in range(p))
+        groups.setdefault(steps, []).append(name)
+    return list(groups.values())
+
+
+def merge_identical(collective, p, size, itemsize, measured):
+    """``measured`` with the algorithms of one schedule sharing the median of their times."""
+    merged = dict(measured)
+    for group in same_schedule(collective, p, size, itemsize, sorted(measured)):
+        if len(group) > 1:
+            shared = statistics.median(measured[a] for a in group)
+            merged.update({a: shared for a in group})
+    return merged
+
+
 def check(path, tuning=None):
     """[(collective, world_size, size, best, best seconds, pick, ratio, model error, overall
     pick)] for one results file, in file order of collectives and rising size."""
@@ -74,6 +104,8 @@ def check(path, tuning=None):
         candidates = sorted(a for a in measured if a in capabilities().get(collective, ()))
         if len(candidates) < 2:
             continue
+        measured = merge_identical(collective, p, size, itemsize,
+                                   {a: measured[a] for a in candidates})
         pick, predicted = cost.choose(collective, p, size, transport, candidates,
                                       params=params, itemsize=itemsize)
         overall, _ = cost.choose(collective, p, size, transport, params=params,

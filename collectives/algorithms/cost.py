@@ -159,24 +159,33 @@ DEFAULTS = {
     # Threads of one process: a hand-off through a condition variable under the GIL is
     # ~10-20 µs; the copy is one memcpy (~1e10 B/s) but holds the GIL.
     "local": Params(alpha=1.5e-5, beta=1 / 8e9, gamma=1 / 5e9),
-    # NCCL send/recv in a group call: ~20 µs launch + completion per step (DESIGN.md: a naive
-    # send/recv ring is 0.12x native at 1 MiB); 150 GB/s: the measured send/recv ring step on
-    # H200 with 16-64 MiB blocks (135-157 GB/s); γ: an elementwise kernel at ~1 TB/s of output.
-    # Shape (fitted to the p2p probe in BENCHMARKS.md §3, 4 x H200, one and two peers at
-    # 1 MiB-1 GiB, within ~20%): a message's rate grows with its size, from 144 GB/s for
-    # small ones to 335 GB/s for large ones (halfway at 60 MiB), and a GPU drives two peers
-    # at once, each at its own message's rate, together no faster than the 335 GB/s link.
-    # local_alpha: each reduction or copy is a kernel launch, ~10 µs (BENCHMARKS.md §3: full
-    # time minus the transfers-only ceiling, 16 MiB, grows with the number of local ops).
-    "nccl": Params(alpha=1.9e-5, beta=1 / 335e9, gamma=1 / 1e12, ports=2,
-                   beta_small=1 / 144e9, beta_knee=60 * 2**20, local_alpha=1e-5),
+    # NCCL send/recv in a group call, with the transport's 64 KiB NVLink p2p chunks. Fitted
+    # (benchmarks/fit_model.py) to the 4- and 2-GPU runs of every algorithm at 1 MiB-1 GiB on
+    # H200s (BENCHMARKS.md §3, results/nccl_{4,2}xH200_direct*.json): α 20 µs per step's
+    # group call (a lone 1 MiB send measured 19 µs); 335 GB/s per message, a GPU drives up to
+    # three peers at once, together no faster than 239 GB/s each; γ: an elementwise kernel at
+    # ~1 TB/s of output; local_alpha 30 µs: each reduction or copy is a CuPy kernel launched
+    # from Python (direct's 1 MiB all_reduce: 26 µs of transfers + 3 reductions = 95 µs).
+    # With these the median model error on those runs is x1.07 and auto's summed log regret
+    # 0.91 over 32 rows (the defaults before the chunk change: 3.88).
+    "nccl": Params(alpha=2e-5, beta=1 / 335e9, gamma=1 / 1e12, ports=3, link_beta=1 / 239e9,
+                   local_alpha=3e-5),
 }
 # Ranks of one host stream reductions of operands past the cache from shared memory
 # bandwidth: 8 MPI ranks (16-core host) reduced 32 MiB blocks at ~0.74 ns/B against
 # ~0.05 ns/B for 8 MiB blocks, about γ·8 with the calibrated γ (BENCHMARKS.md §1, the
 # 64 MiB reduce_scatter); the knee lies between 8 and 32 MiB.
 HOST_SHARED_BYTES = 16 * 2**20
-DEFAULTS["mpi"] = Params(5e-6, 1 / 5e9, 1 / 5e9, gamma_shared_bytes=HOST_SHARED_BYTES)
+# Shape of the shared-memory MPI (fitted with benchmarks/fit_model.py to three 8-rank runs of
+# every algorithm on a 64-core host, each with its own calibrated α, β, γ: results/
+# mpi_8ranks_h200x4_64core_{direct,all_1,all_2}.json): a rank runs up to 4 transfers at once
+# (the direct algorithms post 7), sharing its copy bandwidth, and each local operation costs
+# 2 µs on top of its bytes (the direct all_reduce's 7 reductions). Summed log regret of auto
+# over the 96 rows 5.5 against 7.2 with one port (an oracle that picks each row's winner
+# from a repeat run scores 1.6 per 32 rows: the rest is run-to-run noise); neutral on the
+# earlier 8-rank runs.
+DEFAULTS["mpi"] = Params(5e-6, 1 / 5e9, 1 / 5e9, ports=4, gamma_shared_bytes=HOST_SHARED_BYTES,
+                         local_alpha=2e-6)
 # Socket, from the two 4-rank runs (benchmarks/results/socket_4ranks_h200x{2_32core_final,
 # 4_64core}.json; fit in docs/notes/cost-model.md). α: a step inside a collective costs ~80 µs,
 # twice the ping-pong's 40 µs (two thread hand-offs per message through the progress thread:
@@ -187,7 +196,14 @@ DEFAULTS["mpi"] = Params(5e-6, 1 / 5e9, 1 / 5e9, gamma_shared_bytes=HOST_SHARED_
 # 2.6-3.6 GB/s, of 16 MiB messages at 1.7-1.9 GB/s). That is why the ring's p - 1 messages of
 # n/p beat recursive doubling's n/4 + n/2 at 16-64 MiB on 4 ranks (reduce_scatter by 1.40-1.58x).
 SOCKET_SPILL_BYTES = 4 * 2**20
-DEFAULTS["socket"] = Params(8e-5, 1 / 3.5e9, 1 / 5e9, gamma_shared_bytes=HOST_SHARED_BYTES,
+# ports 3, local_alpha 40 µs (benchmarks/fit_model.py on the three TCP runs, the latest with
+# the direct algorithms, results/socket_4ranks_h200x4_64core_tcp.json): the progress thread
+# moves a step's messages to its p - 1 peers together (the direct algorithms), and each
+# reduction or copy costs ~40 µs more than its bytes (a numpy call on a rank that shares the
+# host's cores with the other ranks' progress threads). Summed log regret 1.00 against 2.25
+# before over 39 rows; with the shared-memory path (same host, the default) 1.05 against 1.19.
+DEFAULTS["socket"] = Params(8e-5, 1 / 3.5e9, 1 / 5e9, ports=3,
+                            gamma_shared_bytes=HOST_SHARED_BYTES, local_alpha=4e-5,
                             spill_bytes=SOCKET_SPILL_BYTES, spill_factor=2.0)
 # Transports without defaults of their own (tests' fakes, future ones) get the MPI numbers.
 FALLBACK_TRANSPORT = "mpi"

@@ -1,0 +1,97 @@
+"""benchmarks/model_check.py and benchmarks/fit_model.py on synthetic runs (no device).
+
+A run whose times come from a known set of cost parameters must be judged perfectly with
+those parameters, and the fitter, started from other parameters, must find a set with which
+``auto`` picks every row's measured winner. Identical schedules (two names, one plan) share
+their times, so noise between them is never counted as a wrong pick.
+"""
+import json
+import os
+import sys
+
+import pytest
+
+from collectives.algorithms import capabilities, cost
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
+
+import fit_model  # noqa: E402
+import model_check  # noqa: E402
+
+SIZES = (4096, 65536, 1 << 20, 16 << 20)
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+def synthetic_run(path, params, p=4, noise=None):
+    """A bench --json file whose p50 times are the model's predictions under ``params``."""
+    records = []
+    for collective in COLLECTIVES:
+        for size in SIZES:
+            for algorithm in sorted(capabilities()[collective]):
+                t = cost.predict_bytes(collective, algorithm, p, size, params)
+                if noise:
+                    t *= noise.get((collective, size, algorithm), 1.0)
+                records.append({"collective": collective, "algorithm": algorithm, "size": size,
+                                "world_size": p, "time_p50_us": t * 1e6})
+    path.write_text(json.dumps({"meta": {"backend": "mpi", "world_size": p,
+                                         "config": {"dtype": "float32"}},
+                                "records": records}))
+    return str(path)
+
+
+TRUE = cost.Params(alpha=2e-5, beta=1 / 3e9, gamma=1 / 4e9, ports=3, local_alpha=4e-6)
+
+
+def test_the_true_parameters_pick_every_winner(tmp_path):
+    run = synthetic_run(tmp_path / "run.json", TRUE)
+    rows = fit_model.rows_of([(run, None)], "mpi")
+    shape = {f: getattr(TRUE, f) for f in ("alpha", "beta", "gamma", "ports", "local_alpha")}
+    regret, worst, error = fit_model.score(rows, shape)
+    assert regret == pytest.approx(0.0, abs=1e-9) and worst == pytest.approx(1.0)
+    assert error == pytest.approx(0.0, abs=1e-9)       # the model reproduces its own times
+
+
+def test_the_fit_recovers_the_choices_from_other_starting_parameters(tmp_path):
+    run = synthetic_run(tmp_path / "run.json", TRUE)
+    tuning = tmp_path / "tuning.json"          # the run's calibrated α, β, γ, as bench writes
+    cost.save_params(str(tuning), "mpi", cost.Params(TRUE.alpha, TRUE.beta, TRUE.gamma))
+    rows = fit_model.rows_of([(run, str(tuning))], "mpi")
+    start = cost.Params(TRUE.alpha, TRUE.beta, TRUE.gamma)      # one port, no launch cost
+    before = fit_model.score(rows, {"ports": 1, "local_alpha": 0.0})
+    fitted, after = fit_model.fit(rows, start, ("ports", "local_alpha"))
+    assert before[0] > 0.05                  # the one-port model picks wrongly somewhere
+    assert after[0] == pytest.approx(0.0, abs=1e-9), fitted
+    assert fitted["ports"] >= 2
+
+
+def test_fit_model_cli_writes_a_tuning_file(tmp_path, capsys):
+    run = synthetic_run(tmp_path / "run.json", TRUE)
+    out = tmp_path / "tuning.json"
+    assert fit_model.main([run, "--transport", "mpi", "--fields", "ports,local_alpha",
+                           "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "start:" in printed and "fitted:" in printed
+    fitted = cost.load_params("mpi", str(out))
+    assert fitted.ports >= 2
+
+
+def test_identical_schedules_share_their_times():
+    groups = model_check.same_schedule("all_to_all", 2, 1 << 20, 4,
+                                       ["ring", "ring_bidirectional", "direct", "tree"])
+    assert ["ring", "ring_bidirectional"] in groups and ["tree"] in groups
+    merged = model_check.merge_identical("all_to_all", 2, 1 << 20, 4,
+                                         {"ring": 1.0, "ring_bidirectional": 3.0, "tree": 5.0})
+    assert merged == {"ring": 2.0, "ring_bidirectional": 2.0, "tree": 5.0}
+
+
+def test_model_check_flags_a_wrong_pick(tmp_path):
+    """Make the measured winner of one row an algorithm the model does not pick: the check
+    reports that row's ratio."""
+    params = cost.default_params("mpi")
+    pick, _ = cost.choose("all_reduce", 4, 4096, params=params)
+    run = synthetic_run(tmp_path / "run.json", params,
+                        noise={("all_reduce", 4096, pick): 10.0})
+    rows = {(r[0], r[2]): r for r in model_check.check(run)[2]}
+    collective, p, size, best, best_t, chosen, ratio, error, overall = rows[("all_reduce", 4096)]
+    assert chosen == pick and best != pick and ratio > 1.0
