@@ -103,13 +103,14 @@ def bench(group, cupy, args, host):
                          if nbytes <= args.graph_max and a != "auto"]
             variants += [("ring", seg) for seg in args.segments if "ring" in have[collective]]
             native_t = {}
+            user_segment = os.environ.get(executor.ENV_SEGMENT)
             for name, seg in variants:
                 label = name if seg is None else f"{name}:seg={format_size(seg)}"
                 if name == "auto":      # show what auto chose, as the main suite does
                     label = "auto:" + group.resolve_algorithm(
                         collective, "auto", call_size(collective, _counts(collective, count, p),
                                                        p) * dtype.itemsize)
-                os.environ[executor.ENV_SEGMENT] = str(seg or 0)
+                _segment_setting(seg, user_segment)   # plain rows: the executor's default
                 graph = name.endswith(":graph")
                 os.environ[executor.ENV_GRAPH] = "1" if graph else "0"
                 algorithm = name.split(":")[0]
@@ -141,6 +142,7 @@ def bench(group, cupy, args, host):
                     tc = host.max(tc)
                     rows.append(_row(collective, f"{name}:ceiling", nbytes, count, tc, p, 0))
                     rows[-2]["ceiling_s"] = tc
+            _segment_setting(None, user_segment)
             for r in rows:
                 if r["collective"] == collective and r["size"] == nbytes:
                     r["vs_native"] = native_t[collective] / r["time_s"]
@@ -153,6 +155,17 @@ def bench(group, cupy, args, host):
             del d_in, d_out, expect, case
             cupy.get_default_memory_pool().free_all_blocks()
     return rows
+
+
+def _segment_setting(seg, user_value):
+    """``ring:seg=X`` rows pipeline in X-byte segments; every other row runs as a user's call
+    would: with $COLLECTIVES_NCCL_SEGMENT_BYTES as the user set it, or the executor's default."""
+    if seg is not None:
+        os.environ[executor.ENV_SEGMENT] = str(seg)
+    elif user_value is None:
+        os.environ.pop(executor.ENV_SEGMENT, None)
+    else:
+        os.environ[executor.ENV_SEGMENT] = user_value
 
 
 def _counts(collective, count, p):
