@@ -46,6 +46,7 @@ KNOWN_TUNING = {
     "mpi_8ranks_h200x4_64core_direct.json": "tuning_mpi_8ranks_h200x4_direct.json",
     "mpi_8ranks_h200x4_64core_all_1.json": "tuning_mpi_8ranks_h200x4_all_1.json",
     "mpi_8ranks_h200x4_64core_all_2.json": "tuning_mpi_8ranks_h200x4_all_2.json",
+    "mpi_8ranks_h200x4_64core_validate.json": "tuning_mpi_8ranks_h200x4_validate.json",
 }
 ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8}
 
