@@ -34,7 +34,7 @@ def tables(path):
     collectives = sorted({c for c, _ in by}, key=lambda c: [r["collective"] for r in records].index(c))
     for collective in collectives:
         sizes = sorted(s for c, s in by if c == collective)
-        names = [n for n in ("ring", "ring_bidirectional", "tree", "recursive_doubling")
+        names = [n for n in ("ring", "ring_bidirectional", "tree", "recursive_doubling", "direct")
                  if any(n in by[(collective, s)] for s in sizes)]
         out.append("")
         out.append(f"**{collective}** (native time / ours; >1 is faster than native)")
@@ -69,7 +69,7 @@ def gpu_tables(path, data):
         if r.get("wrong"):
             out.append(f"WRONG RESULTS in {r['collective']} {r['algorithm']} {r['size']}")
         by[(r["collective"], r["size"])][r["algorithm"]] = r
-    names = ("ring", "ring_bidirectional", "recursive_doubling", "tree")
+    names = ("ring", "ring_bidirectional", "recursive_doubling", "tree", "direct")
     for collective in dict.fromkeys(r["collective"] for r in rows):
         out += ["", f"**{collective}** (native time / ours; in brackets the share of the point-to-"
                     f"point ceiling reached: the same plan's transfers alone, timed, / ours)", "",
