@@ -27,7 +27,7 @@ def _mpi_library() -> str:
         from mpi4py import MPI
     except Exception as exc:  # noqa: BLE001
         return f"none ({exc})"
-    return MPI.Get_library_version().strip().splitlines()[0]
+    return MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]
 
 
 def _gpus() -> str:

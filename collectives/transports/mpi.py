@@ -71,7 +71,8 @@ def available() -> tuple[bool, str]:
 def library_name(MPI=None) -> str:
     """The first line of MPI_Get_library_version, e.g. 'MPICH Version: 5.0.2'."""
     MPI = MPI or _mpi()
-    first = MPI.Get_library_version().strip().splitlines()[0]
+    # Open MPI 4.1 ends the string with a NUL, which would show in tables and plot titles
+    first = MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]
     return " ".join(first.split())
 
 
