@@ -7,12 +7,7 @@
 # JSON and logs under $OUT.
 set -u
 O=${OUT:-./cpu8-logs}; mkdir -p "$O"; PY=python3
-export PYTHONUNBUFFERED=1
-ls .whl/cython-*.whl >/dev/null 2>&1 && $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/cython-*.whl
-export PYTHONPATH=$PWD:/tmp/site
-h=$(find / -name mpi.h -path "*openmpi*" 2>/dev/null | head -n 1)
-[ -n "$h" ] && export COLLECTIVES_MPI_INCLUDE=$(dirname "$h")
-$PY setup.py build_ext --inplace > "$O/build.log" 2>&1; echo "build rc=$?"
+. benchmarks/device_build.sh "$O"
 $PY -m collectives info | grep -aE "compiled MPI|MPI library"; nproc
 M="mpiexec --allow-run-as-root --oversubscribe --bind-to none -x PYTHONPATH -x PYTHONUNBUFFERED -x COLLECTIVES_WINDOW"
 ALGS=ring,tree,recursive_doubling,direct,native,auto

@@ -3,12 +3,7 @@
 # CPUs with its Open MPI, calibrating first; ~2 min. $OUT gets mpi8_all.json, tuning, log.
 set -u
 O=${OUT:-./mpi8-logs}; mkdir -p "$O"; PY=python3
-export PYTHONUNBUFFERED=1
-ls .whl/cython-*.whl >/dev/null 2>&1 && $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/cython-*.whl
-export PYTHONPATH=$PWD:/tmp/site
-h=$(find / -name mpi.h -path "*openmpi*" 2>/dev/null | head -n 1)
-[ -n "$h" ] && export COLLECTIVES_MPI_INCLUDE=$(dirname "$h")
-$PY setup.py build_ext --inplace > "$O/build.log" 2>&1; echo "build rc=$?"
+. benchmarks/device_build.sh "$O"
 M="mpiexec --allow-run-as-root --oversubscribe --bind-to none -x PYTHONPATH -x PYTHONUNBUFFERED"
 for r in ${REPS:-1}; do
   timeout -s KILL 240 $M -n 8 $PY benchmarks/bench.py --calibrate "$O/tuning_mpi8_$r.json" \

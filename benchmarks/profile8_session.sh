@@ -9,11 +9,7 @@
 # Logs under $OUT. Needs the compiled executor built against the host's Open MPI.
 set -u
 O=${OUT:-./profile8-logs}; mkdir -p "$O"; PY=python3
-ls .whl/cython-*.whl >/dev/null 2>&1 && $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/cython-*.whl
-export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1
-h=$(find / -name mpi.h -path "*openmpi*" 2>/dev/null | head -n 1)
-[ -n "$h" ] && export COLLECTIVES_MPI_INCLUDE=$(dirname "$h")
-$PY setup.py build_ext --inplace > "$O/build.log" 2>&1; echo "build rc=$?"
+. benchmarks/device_build.sh "$O"
 $PY -m collectives info | grep -ai compiled
 M="mpiexec --allow-run-as-root --oversubscribe --bind-to none -x PYTHONPATH -x PYTHONUNBUFFERED -x COLLECTIVES_WINDOW"
 timeout 100 $M -n 8 $PY benchmarks/profile_breakdown.py 1,4,16 5 > "$O/profile8.log" 2>&1; echo "profile rc=$?"

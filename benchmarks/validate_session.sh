@@ -6,11 +6,7 @@
 set -u
 O=${OUT:-./validate-logs}; mkdir -p "$O"; PY=python3
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-ls .whl/cython-*.whl >/dev/null 2>&1 && $PY -m pip install -q --no-index --no-deps --target /tmp/site .whl/cython-*.whl
-export PYTHONPATH=$PWD:/tmp/site
-h=$(find / -name mpi.h -path "*openmpi*" 2>/dev/null | head -n 1)
-[ -n "$h" ] && export COLLECTIVES_MPI_INCLUDE=$(dirname "$h")
-$PY setup.py build_ext --inplace > "$O/build.log" 2>&1; echo "build rc=$?"
+. benchmarks/device_build.sh "$O"
 M="mpiexec --allow-run-as-root --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE -x PYTHONPATH -x PYTHONUNBUFFERED"
 summary() { grep -aE "auto time|^#  (all_|reduce_)|rows|Error" "$1" | head -n 24; }
 timeout -s KILL 200 $M -n 4 $PY benchmarks/bench.py --backend nccl \

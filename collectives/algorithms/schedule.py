@@ -183,6 +183,20 @@ class Plan:
     def messages(self) -> int:
         return sum(len(s.sends) for s in self.steps)
 
+    def derived(self, kind: str, key, build):
+        """``build()`` (a plan derived from this one: segmented, windowed), kept on this plan
+        under ``kind`` and ``key``. Plans are cached by ``build_plan``, so each derived plan is
+        built once; hashing a whole plan per call, as an lru_cache key would, costs more than
+        the look-up saves at large p."""
+        cache = self.__dict__.get(kind)
+        if cache is None:
+            cache = {}
+            object.__setattr__(self, kind, cache)
+        value = cache.get(key)
+        if value is None:
+            value = cache[key] = build()
+        return value
+
 
 def _drop_empty(step: Step) -> Step | None:
     """Zero-element transfers are dropped on both sides alike (both sides derive the count

@@ -192,14 +192,7 @@ def windowed(plan: Plan, window: int) -> Plan:
         raise TypeError(f"windowed: window must be an int, got {type(window).__name__}") from None
     if window <= 1 or plan.collective == "barrier" or len(plan.steps) < 2:
         return plan
-    cache = plan.__dict__.get("_windowed")
-    if cache is None:
-        cache = {}
-        object.__setattr__(plan, "_windowed", cache)
-    merged = cache.get(window)
-    if merged is None:
-        merged = cache[window] = _merge_runs(plan, window)
-    return merged
+    return plan.derived("_windowed", window, lambda: _merge_runs(plan, window))
 
 
 def _merge_runs(plan: Plan, window: int) -> Plan:

@@ -76,16 +76,7 @@ def _where(exc, plan, index, started, operation):
 
 
 def _segmented_plan(plan: Plan, max_count: int) -> Plan:
-    # Cached on the plan object itself (plans are cached by build_plan): hashing a whole plan
-    # per call, as an lru_cache key would, costs more than the lookup saves at large p.
-    cache = plan.__dict__.get("_segmented")
-    if cache is None:
-        cache = {}
-        object.__setattr__(plan, "_segmented", cache)
-    cut = cache.get(max_count)
-    if cut is None:
-        cut = cache[max_count] = segmented(plan, max_count)
-    return cut
+    return plan.derived("_segmented", max_count, lambda: segmented(plan, max_count))
 
 
 def _overlaps(a, b) -> bool:
