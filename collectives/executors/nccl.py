@@ -71,7 +71,7 @@ import os
 
 import numpy as np
 
-from ..algorithms.schedule import Copy, Plan, Send
+from ..algorithms.schedule import Copy, Plan, Reduce, Send
 from ..errors import TransportError
 
 ENV_SEGMENT = "COLLECTIVES_NCCL_SEGMENT_BYTES"
@@ -203,6 +203,8 @@ def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
     kernel = _device_reducer(reduce, op, dtype)
     name = f"{operation or plan.collective} ({plan.algorithm}) on rank {plan.rank}"
     run = _Run(transport, arrays, dtype.itemsize, kernel, name, cupy)
+    if op is not None and reduce is not None:
+        run.fuse = (op, dtype)
     limit = segment_bytes(plan) if segment is None else segment
     biggest = max((_step_bytes(s) for s in plan.steps), default=0) * dtype.itemsize
     if limit <= 0 or biggest <= limit:
@@ -221,6 +223,43 @@ def _step_bytes(step) -> int:
     """Elements of the largest single transfer of a step."""
     return max([s.region.count for s in step.sends] + [r.region.count for r in step.recvs],
                default=0)
+
+
+LONGEST_CHAIN = 16                  # operands of one fused kernel
+
+
+def reduction_chains(local, longest: int = LONGEST_CHAIN) -> list:
+    """``local`` (a step's local ops, in order) cut into runs that one kernel can do: a run is
+    one op, or Reduce ops each of whose ``a`` is the previous one's ``dst`` (the accumulator),
+    all of one count. A fused kernel loads every operand before it stores anything, and its
+    threads each own one element index; so an op joins only if its ``b`` overlaps no earlier
+    destination of the run, and if each destination is either the very same region as, or
+    disjoint from, every region the run touches (no element is read at one index and written
+    at another)."""
+    runs: list = []
+    for op in local:
+        run = runs[-1] if runs else None
+        if run is not None and len(run) < longest and _extends(run, op):
+            run.append(op)
+        else:
+            runs.append([op])
+    return runs
+
+
+def _extends(run, op) -> bool:
+    first, prev = run[0], run[-1]
+    if not (isinstance(first, Reduce) and isinstance(op, Reduce) and op.a == prev.dst
+            and op.dst.count == op.b.count == first.dst.count):
+        return False
+    dsts = [r.dst for r in run]
+    if any(_overlap(op.b, d) for d in dsts):
+        return False
+    touched = [first.a] + [r.b for r in run] + dsts + [op.b]
+    return all(d == t or not _overlap(d, t) for d in dsts + [op.dst] for t in touched + [op.dst])
+
+
+def _overlap(x, y) -> bool:
+    return x.buffer == y.buffer and x.offset < y.end and y.offset < x.end
 
 
 def _device_reducer(reduce, op, dtype):
@@ -245,6 +284,7 @@ class _Run:
         self.cupy = cupy
         self.nccl = transport.nccl
         self.base = {k: (a.data.ptr, a.size) for k, a in arrays.items()}
+        self.fuse = None          # (op, dtype): chains of reductions run as one kernel
 
     # -- addressing --------------------------------------------------------------------------
 
@@ -287,13 +327,29 @@ class _Run:
 
     # -- in order: one stream ------------------------------------------------------------------
 
+    def chain(self, ops, stream):
+        """Reductions dst_i = dst_(i-1) op b_i (``reduction_chains``) in one kernel launch."""
+        from ..kernels.cuda import chain_kernel
+        last = {}                                   # each distinct destination: its last op
+        for i, op in enumerate(ops):
+            last[op.dst] = i
+        dsts = list(last)
+        apply = chain_kernel(*self.fuse, len(ops), tuple(last[d] for d in dsts))
+        with stream:
+            apply([self.view(d) for d in dsts], self.view(ops[0].a),
+                  [self.view(op.b) for op in ops])
+
     def in_order(self, steps):
         stream = self.cupy.cuda.get_current_stream()
         for index, step in enumerate(steps):
             if step.sends or step.recvs:
                 self.transfer(step.sends, step.recvs, stream.ptr, index, len(steps))
-            for op in step.local:
-                self.local(op, stream)
+            groups = reduction_chains(step.local) if self.fuse else [[op] for op in step.local]
+            for ops in groups:
+                if len(ops) == 1:
+                    self.local(ops[0], stream)
+                else:
+                    self.chain(ops, stream)
 
     # -- pipelined: transfers on the comm stream, kernels on the caller's ------------------------
 
