@@ -36,9 +36,10 @@ first-come-first-served replay serves the p-1 messages in matching order and cou
 the ⌈(p-1)/k⌉-round optimum, so ``auto`` prefers direct only where a rank drives (nearly) all
 peers at once. Measured on 4 x H200 over NCCL send/recv (float32, median): 1 MiB all_reduce
 95 µs (71 µs as a CUDA graph) against 117 / 140 µs for recursive doubling / ring and 17.6 µs
-for NCCL's own; its transfers alone take ~26 µs, the rest is the p-1 reduction kernels
-(a fused p-operand reduction would remove most of it). all_gather and all_to_all at 16 MiB
-matched NCCL's own (1.08x, 1.02x).
+for NCCL's own; its transfers alone take ~26 µs, the rest was the p-1 reduction kernels. The
+NCCL executor now fuses such a chain into one kernel (16 MiB: 0.73 -> 0.86 of the transfer
+ceiling; BENCHMARKS.md §3). all_gather and all_to_all at 16 MiB matched NCCL's own (1.08x,
+1.02x).
 
 Every rank sends to rank+1, rank+2, ... and receives from rank-1, rank-2, ..., so at any
 moment each rank is the target of one sender under a one-port transport, not of everyone at
