@@ -2,7 +2,8 @@
 it, messages around the threshold and far larger than the ring (also a 4 KiB ring that wraps
 thousands of times), receives posted before and after arrival, any-source, many tags both
 ways, the facade's all_reduce / all_gather / reduce_scatter with every algorithm, a size
-mismatch, SIGKILL of either end mid-transfer, malformed frames, and /dev/shm left clean."""
+mismatch, SIGKILL of either end mid-transfer, malformed frames, and /dev/shm left clean.
+Cross-memory attach is off here (it would carry the payloads instead of the ring)."""
 import os
 import signal
 import threading
@@ -22,6 +23,13 @@ from collectives.transports.socket import ANY_SOURCE, HEADER, SHM_CHUNK, SHM_CRE
 from test_socket_transport import CTX, STORE_SECRET, ok, run_ranks
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(SHM_DIR), reason="no /dev/shm here")
+
+
+@pytest.fixture(autouse=True)
+def ring_not_direct_reads(monkeypatch):
+    """These tests are about the ring: keep cross-memory attach (test_socket_cma.py) off, or
+    same-host payloads would bypass the ring (ranks fork from here and inherit it)."""
+    monkeypatch.setenv("COLLECTIVES_SOCKET_CMA", "0")
 
 KIB, MIB = 1 << 10, 1 << 20
 

@@ -29,6 +29,11 @@ any frame boundary. The caller's thread copies in while the ring has room and th
 thread does the rest; the reader copies straight into a posted receive (one copy each side).
 A failure anywhere in that setup keeps the pair on TCP (logged at INFO), and
 COLLECTIVES_SOCKET_SHM=0 turns it off; ``transport.shm_peers`` lists the peers that use it.
+Pairs on shared memory then probe cross-memory attach (``cma.py``): each reads a random probe
+out of the other's memory with process_vm_readv; if both succeed (and $COLLECTIVES_SOCKET_CMA
+is not 0), such payloads are announced by one frame carrying the sender's buffer address,
+the receiver's progress thread copies them straight into the matched receive (one copy) and
+acknowledges, and the send completes on the acknowledgement (``transport.cma_peers``).
 
 Faults: a connection that drops without a goodbye fails the whole transport: every pending
 and later wait raises TransportError naming that rank, and this rank forwards an abort frame
@@ -38,7 +43,8 @@ Frames above ``MAX_MESSAGE`` (4 GiB, $COLLECTIVES_SOCKET_MAX_MESSAGE) are refuse
 
 Cost: one syscall per frame per side plus a thread wake-up on receipt (~30-60 us latency);
 bandwidth near the loopback TCP limit, or about twice that through shared memory on one host
-(two memcpys, plus a control round trip per chunk). Limits: host (numpy) buffers only;
+(two memcpys, plus a control round trip per chunk), or one kernel copy plus a round trip per
+message with cross-memory attach. Limits: host (numpy) buffers only;
 payloads are authenticated at connection time, not per frame, and not encrypted; shared
 memory costs $COLLECTIVES_SOCKET_SHM_BYTES per ordered same-host pair (touched lazily).
 """
@@ -60,6 +66,7 @@ from ..auth import (AuthenticationError, client_handshake, job_secret, new_secre
                     serve_handshake)
 from ..errors import CollectiveError, CollectiveTimeout, TransportError
 from .base import Request, Transport
+from . import cma
 from .shm import Channel
 
 log = logging.getLogger("collectives.transports.socket")
@@ -73,6 +80,11 @@ DATA, ABORT, GOODBYE = 0, 1, 2
 # SHM_CREDIT (nbytes) returns ring space to the writer.
 SHM_SETUP, SHM_MSG, SHM_CHUNK, SHM_CREDIT = 3, 4, 5, 6
 SHM_KINDS = (SHM_MSG, SHM_CHUNK, SHM_CREDIT)
+# Cross-memory attach (cma.py): CMA_MSG (tag, nbytes) is followed by the 8-byte address of the
+# sender's buffer, which the receiver reads with process_vm_readv; CMA_ACK (nbytes = how many)
+# completes the sender's oldest CMA sends to that peer.
+CMA_MSG, CMA_ACK = 7, 8
+ADDRESS = struct.Struct("<Q")
 MAX_SETUP_FRAME = 4096
 MAX_MESSAGE = int(os.environ.get("COLLECTIVES_SOCKET_MAX_MESSAGE", 4 << 30))
 MAX_ABORT_REASON = 4096
@@ -104,6 +116,7 @@ def _byte_view(buf, operation, rank, writable):
 class _Send(Request):
     kind = "send"
     shm = False
+    cma = False               # done only when the receiver acknowledges its read
 
     def __init__(self, transport, peer, tag, frames):
         self.transport, self.peer, self.tag = transport, peer, tag
@@ -128,6 +141,17 @@ class _ShmSend(_Send):
 
     def wait(self, timeout=None):
         self.transport.wait_all([self], timeout)
+
+
+class _CmaSend(_Send):
+    """A send the receiver reads straight out of ``view`` (cross-memory attach): one frame
+    announcing its address, done when the receiver acknowledges the copy."""
+    cma = True
+
+    def __init__(self, transport, peer, tag, view):
+        header = HEADER.pack(CMA_MSG, tag, view.nbytes) + ADDRESS.pack(cma.address(view))
+        super().__init__(transport, peer, tag, [memoryview(header)])
+        self.view = view              # keeps the buffer alive until the peer has read it
 
 
 class _Recv(Request):
@@ -179,6 +203,9 @@ class _Peer:
         self.shm_out: Channel | None = None   # the ring we write to this peer
         self.shm_in: Channel | None = None    # the ring this peer writes to us
         self.shm_msg = None           # [destination, bytes filled, on_filled] arriving by ring
+        self.cma_pid = None           # the peer's pid when we read its sends directly
+        self.cma_waiting: collections.deque = collections.deque()   # our sends it still reads
+        self.acks_owed = 0            # its sends we have read, not yet acknowledged
 
 
 class SocketTransport(Transport):
@@ -204,6 +231,7 @@ class SocketTransport(Transport):
         self._peers: dict[int, _Peer] = {}
         self.refused: list[str] = []      # connections refused during setup, for diagnosis
         self.shm_peers: list[int] = []    # peers reached through shared memory
+        self.cma_peers: list[int] = []    # peers whose sends we read directly (cma.py)
         self._shm_min = max(1, _env_bytes("COLLECTIVES_SOCKET_SHM_MIN", 64 << 10))
         if world_size > 1:
             self._connect_mesh(store)
@@ -348,6 +376,7 @@ class SocketTransport(Transport):
             if not identity:
                 log.info("socket transport rank %d: shared memory is off "
                          "(COLLECTIVES_SOCKET_SHM=0 or no host identity)", self.rank)
+            self._setup_cma([p for p in same if p.rank in self.shm_peers])
         except (OSError, TransportError) as exc:
             for peer in peers:
                 _drop_channels(peer)
@@ -355,6 +384,43 @@ class SocketTransport(Transport):
                 raise
             raise TransportError(f"socket transport rank {self.rank}: the shared-memory "
                                  f"handshake failed: {exc}") from None
+
+    def _setup_cma(self, peers):
+        """For pairs already on shared memory: may each read the other's memory? Each side
+        offers its pid and the address of a random probe; each reads the other's probe with
+        process_vm_readv and reports; the pair uses cross-memory attach only if both reads
+        returned the probe (ptrace rights, no seccomp veto). Same phase discipline as above."""
+        wanted = bool(peers) and cma.available() and _env_flag("COLLECTIVES_SOCKET_CMA", True)
+        if wanted:
+            cma.allow_same_user()
+        probe = np.frombuffer(os.urandom(32), np.uint8).copy()
+        offer = f"{os.getpid()} {cma.address(probe)} {probe.tobytes().hex()}".encode() \
+            if wanted else b""
+        for peer in peers:
+            _send_setup(peer.sock, offer)
+        readable = {}
+        for peer in peers:
+            theirs = self._recv_setup(peer)
+            ok = False
+            if wanted and theirs:
+                try:
+                    pid, where, expect = theirs.decode().split(" ")
+                    got = np.empty(32, np.uint8)
+                    cma.read(int(pid), int(where), got)
+                    ok = got.tobytes() == bytes.fromhex(expect)
+                    readable[peer.rank] = int(pid)
+                except (OSError, ValueError) as exc:
+                    log.info("socket transport rank %d: cannot read rank %d's memory, keeping "
+                             "the shared-memory ring: %s", self.rank, peer.rank, exc)
+            if not ok:
+                readable.pop(peer.rank, None)
+            _send_setup(peer.sock, b"1" if ok else b"0")
+        for peer in peers:
+            both = self._recv_setup(peer) == b"1" and peer.rank in readable
+            if both:
+                peer.cma_pid = readable[peer.rank]
+                self.cma_peers.append(peer.rank)
+        del probe
 
     def _recv_setup(self, peer) -> bytes:
         header = _recv_exact(peer.sock, HEADER.size)
@@ -396,6 +462,8 @@ class SocketTransport(Transport):
         if peer == self.rank:
             return self._send_to_self(view, tag)
         target = self._peers[peer]
+        if target.cma_pid is not None and view.nbytes >= self._shm_min:
+            return self._submit(target, _CmaSend(self, peer, tag, view))
         if target.shm_out is not None and view.nbytes >= self._shm_min:
             return self._submit(target, _ShmSend(self, peer, tag, view))
         return self._enqueue(target, DATA, tag, memoryview(view))
@@ -503,9 +571,16 @@ class SocketTransport(Transport):
                         continue
                     req, peer.out_req = peer.out_req, None
                     if req is not None:
-                        req.done = True
                         peer.queue.popleft()
-                        finished += 1
+                        if req.cma:
+                            peer.cma_waiting.append(req)   # done when the peer has read it
+                        else:
+                            req.done = True
+                            finished += 1
+                    continue
+                if peer.acks_owed:
+                    out.append(memoryview(HEADER.pack(CMA_ACK, 0, peer.acks_owed)))
+                    peer.acks_owed = 0
                     continue
                 if peer.credit_owed:
                     out.append(memoryview(HEADER.pack(SHM_CREDIT, 0, peer.credit_owed)))
@@ -710,6 +785,13 @@ class SocketTransport(Transport):
         stage = peer.stage_view
         while peer.end - peer.start >= HEADER.size:
             kind, tag, nbytes = HEADER.unpack_from(peer.stage, peer.start)
+            if kind in (CMA_MSG, CMA_ACK):
+                if kind == CMA_MSG and peer.end - peer.start < HEADER.size + ADDRESS.size:
+                    return True            # the address is still on its way
+                peer.start += HEADER.size
+                if not self._on_cma_frame(peer, kind, tag, nbytes):
+                    return False
+                continue
             if kind in SHM_KINDS:
                 peer.start += HEADER.size
                 if not self._on_shm_frame(peer, kind, tag, nbytes):
@@ -797,6 +879,44 @@ class SocketTransport(Transport):
         if msg[1] == target.nbytes:
             peer.shm_msg = None
             msg[2]()
+        return True
+
+    def _on_cma_frame(self, peer, kind, tag, n) -> bool:
+        """Read an announced message straight out of the peer's memory into its receive, then
+        owe it an acknowledgement; or complete our acknowledged sends. False (transport
+        failed, naming the peer) on a frame that does not fit."""
+        if kind == CMA_ACK:
+            # under send_lock: the sender's thread moves a send to cma_waiting right after
+            # writing its frame, and the acknowledgement may arrive before that returns
+            with peer.send_lock:
+                outstanding = len(peer.cma_waiting)
+                acked = [peer.cma_waiting.popleft() for _ in range(n)] \
+                    if 0 < n <= outstanding else None
+            if acked is None:
+                return self._malformed(peer, f"acknowledgement of {n} reads with "
+                                             f"{outstanding} outstanding")
+            with self._cond:
+                for req in acked:
+                    req.done = True
+                self._cond.notify_all()
+            return True
+        (where,) = ADDRESS.unpack_from(peer.stage, peer.start)
+        peer.start += ADDRESS.size
+        if peer.cma_pid is None or peer.shm_msg is not None or not 0 < n <= MAX_MESSAGE:
+            return self._malformed(peer, f"direct-read announcement of {n} bytes (tag {tag})")
+        target, on_filled = self._land(peer, DATA, tag, n)
+        if not isinstance(target, np.ndarray):
+            target = np.frombuffer(target, np.uint8)
+        try:
+            cma.read(peer.cma_pid, where, target)
+        except OSError as exc:
+            self._fail(peer.rank, f"reading rank {peer.rank}'s message (tag {tag}, {n} bytes) "
+                                  f"from its memory failed (it died or was killed?): {exc}")
+            return False
+        with peer.send_lock:
+            peer.acks_owed += 1
+        self._flush(peer)
+        on_filled()
         return True
 
     def _malformed(self, peer, what) -> bool:
