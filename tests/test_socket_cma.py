@@ -12,10 +12,8 @@ import pytest
 from collectives.errors import CollectiveError, TransportError
 from collectives.transports import cma
 from collectives.transports.socket import ADDRESS, CMA_ACK, CMA_MSG, HEADER
-from test_socket_shm import (KIB, MIB, _facade_rank, _inject, _killed_mid_transfer, _pair,
-                             _sizes)
-from test_socket_transport import CTX, STORE_SECRET, ok, run_ranks
-from collectives.store import TCPStore
+from test_socket_shm import KIB, MIB, _inject, _killed_mid_transfer, _pair, _sizes, run_facade
+from test_socket_transport import ok, run_ranks
 
 
 def _probe_works() -> bool:
@@ -131,24 +129,7 @@ def test_size_mismatch_is_a_clear_error_and_the_pair_still_works():
 
 @pytest.mark.parametrize("size,count", [(2, 300_001), (4, 40_000)])
 def test_facade_collectives_every_algorithm(size, count):
-    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=20, secret=STORE_SECRET)
-    results = CTX.Queue()
-    procs = [CTX.Process(target=_facade_rank, args=(r, size, store.port, count, results))
-             for r in range(size)]
-    for p in procs:
-        p.start()
-    got = {}
-    try:
-        for _ in range(size):
-            rank, status, value = results.get(timeout=60)
-            got[rank] = (status, value)
-    finally:
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-        store.close()
-    for peers, failures in ok(got, size):
+    for peers, failures in run_facade(size, count):
         assert len(peers) == size - 1 and failures == [], failures
 
 

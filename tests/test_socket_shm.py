@@ -199,8 +199,8 @@ def _facade(rank, size, count):
     return state.world().transport.shm_peers, failures
 
 
-@pytest.mark.parametrize("size,count", [(2, 300_001), (3, 70_003), (4, 40_000)])
-def test_facade_collectives_every_algorithm(size, count):
+def run_facade(size, count):
+    """_facade_rank on ``size`` forked ranks: each rank's (shm peers, failures)."""
     store = TCPStore("127.0.0.1", 0, is_master=True, timeout=20, secret=STORE_SECRET)
     results = CTX.Queue()
     procs = [CTX.Process(target=_facade_rank, args=(r, size, store.port, count, results))
@@ -218,7 +218,12 @@ def test_facade_collectives_every_algorithm(size, count):
             if p.is_alive():
                 p.kill()
         store.close()
-    for rank, (peers, failures) in enumerate(ok(got, size)):
+    return ok(got, size)
+
+
+@pytest.mark.parametrize("size,count", [(2, 300_001), (3, 70_003), (4, 40_000)])
+def test_facade_collectives_every_algorithm(size, count):
+    for peers, failures in run_facade(size, count):
         assert len(peers) == size - 1 and failures == [], failures
 
 
