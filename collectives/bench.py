@@ -81,6 +81,7 @@ class Config:
     min_time: float = 0.25
     min_iters: int = 5
     max_iters: int = 1000
+    rounds: int = 1                       # interleaved repetitions of each size's algorithms
     progress: bool = False
     extra: dict = field(default_factory=dict)
 
@@ -284,41 +285,79 @@ def plan_rows(config: Config, group) -> list[tuple]:
 
 def bench_rank(group, config: Config, on_record=None) -> list[dict]:
     """Run the sweep on this rank (every rank of ``group`` calls this with the same
-    config); return the records (identical on every rank)."""
+    config); return the records (identical on every rank).
+
+    With ``config.rounds`` > 1 each (collective, size)'s algorithms run that many times,
+    interleaved, the order rotated each round; a row's times are all its rounds' iterations
+    together. A machine whose speed drifts (other tenants, clocks) then slows every algorithm
+    of a size alike instead of whichever ran during the slow spell, which is what decides
+    close comparisons such as "is auto within 10% of the best"."""
     dtype, op = parse_dtype(config.dtype), ReduceOp.parse(config.op)
     p, rank = group.size, group.rank
     rows = plan_rows(config, group)
-    records, native_busbw, cases = [], {}, {}
-    progress = Progress(len(rows)) if config.progress and rank == 0 else None
+    rounds = max(1, int(config.rounds))
+    records, native_busbw = [], {}
+    progress = Progress(len(rows) * rounds) if config.progress and rank == 0 else None
     params = cost.load_params(group.transport.name)
     native = group.transport.native
     native_name = getattr(native, "name", None) or group.backend if native is not None else None
     for _ in range(10):      # connections and lazy initialisation, before the first row
         _barrier(group)
         _max_over_ranks(group, np.zeros(1024))
-    for index, (collective, nbytes, algorithm) in enumerate(rows):
-        if progress:
-            progress.update(index, f"{collective} {algorithm} {format_size(nbytes)}")
+    done = 0
+    for (collective, nbytes), names in _by_size(rows):
         count = element_count(collective, nbytes, dtype.itemsize, p)
-        key = (collective, count)
-        if key not in cases:
-            cases.clear()          # one size at a time: keeps memory to one set of buffers
-            cases[key] = Case(collective, rank, p, count, dtype, op)
-        case = cases[key]
-        record = _bench_row(group, case, collective, algorithm, count, dtype, op, config)
-        _add_model(record, group, params, native_name)
-        if algorithm == "native":
-            native_busbw[collective, count] = record["busbw_gbs"]
-        base = native_busbw.get((collective, count))
-        record["ratio_to_native"] = (record["busbw_gbs"] / base) if base else None
-        records.append(record)
-        if on_record is not None and rank == 0:
-            if progress:
-                progress.clear()
-            on_record(record)
+        case = Case(collective, rank, p, count, dtype, op)   # one size's buffers at a time
+        runs = {name: [] for name in names}
+        for r in range(rounds):
+            for algorithm in names[r % len(names):] + names[:r % len(names)]:
+                if progress:
+                    progress.update(done, f"{collective} {algorithm} {format_size(nbytes)}")
+                runs[algorithm].append(_bench_row(group, case, collective, algorithm, count,
+                                                  dtype, op, config))
+                done += 1
+        for algorithm in names:
+            record = _merge_rounds(runs[algorithm])
+            _add_model(record, group, params, native_name)
+            if algorithm == "native":
+                native_busbw[collective, count] = record["busbw_gbs"]
+            base = native_busbw.get((collective, count))
+            record["ratio_to_native"] = (record["busbw_gbs"] / base) if base else None
+            records.append(record)
+            if on_record is not None and rank == 0:
+                if progress:
+                    progress.clear()
+                on_record(record)
+        del case
     if progress:
         progress.finish()
     return records
+
+
+def _by_size(rows):
+    """Consecutive rows of one (collective, size): [((collective, size), [algorithms])]."""
+    groups = []
+    for collective, nbytes, algorithm in rows:
+        if groups and groups[-1][0] == (collective, nbytes):
+            groups[-1][1].append(algorithm)
+        else:
+            groups.append(((collective, nbytes), [algorithm]))
+    return groups
+
+
+def _merge_rounds(runs) -> dict:
+    """One record from a row's rounds: p50/p99 over all their iterations, wrong summed."""
+    record = dict(runs[0])
+    times = np.concatenate([run.pop("times") for run in runs])
+    record.pop("times", None)
+    p50, p99 = (float(x) for x in np.percentile(times, [50, 99]))
+    algbw = record["size"] / p50 / 1e9
+    record.update(iters=int(times.size), wrong=sum(run["wrong"] for run in runs),
+                  time_p50_us=p50 * 1e6, time_p99_us=p99 * 1e6, algbw_gbs=algbw,
+                  busbw_gbs=algbw * BUS_FACTOR[record["collective"]](record["world_size"]))
+    if len(runs) > 1:
+        record["rounds"] = len(runs)
+    return record
 
 
 def _add_model(record, group, params, native_name):
@@ -380,6 +419,7 @@ def _bench_row(group, case, collective, algorithm, count, dtype, op, config) -> 
         "op": op.name.lower() if collective in REDUCING else "none", "iters": iters,
         "time_p50_us": p50 * 1e6, "time_p99_us": p99 * 1e6, "algbw_gbs": algbw,
         "busbw_gbs": algbw * BUS_FACTOR[collective](p), "wrong": wrong,
+        "times": times,            # the slowest rank's seconds per iteration (merged, dropped)
     }
 
 
@@ -723,6 +763,10 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--min-time", type=float, default=0.25,
                    help="seconds per row when iterations adapt (default 0.25)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run each size's algorithms this many times, interleaved (order "
+                   "rotated each round), and pool the iterations: comparisons between "
+                   "algorithms then survive a machine whose speed drifts (default 1)")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="seconds before a stuck collective is an error")
     p.add_argument("--json", metavar="FILE")
@@ -763,6 +807,12 @@ def _registered() -> tuple:
     return tuple(sorted(names - set(ALGORITHMS)))
 
 
+def _rounds(value) -> int:
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"bench: --rounds must be a positive integer, got {value!r}")
+    return value
+
+
 def config_from_args(args) -> Config:
     parse_dtype(args.dtype)
     ReduceOp.parse(args.op)
@@ -770,7 +820,7 @@ def config_from_args(args) -> Config:
         collectives=_names(args.collectives, BENCH_COLLECTIVES, "collective"),
         algorithms=_names(args.algorithms, ALGORITHMS + _registered(), "algorithm"),
         sizes=parse_sizes(args.sizes), dtype=args.dtype, op=args.op, iters=args.iters,
-        warmup=args.warmup, min_time=args.min_time,
+        warmup=args.warmup, min_time=args.min_time, rounds=_rounds(args.rounds),
         progress=(args.progress or sys.stderr.isatty()) and not args.no_progress)
 
 

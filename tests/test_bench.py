@@ -169,3 +169,41 @@ def test_socket_without_torch_says_there_is_no_baseline(tmp_path):
     rows = [line.split() for line in result.stdout.split("# all_reduce", 1)[1].splitlines()
             if line.strip() and not line.startswith("#")]
     assert [row[4] for row in rows] == ["ring"]         # no native row, ring still runs
+
+
+def test_rounds_interleave_and_pool_iterations(tmp_path):
+    """--rounds 3: every row ran 3 times (its iterations pooled: 3 x --iters), the algorithms
+    of a size in a rotated order each round, the output has the same rows and fields as one
+    round (no raw times), and a bad value is a clear error."""
+    out = tmp_path / "r.json"
+    ok(bench("--backend", "local", "--world-size", "2", "--sizes", "4K,16K",
+             "--collectives", "all_reduce", "--algorithms", "ring,tree,recursive_doubling",
+             "--rounds", "3", "--json", str(out), *TINY))
+    records = json.loads(out.read_text())["records"]
+    assert [(r["size"], r["algorithm"]) for r in records] == [
+        (s, a) for s in (4096, 16384) for a in ("ring", "tree", "recursive_doubling")]
+    assert all(r["iters"] == 3 * 2 and r["rounds"] == 3 and r["wrong"] == 0 for r in records)
+    assert all(set(r) >= FIELDS and "times" not in r for r in records)
+    bad = bench("--backend", "local", "--world-size", "2", "--rounds", "0", *TINY)
+    assert bad.returncode != 0 and "--rounds must be a positive integer" in bad.stderr
+
+
+def test_rounds_rotate_the_order_of_a_sizes_algorithms(monkeypatch):
+    from collectives import bench as suite
+    from collectives.transports.local import LocalWorld
+    from collectives.group import ProcessGroup
+    calls = []
+    real = suite._bench_row
+
+    def spy(group, case, collective, algorithm, *rest):
+        calls.append(algorithm)
+        return real(group, case, collective, algorithm, *rest)
+    monkeypatch.setattr(suite, "_bench_row", spy)
+    world = LocalWorld(1)
+    group = ProcessGroup(world.transport(0), backend="local")
+    config = suite.Config(collectives=("all_reduce",), algorithms=("ring", "tree", "direct"),
+                          sizes=(4096,), iters=1, warmup=1, rounds=3)
+    records = suite.bench_rank(group, config)
+    assert calls == ["ring", "tree", "direct", "tree", "direct", "ring",
+                     "direct", "ring", "tree"]
+    assert [r["algorithm"] for r in records] == ["ring", "tree", "direct"]
