@@ -10,6 +10,9 @@ Timing: before every iteration the ranks meet at a barrier; each rank times its 
 with an all_reduce MAX (outside the timed region), so an iteration lasts as long as its
 slowest rank; p50 and p99 are taken over those. Iteration counts adapt to size: each row
 runs for about ``min_time`` seconds (at least ``min_iters``), unless ``--iters`` fixes them.
+``--rounds N`` runs each (collective, size)'s algorithms N times, interleaved and in a rotated
+order each round, and pools the iterations of a row's rounds (its ``iters`` is their total,
+``rounds`` says N): a drifting machine then slows all algorithms of a size alike.
 
 Checking: every rank's input is a closed-form pattern of small integers (exact in every
 float type for moderate world sizes), so the expected output of every collective is computed
