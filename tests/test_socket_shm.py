@@ -304,3 +304,15 @@ def test_malformed_shm_frames_fail_the_transport_naming_the_peer(frames, what):
         t0.close(timeout=2)
         t1.close(timeout=2)
         store.close()
+
+
+def _segments(t):
+    return t.segment_bytes
+
+
+def test_segments_only_where_some_pair_is_on_tcp():
+    """Every pair on one host: whole messages on every rank; one rank off shared memory: every
+    rank keeps cutting (both ends of a message must cut it alike)."""
+    assert ok(run_ranks(3, _segments), 3) == [None, None, None]
+    mixed = ok(run_ranks(3, _segments, env={2: {"COLLECTIVES_SOCKET_SHM": "0"}}), 3)
+    assert mixed == [sock_mod.SEGMENT_BYTES] * 3 and sock_mod.SEGMENT_BYTES
