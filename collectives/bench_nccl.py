@@ -115,7 +115,7 @@ def bench(group, cupy, args, host):
                 os.environ[executor.ENV_GRAPH] = "1" if graph else "0"
                 algorithm = name.split(":")[0]
 
-                def call():
+                def call(d_in=d_in, d_out=d_out, algorithm=algorithm):
                     group.prepare(collective, input=d_in, output=d_out, op=op,
                                   algorithm=algorithm)()
                 d_out[...] = 0
@@ -221,8 +221,8 @@ def probe(group, cupy, host, sizes):
         for plan in (one, two) if p > 2 else (one,):
             iters, reps = iterations(nbytes)
             host.barrier()
-            t = timed(cupy, lambda: executor.execute(plan, group.transport, {"output": buf},
-                                                     None, dtype=np.uint8), iters, reps)
+            t = timed(cupy, lambda plan=plan, buf=buf: executor.execute(
+                plan, group.transport, {"output": buf}, None, dtype=np.uint8), iters, reps)
             t = host.max(t)
             rows.append({"probe": plan.algorithm, "size": nbytes, "time_us": t * 1e6,
                          "gbs_per_gpu": nbytes / t / 1e9})
