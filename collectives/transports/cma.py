@@ -45,6 +45,8 @@ def _libc():
         libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
                                           ctypes.POINTER(_IoVec), ctypes.c_ulong,
                                           ctypes.c_ulong]
+        libc.prctl.restype = ctypes.c_int
+        libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
         return libc
     except (OSError, AttributeError):
         return None
@@ -57,11 +59,12 @@ def available() -> bool:
     return _LIBC is not None
 
 
-def allow_same_user() -> None:
-    """Let processes of this user read this process's memory (Yama ptrace_scope 1); a no-op
-    where Yama is absent or the call is refused."""
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY, 0, 0, 0)
+def allow_same_user() -> bool:
+    """Let processes of this user read this process's memory (Yama ptrace_scope 1). False
+    where Yama is not active or refuses (EINVAL): then the setup probe decides."""
+    if _LIBC is None:
+        return False
+    return _LIBC.prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY, 0, 0, 0) == 0
 
 
 def address(array) -> int:
