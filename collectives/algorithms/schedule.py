@@ -43,6 +43,12 @@ class Region(NamedTuple):
     def end(self) -> int:
         return self.offset + self.count
 
+    def overlaps(self, other: "Region") -> bool:
+        """Same buffer and the element ranges intersect (the one test every executor and
+        transform uses to order accesses)."""
+        return self.buffer == other.buffer and self.offset < other.end and \
+            other.offset < self.end
+
 
 class Send(NamedTuple):
     peer: int
@@ -279,7 +285,7 @@ def _cuttable(op) -> bool:
     regions = list(op)
     for i, a in enumerate(regions):
         for b in regions[i + 1:]:
-            if a != b and a.buffer == b.buffer and a.offset < b.end and b.offset < a.end:
+            if a != b and a.overlaps(b):
                 return False
     return True
 

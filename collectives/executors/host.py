@@ -79,10 +79,6 @@ def _segmented_plan(plan: Plan, max_count: int) -> Plan:
     return plan.derived("_segmented", max_count, lambda: segmented(plan, max_count))
 
 
-def _overlaps(a, b) -> bool:
-    return a.buffer == b.buffer and a.offset < b.end and b.offset < a.end
-
-
 def _overlapped(plan, transport, arrays, reduce, tag, timeout, operation):
     """The step walk, with each local op waiting only for the transfers it depends on, and
     the next step's transfers posted as soon as nothing left in this step can touch them."""
@@ -131,15 +127,15 @@ def _overlapped(plan, transport, arrays, reduce, tag, timeout, operation):
                 return
             while early_recvs < len(following.recvs):
                 region = following.recvs[early_recvs].region
-                if any(_overlaps(region, e[1]) for e in pending) or any(
-                        _overlaps(region, r) for op in remaining for r in op):
+                if any(region.overlaps(e[1]) for e in pending) or any(
+                        region.overlaps(r) for op in remaining for r in op):
                     break
                 early.append(post(following.recvs[early_recvs], True))
                 early_recvs += 1
             while early_sends < len(following.sends):
                 region = following.sends[early_sends].region
-                if any(e[2] and _overlaps(region, e[1]) for e in pending) or any(
-                        _overlaps(region, op.dst) for op in remaining):
+                if any(e[2] and region.overlaps(e[1]) for e in pending) or any(
+                        region.overlaps(op.dst) for op in remaining):
                     break
                 early.append(post(following.sends[early_sends], False))
                 early_sends += 1
@@ -160,7 +156,7 @@ def _overlapped(plan, transport, arrays, reduce, tag, timeout, operation):
                     _, region, is_receive, peer = entry
                     touched = (reads + writes) if is_receive else writes
                     if (is_receive and (peer in peers or -1 in peers)) or any(
-                            _overlaps(region, t) for t in touched):
+                            region.overlaps(t) for t in touched):
                         needed.append(entry)
                         if is_receive:
                             peers.add(peer)

@@ -252,14 +252,10 @@ def _extends(run, op) -> bool:
             and op.dst.count == op.b.count == first.dst.count):
         return False
     dsts = [r.dst for r in run]
-    if any(_overlap(op.b, d) for d in dsts):
+    if any(op.b.overlaps(d) for d in dsts):
         return False
     touched = [first.a] + [r.b for r in run] + dsts + [op.b]
-    return all(d == t or not _overlap(d, t) for d in dsts + [op.dst] for t in touched + [op.dst])
-
-
-def _overlap(x, y) -> bool:
-    return x.buffer == y.buffer and x.offset < y.end and y.offset < x.end
+    return all(d == t or not d.overlaps(t) for d in dsts + [op.dst] for t in touched + [op.dst])
 
 
 def _device_reducer(reduce, op, dtype):
@@ -449,18 +445,14 @@ def _splittable(step) -> bool:
             pairs = [(w, x) for w in writes_i for x in reads_j + writes_j] + \
                     [(r, w) for r in reads_i for w in writes_j]
             for a, b in pairs:
-                if a != b and _conflict([a], [b]):
+                if a != b and a.overlaps(b):
                     return False
     return True
 
 
 def _same_or_apart(region, others) -> bool:
-    return all(region == other or not _conflict([region], [other]) for other in others)
+    return all(region == other or not region.overlaps(other) for other in others)
 
 
 def _conflict(regions_a, regions_b) -> bool:
-    for a in regions_a:
-        for b in regions_b:
-            if a.buffer == b.buffer and a.offset < b.end and b.offset < a.end:
-                return True
-    return False
+    return any(a.overlaps(b) for a in regions_a for b in regions_b)
