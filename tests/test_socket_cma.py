@@ -9,10 +9,11 @@ import os
 import numpy as np
 import pytest
 
-from collectives.errors import CollectiveError, TransportError
+from collectives.errors import TransportError
 from collectives.transports import cma
 from collectives.transports.socket import ADDRESS, CMA_ACK, CMA_MSG, HEADER
-from test_socket_shm import KIB, MIB, _inject, _killed_mid_transfer, _pair, _sizes, run_facade
+from test_socket_shm import (KIB, MIB, _inject, _killed_mid_transfer, _many_tags, _mismatch,
+                             _pair, _sizes, run_facade)
 from test_socket_transport import ok, run_ranks
 
 
@@ -91,40 +92,15 @@ def test_any_source_reads_from_whoever_announced():
     assert outs[0] == [(1, 1, 1), (2, 2, 2)]
 
 
-def _both_ways(t):
-    peer = 1 - t.rank
-    outs = [np.empty(256 * KIB + i, np.uint8) for i in range(24)]
-    reqs = [t.irecv(o, peer, 100 + i) for i, o in enumerate(outs)]
-    reqs += [t.isend(np.full(256 * KIB + i, (t.rank * 31 + i) % 251, np.uint8), peer, 100 + i)
-             for i in range(24)]
-    t.wait_all(reqs, 60)
-    return all(int(o.min()) == int(o.max()) == (peer * 31 + i) % 251 for i, o in enumerate(outs))
-
-
 def test_many_tags_both_directions():
-    assert ok(run_ranks(2, _both_ways), 2) == [True, True]
-
-
-def _mismatch(t):
-    if t.rank == 0:
-        t.send(np.zeros(300 * KIB, np.uint8), 1, 7, 30)
-        t.send(np.full(200 * KIB, 9, np.uint8), 1, 8, 30)
-        return None
-    try:
-        t.recv(np.zeros(100 * KIB, np.uint8), 0, 7, 30)
-    except CollectiveError as exc:
-        message = str(exc)
-    else:
-        message = None
-    after = np.zeros(200 * KIB, np.uint8)
-    t.recv(after, 0, 8, 30)
-    return message, int(after.min())
+    """Small (TCP) and large (direct-read) messages interleaved both ways on 24 tags."""
+    assert ok(run_ranks(2, _many_tags), 2) == [True, True]
 
 
 def test_size_mismatch_is_a_clear_error_and_the_pair_still_works():
     message, after = ok(run_ranks(2, _mismatch), 2)[1]
-    assert message and "307200 bytes" in message and "102400" in message
-    assert after == 9
+    assert f"{200 * KIB} bytes" in message and f"expects {100 * KIB}" in message, message
+    assert after
 
 
 @pytest.mark.parametrize("size,count", [(2, 300_001), (4, 40_000)])
