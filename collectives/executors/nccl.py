@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import NamedTuple
 
 import numpy as np
 
@@ -87,8 +88,7 @@ def segment_bytes(plan: Plan | None = None) -> int:
     else DEFAULT_SEGMENT_BYTES for plans with reductions and 0 (whole messages) otherwise."""
     text = os.environ.get(ENV_SEGMENT)
     if text is None:
-        reduces = plan is None or any(not isinstance(op, Copy) for step in plan.steps
-                                      for op in step.local)
+        reduces = plan is None or _facts(plan).reduces
         return DEFAULT_SEGMENT_BYTES if reduces else 0
     try:
         value = int(float(text))
@@ -141,7 +141,7 @@ class _Graphs:
             self.failures.append((run.name, f"begin_capture: {type(exc).__name__}: {exc}"))
             return False
         try:
-            run.in_order(plan.steps)
+            run.in_order(plan)
         except Exception as exc:
             try:
                 stream.end_capture()
@@ -206,7 +206,7 @@ def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
     if op is not None and reduce is not None:
         run.fuse = (op, dtype)
     limit = segment_bytes(plan) if segment is None else segment
-    biggest = max((_step_bytes(s) for s in plan.steps), default=0) * dtype.itemsize
+    biggest = _facts(plan).largest * dtype.itemsize
     if limit <= 0 or biggest <= limit:
         if graphs_enabled():
             key = (id(plan), tuple((k, a.data.ptr, a.size) for k, a in arrays.items()),
@@ -214,9 +214,23 @@ def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
                    cupy.cuda.get_current_stream().ptr)
             if graph_cache(transport).run(key, plan, run, cupy):
                 return
-        run.in_order(plan.steps)
+        run.in_order(plan)
     else:
         run.pipelined(plan.steps, limit // dtype.itemsize)
+
+
+class _PlanFacts(NamedTuple):
+    largest: int          # elements of the plan's largest single transfer
+    reduces: bool         # any Reduce among its local ops
+    chains: tuple         # per step: its local ops grouped by ``reduction_chains``
+
+
+def _facts(plan: Plan) -> _PlanFacts:
+    """What every call asks of a plan, worked out once per plan (plans are cached)."""
+    return plan.derived("_nccl_facts", None, lambda: _PlanFacts(
+        largest=max((_step_bytes(s) for s in plan.steps), default=0),
+        reduces=any(isinstance(op, Reduce) for step in plan.steps for op in step.local),
+        chains=tuple(tuple(reduction_chains(step.local)) for step in plan.steps)))
 
 
 def _step_bytes(step) -> int:
@@ -335,13 +349,14 @@ class _Run:
             apply([self.view(d) for d in dsts], self.view(ops[0].a),
                   [self.view(op.b) for op in ops])
 
-    def in_order(self, steps):
+    def in_order(self, plan):
         stream = self.cupy.cuda.get_current_stream()
+        steps = plan.steps
+        chains = _facts(plan).chains if self.fuse else None
         for index, step in enumerate(steps):
             if step.sends or step.recvs:
                 self.transfer(step.sends, step.recvs, stream.ptr, index, len(steps))
-            groups = reduction_chains(step.local) if self.fuse else [[op] for op in step.local]
-            for ops in groups:
+            for ops in (chains[index] if chains else [[op] for op in step.local]):
                 if len(ops) == 1:
                     self.local(ops[0], stream)
                 else:
