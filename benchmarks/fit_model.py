@@ -33,7 +33,8 @@ from model_check import load_run, merge_identical  # noqa: E402
 
 SCALES = (0.25, 0.5, 0.7, 0.85, 1.0, 1.2, 1.4, 2.0, 4.0)
 GRIDS = {"ports": (1, 2, 3, 4, 7), "local_alpha": (0.0, 1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 4e-5),
-         "link_beta": None, "beta_knee": (0.0, 4 << 20, 16 << 20, 64 << 20, 256 << 20)}
+         "beta_knee": (0.0, 4 << 20, 16 << 20, 64 << 20, 256 << 20)}
+LINK_SHARES = (0.5, 0.7, 1.0, 1.4, 2.0)    # link_beta candidates, in multiples of β
 FIELDS = {"nccl": ("alpha", "beta", "beta_small", "beta_knee", "gamma", "ports", "local_alpha",
                    "link_beta"),
           "mpi": ("ports", "local_alpha"),
@@ -72,9 +73,9 @@ def score(rows, shape):
 
 
 def candidates(field, value, beta):
-    grid = GRIDS.get(field)
     if field == "link_beta":
-        return [0.0] + [beta * f for f in (0.5, 0.7, 1.0, 1.4, 2.0)]
+        return [0.0] + [beta * f for f in LINK_SHARES]
+    grid = GRIDS.get(field)
     if grid is not None:
         return sorted(set(grid) | {value})
     return [value * f for f in SCALES] if value else [0.0]
