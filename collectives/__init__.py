@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time as _time
+import traceback as _traceback
 from datetime import timedelta
 
 from . import state, tensors, transports, work as _work
@@ -130,6 +132,7 @@ def init_process_group(backend=None, init_method=None, timeout=timedelta(minutes
 
 
 _previous_excepthook = None
+_ABORT_GRACE_SECONDS = 0.2
 
 
 def _abort_job_on_uncaught_exception(transport):
@@ -139,11 +142,18 @@ def _abort_job_on_uncaught_exception(transport):
     global _previous_excepthook
     previous = _previous_excepthook = sys.excepthook
 
-    def hook(kind, value, traceback):
-        previous(kind, value, traceback)
-        sys.stderr.write(f"collectives: rank {transport.rank} of {transport.size} raised an "
-                         f"uncaught {kind.__name__}; aborting the MPI job\n")
+    def hook(kind, value, tb):
+        if previous is not sys.__excepthook__:
+            previous(kind, value, tb)
+            report = ""
+        else:
+            report = "".join(_traceback.format_exception(kind, value, tb))
+        # One write, then a moment for mpiexec to forward it: the abort kills every rank, and
+        # output still in flight was lost at times (a traceback cut after its first line).
+        sys.stderr.write(report + f"collectives: rank {transport.rank} of {transport.size} "
+                         f"raised an uncaught {kind.__name__}; aborting the MPI job\n")
         sys.stderr.flush()
+        _time.sleep(_ABORT_GRACE_SECONDS)
         transport.abort(f"uncaught {kind.__name__} on rank {transport.rank}")
     sys.excepthook = hook
 
