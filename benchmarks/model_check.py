@@ -8,7 +8,8 @@
 For each results file (``bench.py --json``: ``records``; ``bench.py --backend nccl --json``:
 ``rows``) and each (collective, size) it asks the cost model *as it is now* what ``auto``
 would choose among the algorithms that the run measured (``cost.choose`` with the transport's
-parameters: the tuning file given after ``=``, else the transport's defaults), then divides
+parameters and measured ratios: the tuning file given after ``=``, else the transport's
+defaults), then divides
 that choice's measured p50 time by the best measured algorithm's: 1.00 means auto would have
 picked the fastest schedule, 1.25 that its pick is 25% slower than the best. The table also
 shows the model's error for the pick (measured / predicted) and, where auto's choice among
@@ -36,7 +37,7 @@ from collections import defaultdict
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from collectives.algorithms import capabilities, cost  # noqa: E402
+from collectives.algorithms import capabilities, cost, measured  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results")
 # The repository's calibrated run and the tuning file its ranks used (bench --calibrate).
@@ -100,20 +101,22 @@ def check(path, tuning=None):
     pick)] for one results file, in file order of collectives and rising size."""
     transport, itemsize, table = load_run(path)
     params = cost.load_params(transport, tuning or "")
+    corrections = measured.load(transport, tuning or "")
     out = []
-    for (collective, p, size), measured in table.items():
-        candidates = sorted(a for a in measured if a in capabilities().get(collective, ()))
+    for (collective, p, size), times in table.items():
+        candidates = sorted(a for a in times if a in capabilities().get(collective, ()))
         if len(candidates) < 2:
             continue
-        measured = merge_identical(collective, p, size, itemsize,
-                                   {a: measured[a] for a in candidates})
+        times = merge_identical(collective, p, size, itemsize,
+                                {a: times[a] for a in candidates})
         pick, predicted = cost.choose(collective, p, size, transport, candidates,
-                                      params=params, itemsize=itemsize)
+                                      params=params, itemsize=itemsize,
+                                      corrections=corrections)
         overall, _ = cost.choose(collective, p, size, transport, params=params,
-                                 itemsize=itemsize)
-        best_t, best = min((measured[a], a) for a in candidates)
-        out.append((collective, p, size, best, best_t, pick, measured[pick] / best_t,
-                    measured[pick] / predicted if predicted > 0 else float("nan"), overall))
+                                 itemsize=itemsize, corrections=corrections)
+        best_t, best = min((times[a], a) for a in candidates)
+        out.append((collective, p, size, best, best_t, pick, times[pick] / best_t,
+                    times[pick] / predicted if predicted > 0 else float("nan"), overall))
     order = list(dict.fromkeys(r[0] for r in out))
     return transport, params, sorted(out, key=lambda r: (order.index(r[0]), r[1], r[2]))
 

@@ -31,7 +31,8 @@ parameters from ``cost.load_params``, i.e. ``COLLECTIVES_TUNING`` or the default
 ``model_error`` = measured / predicted. The ``auto`` row runs ``algorithm="auto"`` and names
 the algorithm it chose; the summary gives auto's time relative to the best measured algorithm
 at each size. ``--calibrate FILE`` fits α, β, γ on this transport first (``cost.calibrate``),
-saves them and runs the sweep with them; ``--simulate P`` needs no transport: it prints the
+saves them and runs the sweep with them; ``--tune FILE`` afterwards stores every row's
+measured/predicted ratio in that tuning file, for ``auto`` to use (``measured.py``); ``--simulate P`` needs no transport: it prints the
 model's table for P ranks and verifies the schedules at P in the simulator (``bench_model``).
 
 Record fields (``--json`` "records", ``--csv`` columns): collective, algorithm ("native" is
@@ -55,7 +56,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .algorithms import capabilities, cost
+from .algorithms import capabilities, cost, measured
 from .ops import ReduceOp
 
 BENCH_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
@@ -781,6 +782,11 @@ def parse_args(argv=None):
                    "and run the sweep with them")
     p.add_argument("--tuning", metavar="FILE",
                    help="the model's parameters from this tuning file (sets COLLECTIVES_TUNING)")
+    p.add_argument("--tune", metavar="FILE",
+                   help="after the sweep, store every algorithm row's measured/predicted "
+                   "ratio in the tuning file FILE (with the parameters this run used): jobs "
+                   "run with COLLECTIVES_TUNING=FILE then have auto pick what measured "
+                   "fastest here (may be the --calibrate file)")
     p.add_argument("--simulate", type=int, metavar="P",
                    help="no transport: print the model's predicted table for P ranks (the "
                    "--backend's parameters) and verify the schedules at P in the simulator")
@@ -841,6 +847,17 @@ def calibrate_groups(groups, path: str, timeout: float):
     return params
 
 
+def tune(path: str, rows, transport: str, itemsize: int) -> None:
+    """``--tune``: the run's measured/predicted ratios into the tuning file (measured.py),
+    relative to the parameters the run used. Rank 0 only, after the sweep."""
+    params = cost.load_params(transport)
+    table = measured.from_rows(rows, params, itemsize)
+    measured.save(path, transport, params, table)
+    points = sum(len(curve) for algorithms in table.values() for curve in algorithms.values())
+    print(f"# tuned {transport}: {points} measured/predicted ratios over "
+          f"{len(table)} (collective, world size) -> {path}", flush=True)
+
+
 def describe_params(params) -> str:
     def rate(seconds_per_byte):
         return f"{1e-9 / seconds_per_byte:.3g} GB/s" if seconds_per_byte else "unbounded"
@@ -856,9 +873,9 @@ def main(argv=None) -> int:
         if args.tuning:
             cost.load_params(args.backend, args.tuning)       # unreadable: say so now
             os.environ[cost.ENV_TUNING] = args.tuning
-        if args.simulate is not None and args.calibrate:
-            raise ValueError("--simulate runs no transport, so it cannot --calibrate; give it "
-                             "a calibrated file with --tuning FILE")
+        if args.simulate is not None and (args.calibrate or args.tune):
+            raise ValueError("--simulate runs no transport, so it cannot --calibrate or "
+                             "--tune; give it a tuning file with --tuning FILE")
     except ValueError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
@@ -915,6 +932,9 @@ def main(argv=None) -> int:
             write_csv(args.csv, records)
         if args.plot:
             write_plot(args.plot, records, meta)
+        if args.tune:
+            tune(args.tune, records, groups[0][0].transport.name,
+                 parse_dtype(config.dtype).itemsize)
         print(f"# {len(records)} rows, {wrong} wrong elements", flush=True)
         if wrong:
             print(f"bench: {wrong} wrong elements (rows with wrong > 0 above)", file=sys.stderr)

@@ -45,7 +45,7 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 from .algorithms import capabilities
 from .algorithms.schedule import Plan, Recv, Region, Send, Step, build_plan, plan_args
-from .bench import BUS_FACTOR, Case, element_count, format_size, parse_sizes
+from .bench import BUS_FACTOR, Case, element_count, format_size, parse_sizes, tune
 from .executors import nccl as executor
 from .group import ProcessGroup, call_size
 from .ops import ReduceOp
@@ -437,6 +437,8 @@ def run_from_bench(args, group=None, host=None):
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     wrong = sum(r["wrong"] for r in out.get("rows", []))
+    if leader and getattr(args, "tune", None) and out.get("rows"):
+        tune(args.tune, out["rows"], transport.name, np.dtype(args.dtype).itemsize)
     transport.close()      # drops the captured graphs first: NCCL waits for them on destroy
     host.close()
     return 1 if wrong else 0

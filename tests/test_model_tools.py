@@ -95,3 +95,20 @@ def test_model_check_flags_a_wrong_pick(tmp_path):
     rows = {(r[0], r[2]): r for r in model_check.check(run)[2]}
     collective, p, size, best, best_t, chosen, ratio, error, overall = rows[("all_reduce", 4096)]
     assert chosen == pick and best != pick and ratio > 1.0
+
+
+def test_model_check_uses_the_measured_ratios_of_the_tuning_file(tmp_path):
+    """The same wrong pick, judged with a tuning file whose ratios came from that run (what
+    ``bench.py --tune`` writes): every row then picks its measured winner, up to identical
+    schedules."""
+    from collectives.algorithms import measured
+    params = cost.default_params("mpi")
+    pick, _ = cost.choose("all_reduce", 4, 4096, params=params)
+    run = synthetic_run(tmp_path / "run.json", params,
+                        noise={("all_reduce", 4096, pick): 10.0})
+    tuning = tmp_path / "tuning.json"
+    records = json.loads(open(run).read())["records"]
+    measured.save(str(tuning), "mpi", params, measured.from_rows(records, params, 4))
+    rows = model_check.check(run, str(tuning))[2]
+    assert max(r[6] for r in rows) == pytest.approx(1.0)
+    assert all(r[7] == pytest.approx(1.0, rel=1e-4) for r in rows)   # measured / predicted

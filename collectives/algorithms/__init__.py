@@ -40,7 +40,8 @@ def check_algorithm(collective: str, name: str, *, native_available: bool = Fals
 
 def choose(collective: str, size: int, nbytes: int, transport: str = "") -> str:
     """``auto``: the registered algorithm with the least predicted time (cost.py's α-β-γ
-    model, with ``transport``'s parameters from the tuning file or its defaults). A pure
+    model, with ``transport``'s parameters from the tuning file or its defaults, times the
+    measured ratios a ``bench.py --tune`` run left in that file: measured.py). A pure
     function of its arguments and the tuning file, so every rank picks the same schedule.
     ``nbytes`` follows ``cost.uniform_counts``' convention (what the process group passes).
     Under ``COLLECTIVES_DEBUG=INFO`` (or DETAIL) each choice is logged with its prediction."""
@@ -60,7 +61,9 @@ def _ranked(collective, size, nbytes, transport, tuning):
     if not candidates:
         raise ValueError(f"{collective} has no algorithm registered")
     params = cost.load_params(transport, tuning or "")
-    return tuple(cost.ranking(collective, size, nbytes, params, candidates))
+    corrections = cost.load_corrections(transport, tuning or "")
+    return tuple(cost.ranking(collective, size, nbytes, params, candidates,
+                              corrections=corrections))
 
 
 def _log_choice(collective, size, nbytes, transport, ranked):

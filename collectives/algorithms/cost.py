@@ -62,7 +62,9 @@ reductions with transfers inside one step (the executors do not overlap them eit
 Parameters come per transport (``DEFAULTS``, or a tuning file named by ``COLLECTIVES_TUNING``
 that ``calibrate`` + ``save_params`` write). Every rank must see the same parameters, or ranks
 may choose different algorithms for one call and deadlock: ``calibrate`` broadcasts rank 0's
-fit, and a job's ranks must share one tuning file.
+fit, and a job's ranks must share one tuning file. What no such model captures, a tuning run
+can: ``bench.py --tune FILE`` stores each measured row's ratio to its prediction in the same
+file, and ``ranking`` scales the predictions by them (``measured.py``).
 """
 from __future__ import annotations
 
@@ -75,6 +77,9 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 from ..errors import CollectiveError
+from .measured import NONE as NO_CORRECTIONS
+from .measured import Corrections
+from .measured import load as load_corrections
 from .schedule import COLLECTIVES, REGISTRY, Copy, build_plan, partition, plan_args
 
 ENV_TUNING = "COLLECTIVES_TUNING"
@@ -214,10 +219,11 @@ def default_params(transport: str) -> Params:
 
 
 # ---------------------------------------------------------------------------------------------
-# The tuning file: {transport: {"alpha": .., "beta": .., "gamma": ..}}
+# The tuning file: {transport: {"alpha": .., "beta": .., "gamma": .., shape terms,
+#                               "measured": ratios (measured.py)}}
 
 
-def _read_tuning(path: str) -> dict:
+def read_tuning(path: str) -> dict:
     try:
         with open(path) as f:
             data = json.load(f)
@@ -251,20 +257,28 @@ def load_params(transport: str, path: str | None = None) -> Params:
     cannot be read is a ValueError: silently falling back could make ranks disagree."""
     path = os.environ.get(ENV_TUNING) if path is None else path
     if path:
-        entry = _read_tuning(path).get(transport)
+        entry = read_tuning(path).get(transport)
         if entry is not None:
             return _params_from(entry, path, transport)
     return default_params(transport)
 
 
 def save_params(path: str, transport: str, params: Params) -> None:
-    """Write (or update) ``transport``'s entry in the tuning file at ``path``, atomically."""
-    data = _read_tuning(path) if os.path.exists(path) else {}
+    """Write (or replace) ``transport``'s entry in the tuning file at ``path``, atomically.
+    Replacing drops the entry's measured ratios (``measured.py``): they were relative to the
+    parameters it held."""
+    data = read_tuning(path) if os.path.exists(path) else {}
     # α, β, γ always; a shape term only where it differs from the transport's default, which
     # is what loading fills in for a missing one (files stay readable by older versions)
     default = asdict(default_params(transport))
     data[transport] = {name: value for name, value in asdict(params).items()
                        if name not in SHAPE_FIELDS or value != default[name]}
+    write_tuning(path, data)
+
+
+def write_tuning(path: str, data: dict) -> None:
+    """Replace the tuning file at ``path`` with ``data`` atomically (a rank reading it while
+    it is rewritten sees the old file or the new one, never half of one)."""
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(data, f, indent=2, sort_keys=True)
@@ -622,19 +636,24 @@ def _textbook(collective, algorithm, p, nbytes, params, itemsize):
 
 
 def ranking(collective: str, size: int, nbytes: int, params: Params, candidates,
-            itemsize: int = 4) -> list[tuple[float, str]]:
-    """[(predicted seconds, name)] for every candidate, cheapest first. Times equal to 12
+            itemsize: int = 4, corrections: Corrections = NO_CORRECTIONS
+            ) -> list[tuple[float, str]]:
+    """[(predicted seconds, name)] for every candidate, cheapest first: the model's estimate
+    times the measured ratio where a tuning run left one (``measured.py``). Times equal to 12
     significant digits count as ties and go by name, so the order is a pure function of the
     arguments (every rank computes the same one)."""
-    timed = [(estimate(collective, name, size, nbytes, params, itemsize), name)
+    timed = [(estimate(collective, name, size, nbytes, params, itemsize)
+              * corrections.factor(collective, size, name, nbytes), name)
              for name in candidates]
     return sorted(timed, key=lambda item: (float(f"{item[0]:.12g}"), item[1]))
 
 
 def choose(collective: str, size: int, nbytes: int, transport: str = "", candidates=None, *,
-           params: Params | None = None, itemsize: int = 4) -> tuple[str, float]:
+           params: Params | None = None, itemsize: int = 4,
+           corrections: Corrections | None = None) -> tuple[str, float]:
     """(name, predicted seconds) of the candidate with the least predicted time; candidates
-    default to every registered algorithm of ``collective``."""
+    default to every registered algorithm of ``collective``; ``params`` and ``corrections``
+    to the transport's from the tuning file (``COLLECTIVES_TUNING``), else its defaults."""
     if candidates is None:
         candidates = sorted(REGISTRY.get(collective, {}))
     candidates = list(candidates)
@@ -643,7 +662,9 @@ def choose(collective: str, size: int, nbytes: int, transport: str = "", candida
     for name in candidates:
         _check(collective, name, size)
     params = load_params(transport) if params is None else params
-    seconds, name = ranking(collective, size, nbytes, params, candidates, itemsize)[0]
+    corrections = load_corrections(transport) if corrections is None else corrections
+    seconds, name = ranking(collective, size, nbytes, params, candidates, itemsize,
+                            corrections)[0]
     return name, seconds
 
 
