@@ -1,0 +1,89 @@
+"""Pipelined NCCL plans at full size, checked element by element on every rank.
+
+    mpiexec -n 4 python benchmarks/nccl_pipeline_check.py [CASE ...]
+
+CASE is collective:algorithm:bytes:segment_bytes[:inplace], e.g. all_reduce:tree:256M:64M
+(segment 0 = in order). Each rank prints how many elements differ from the exact host
+reference and where (first, last, and which segment-sized pieces hold them); a segment size of
+0 runs the plan in order. The GPU suite (tests/gpu) checks the pipelined path with tiny
+segments; this runs the sizes the benchmark uses, where a 4-GPU run found tree wrong.
+"""
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "gpu"))
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+from collectives.bench import parse_size  # noqa: E402
+from collectives.executors import nccl as nccl_executor  # noqa: E402
+from collectives.group import ProcessGroup  # noqa: E402
+from collectives.ops import ReduceOp  # noqa: E402
+from collectives.transports import nccl as nccl_transport  # noqa: E402
+from nccl_worker import case_inputs, expected  # noqa: E402
+
+DEFAULT = ["all_reduce:tree:256M:64M", "all_reduce:tree:256M:0", "all_reduce:tree:256M:64M:inplace",
+           "all_reduce:tree:64M:16M", "all_reduce:tree:4M:1M", "all_reduce:recursive_doubling:256M:32M",
+           "reduce_scatter:tree:256M:64M", "reduce_scatter:tree:64M:16M"]
+
+
+def check(group, cupy, collective, algorithm, nbytes, segment, in_place, seed):
+    p, rank = group.size, group.rank
+    dtype = np.dtype(np.float32)
+    count = nbytes // dtype.itemsize
+    if collective != "all_reduce":
+        count //= p                      # bytes name the whole input, as bench's sizes do
+    op = ReduceOp.SUM
+    inputs, counts = case_inputs(seed, collective, p, count, dtype, op, 0)
+    want = expected(collective, inputs, rank, 0, op, dtype, counts)
+    d_in = cupy.asarray(inputs[rank])
+    os.environ[nccl_executor.ENV_SEGMENT] = str(segment)
+    if collective == "all_reduce":
+        out = d_in if in_place else cupy.full(count, 99, dtype)
+        call = group.prepare(collective, input=None if in_place else d_in, output=out,
+                             op=op, algorithm=algorithm)
+    else:
+        out = cupy.full(want.size, 99, dtype)
+        call = group.prepare(collective, input=d_in, output=out, op=op, algorithm=algorithm,
+                             counts=counts)
+    call()
+    group.transport.synchronize(60.0, operation=collective)
+    got = cupy.asnumpy(out)
+    bad = np.flatnonzero(got != want)
+    text = f"rank {rank}: {len(bad)} of {want.size} wrong"
+    if len(bad):
+        piece = max(1, segment // dtype.itemsize) if segment else want.size
+        pieces = sorted(set((bad // piece).tolist()))
+        text += (f"; first {bad[0]} (got {got[bad[0]]} want {want[bad[0]]}), last {bad[-1]}; "
+                 f"pieces of {piece} elements: {pieces[:12]}; sample got/want "
+                 f"{got[bad[len(bad) // 2]]}/{want[bad[len(bad) // 2]]}")
+    return text
+
+
+def main():
+    from mpi4py import MPI
+    import cupy
+    world = MPI.COMM_WORLD
+    transport = nccl_transport.create(rank=world.Get_rank(), world_size=world.Get_size(),
+                                      timeout=120.0)
+    group = ProcessGroup(transport, backend="nccl", timeout=120.0)
+    for seed, case in enumerate(sys.argv[1:] or DEFAULT):
+        parts = case.split(":")
+        collective, algorithm, size, segment = parts[:4]
+        in_place = len(parts) > 4 and parts[4] == "inplace"
+        text = check(group, cupy, collective, algorithm, parse_size(size),
+                     parse_size(segment) if segment != "0" else 0, in_place, seed + 1)
+        lines = world.gather(text, root=0)
+        if world.Get_rank() == 0:
+            print(f"== {case}", flush=True)
+            for line in lines:
+                print("   " + line, flush=True)
+        cupy.get_default_memory_pool().free_all_blocks()
+    transport.close()
+
+
+if __name__ == "__main__":
+    main()
