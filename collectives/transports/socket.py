@@ -6,13 +6,13 @@ accepts every higher one; each connection opens with the job-secret handshake
 (``collectives.auth``) and is refused and logged if it fails. Without $COLLECTIVES_SECRET,
 rank 0 puts a random secret in the store, so only clients of that store can join.
 
-Data path: a frame is a 24-byte header (kind, tag, nbytes) and the payload. One progress
-thread per transport sleeps in ``selectors`` (no spinning) and reads every socket: a payload
+Data path: a frame is a 24-byte header (kind, tag, nbytes) and the payload. Whoever holds the
+progress token (below) sleeps in ``selectors`` (no spinning) and reads every socket: a payload
 whose receive was posted first lands straight in the posted buffer (``recv_into``, no copy);
 otherwise it goes to an unexpected-message queue and is copied once when the receive is
 posted. Small frames are read many at a time through a per-peer staging buffer. ``isend``
 writes from the caller's thread while the socket takes data (``sendmsg`` of header and
-payload, no concatenation) and hands the rest to the progress thread, so it never blocks.
+payload, no concatenation) and hands the rest to the token holder, so it never blocks.
 Messages between a pair with one tag arrive in order; ``irecv(peer=-1)`` takes the first
 message of that tag from any rank and sets ``request.source``.
 
@@ -25,15 +25,30 @@ while TCP carries only control frames: an announcement (tag, nbytes) that is mat
 like a TCP message, one (offset, length) frame per chunk written (a quarter of the ring at
 most, so writer and reader overlap), and credit frames back as the reader frees space. A
 message's chunks are never interleaved with another message to that peer; credits go out at
-any frame boundary. The caller's thread copies in while the ring has room and the progress
-thread does the rest; the reader copies straight into a posted receive (one copy each side).
+any frame boundary. The caller's thread copies in while the ring has room and the token holder
+does the rest; the reader copies straight into a posted receive (one copy each side).
 A failure anywhere in that setup keeps the pair on TCP (logged at INFO), and
 COLLECTIVES_SOCKET_SHM=0 turns it off; ``transport.shm_peers`` lists the peers that use it.
 Pairs on shared memory then probe cross-memory attach (``cma.py``): each reads a random probe
 out of the other's memory with process_vm_readv; if both succeed (and $COLLECTIVES_SOCKET_CMA
 is not 0), such payloads are announced by one frame carrying the sender's buffer address,
-the receiver's progress thread copies them straight into the matched receive (one copy) and
+the receiver's token holder copies them straight into the matched receive (one copy) and
 acknowledges, and the send completes on the acknowledgement (``transport.cma_peers``).
+
+Who reads the sockets: exactly one thread at a time, the holder of the progress token. A
+thread that has to block in ``wait_all`` takes the token if it is free and polls and
+dispatches the sockets itself, for every request and every thread (others sleeping on the
+condition are woken as their requests complete, or take the token when it is handed back).
+The progress thread then stays parked on a condition, out of the selector, so a message
+wakes only the waiting caller: one thread wake-up per message instead of two (progress
+thread, then the caller it hands over to), which took the 2-rank 4 KiB all_reduce from
+~120 to ~45 us on the 2-core VM. It takes the token back when no caller has polled for
+CALLER_LEASE (2 ms), at once when a caller hands back with work no one waits for (queued or
+blocked sends, posted receives, a half-read frame), and when the transport closes; so async
+requests complete and a dead peer is noticed with nobody in ``wait_all``. A caller that finds
+the progress thread inside the selector sleeps on the condition as before, and the thread
+yields after that poll. COLLECTIVES_SOCKET_CALLER_PROGRESS=0 leaves all reading to the
+progress thread.
 
 Faults: a connection that drops without a goodbye fails the whole transport: every pending
 and later wait raises TransportError naming that rank, and this rank forwards an abort frame
@@ -41,7 +56,7 @@ so the others learn within milliseconds even if they never saw the drop (TCP kee
 a dead host in about 4 s). ``wait_all`` raises CollectiveTimeout naming the rank, peer and tag.
 Frames above ``MAX_MESSAGE`` (4 GiB, $COLLECTIVES_SOCKET_MAX_MESSAGE) are refused.
 
-Cost: one syscall per frame per side plus a thread wake-up on receipt (~30-60 us latency);
+Cost: one syscall per frame per side plus the waiting thread's wake-up on receipt;
 bandwidth near the loopback TCP limit, or about twice that through shared memory on one host
 (two memcpys, plus a control round trip per chunk), or one kernel copy plus a round trip per
 message with cross-memory attach. Limits: host (numpy) buffers only;
@@ -97,6 +112,10 @@ SOCKET_BUFFER = int(os.environ.get("COLLECTIVES_SOCKET_BUFFER", 0))   # 0: kerne
 # a job whose every pair shares a host does not cut unless $COLLECTIVES_SOCKET_SEGMENT says so.
 SEGMENT_BYTES = int(os.environ.get("COLLECTIVES_SOCKET_SEGMENT", 1 << 20))
 SEGMENT_SET = "COLLECTIVES_SOCKET_SEGMENT" in os.environ
+# Caller-driven progress (see "Who reads the sockets" above): the progress thread stays
+# parked until no caller has read the sockets for this long (back-to-back collectives come
+# far sooner; it bounds how long async work waits with nobody in wait_all).
+CALLER_LEASE = 0.002
 
 
 def available():
@@ -129,6 +148,12 @@ class _Send(Request):
         self.done = False
         self.error = None
 
+    def test(self):
+        return self.transport._test(self)
+
+    def wait(self, timeout=None):
+        self.transport.wait_all([self], timeout)
+
 
 class _ShmSend(_Send):
     """A send whose payload goes through the peer's shared-memory ring, chunk by chunk."""
@@ -139,12 +164,6 @@ class _ShmSend(_Send):
         self.view, self.nbytes = view, view.nbytes
         self.announced = False
         self.copied = 0               # bytes already in the ring
-
-    def test(self):
-        return self.transport._test(self)
-
-    def wait(self, timeout=None):
-        self.transport.wait_all([self], timeout)
 
 
 class _CmaSend(_Send):
@@ -166,7 +185,7 @@ class _Recv(Request):
         self.source = None if peer == ANY_SOURCE else peer
         self.done = False
         self.error = None
-        self.landing = False          # the progress thread is writing into view
+        self.landing = False          # the token holder is writing into view
 
     def test(self):
         return self.transport._test(self)
@@ -227,6 +246,17 @@ class SocketTransport(Transport):
         self.rank, self.size, self.timeout = rank, world_size, float(timeout)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
+        # The progress token: only its holder reads sockets, parses frames or changes the
+        # selector's registrations. The progress thread takes it when no caller wants it.
+        self._token = threading.Lock()
+        self._caller_progress = _env_flag("COLLECTIVES_SOCKET_CALLER_PROGRESS", True)
+        self._engine_cond = threading.Condition(self._lock)   # the parked progress thread
+        self._engine_parked = False
+        self._caller_at = 0.0         # when a caller last drove (or wanted to drive) progress
+        self._kicked = False          # work is left that no caller waits for: engine, poll
+        self._poller = None           # thread id of the caller holding the token, if any
+        self._waiting = 0             # callers asleep on _cond, not holding the token
+        self._writers = 0             # peers registered for EVENT_WRITE
         self._posted: dict[int, list[_Recv]] = collections.defaultdict(list)
         self._unexpected: dict[int, collections.deque] = collections.defaultdict(collections.deque)
         self._failure: str | None = None
@@ -494,7 +524,7 @@ class SocketTransport(Transport):
                 return req
             req.source = entry.source
             if not entry.done:
-                entry.waiter = req        # the progress thread copies it when it lands
+                entry.waiter = req        # the token holder copies it when it lands
                 req.landing = True
                 return req
         self._fill_from(req, entry)
@@ -524,7 +554,7 @@ class SocketTransport(Transport):
             error = None
         with self._cond:
             req.error, req.done, req.landing = error, True, False
-            self._cond.notify_all()
+            self._notify()
 
     def _send_to_self(self, view, tag):
         req = _Send(self, self.rank, tag, [])
@@ -548,7 +578,7 @@ class SocketTransport(Transport):
 
     def _submit(self, peer, req):
         """Queue a send and write what the socket (and the ring) take now, from the caller's
-        thread; the progress thread writes the rest, so this never blocks for long."""
+        thread; the token holder writes the rest, so this never blocks for long."""
         if self._failure is not None:
             raise TransportError(f"send on rank {self.rank} to rank {peer.rank} (tag {req.tag}): "
                                  f"{self._failure}")
@@ -560,7 +590,7 @@ class SocketTransport(Transport):
             wake = peer.blocked and not peer.writing
         if finished > 1 or (finished and not req.done):   # other threads' sends completed
             with self._cond:
-                self._cond.notify_all()
+                self._notify()
         if wake:
             self._wake()
         return req
@@ -639,10 +669,28 @@ class SocketTransport(Transport):
         return memoryview(HEADER.pack(SHM_CHUNK, pos, n))
 
     def _wake(self):
+        """Make whoever holds the token look at the sockets' registrations again (a send is
+        blocked): a byte in the wake pipe, and a parked progress thread starts polling."""
+        self._ring_wake_pipe()
+        if self._caller_progress:
+            with self._lock:
+                self._kicked = True
+                if self._engine_parked:
+                    self._engine_cond.notify()
+
+    def _ring_wake_pipe(self):
         try:
             self._wake_w.send(b"x")
         except (BlockingIOError, OSError):
             pass
+
+    def _notify(self):
+        """Requests changed (caller holds _cond): wake the sleepers, and a caller polling the
+        sockets in another thread, which cannot hear the condition."""
+        self._cond.notify_all()
+        poller = self._poller
+        if poller is not None and poller != threading.get_ident():
+            self._ring_wake_pipe()
 
     # -- waiting ---------------------------------------------------------------------------
 
@@ -655,37 +703,101 @@ class SocketTransport(Transport):
             return req.done
 
     def wait_all(self, requests, timeout=None):
+        """Complete ``requests``. A caller that has to block takes the progress token if it is
+        free and reads the sockets itself (one thread wake-up less per message than sleeping
+        while the progress thread reads and then hands over); otherwise it sleeps on the
+        condition until its requests complete or the token comes free."""
         requests = list(requests)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
+            self._waiting += 1
+            try:
+                while True:
+                    left = self._outstanding(requests, timeout, deadline)
+                    if left is _DONE:
+                        return
+                    if self._caller_progress:
+                        self._caller_at = time.monotonic()
+                        self._kicked = False
+                        if self._token.acquire(blocking=False):
+                            self._poller = threading.get_ident()
+                            break
+                    self._cond.wait(left)
+            finally:
+                self._waiting -= 1
+        try:
             while True:
-                pending = None
-                for req in requests:
-                    if req.error is not None:
-                        raise req.error
-                    if not req.done and pending is None:
-                        pending = req
-                if pending is None:
-                    return
-                if self._failure is not None:
-                    raise TransportError(f"rank {self.rank}: {pending.kind} with rank "
-                                         f"{_who(pending)} (tag {pending.tag}) cannot complete: "
-                                         f"{self._failure}")
-                closed = self._closed_peer_blocking(pending)
-                if closed is not None:
-                    raise TransportError(f"rank {self.rank}: {pending.kind} with rank {closed} "
-                                         f"(tag {pending.tag}) cannot complete: rank {closed} "
-                                         f"has closed its transport")
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    stuck = [r for r in requests if not r.done]
-                    self._cancel(stuck)
-                    more = f" and {len(stuck) - 1} more requests" if len(stuck) > 1 else ""
-                    direction = "from" if pending.kind == "recv" else "to"
-                    raise CollectiveTimeout(
-                        f"rank {self.rank}: {pending.kind} {direction} rank {_who(pending)} "
-                        f"(tag {pending.tag}) did not complete within {timeout:.3g} s{more}")
-                self._cond.wait(left)
+                if left is None or left >= 1.0:
+                    self._poll_once(1.0)
+                elif left >= 0.001:
+                    # epoll rounds up to whole milliseconds: round down instead, so a timeout
+                    # is raised on time, not up to a millisecond late
+                    self._poll_once(int(left * 1000) / 1000)
+                else:
+                    time.sleep(max(left, 0.0))
+                    self._poll_once(0)
+                with self._cond:
+                    left = self._outstanding(requests, timeout, deadline)
+                    if left is _DONE:
+                        return
+        except CollectiveError:
+            raise
+        except Exception as exc:       # a bug while dispatching must fail the transport, too
+            log.exception("socket transport rank %d: reading the sockets crashed", self.rank)
+            self._fail(None, f"the caller's progress crashed: {exc!r}")
+            raise TransportError(f"rank {self.rank}: {self._failure}") from exc
+        finally:
+            self._hand_back()
+
+    def _hand_back(self):
+        """Release the token after a caller's wait: the progress thread stays parked for
+        CALLER_LEASE (the next wait_all is usually that close), unless work is left that no
+        caller waits for; sleepers on the condition get their turn to take the token."""
+        pending = bool(self._posted) or any(
+            p.queue or p.out or p.cma_waiting or p.target is not None or p.shm_msg is not None
+            for p in self._peers.values())
+        with self._cond:
+            self._poller = None
+            self._token.release()
+            self._caller_at = time.monotonic()
+            if pending or self._writers or self._closing:
+                self._kicked = True
+                if self._engine_parked:
+                    self._engine_cond.notify()
+            if self._waiting:
+                self._cond.notify_all()
+
+    def _outstanding(self, requests, timeout, deadline):
+        """_DONE when every request is complete, else the seconds left (None: no deadline);
+        raises a request's error, the transport's failure, or the timeout. Caller holds
+        _cond."""
+        pending = None
+        for req in requests:
+            if req.error is not None:
+                raise req.error
+            if not req.done and pending is None:
+                pending = req
+        if pending is None:
+            return _DONE
+        if self._failure is not None:
+            raise TransportError(f"rank {self.rank}: {pending.kind} with rank "
+                                 f"{_who(pending)} (tag {pending.tag}) cannot complete: "
+                                 f"{self._failure}")
+        closed = self._closed_peer_blocking(pending)
+        if closed is not None:
+            raise TransportError(f"rank {self.rank}: {pending.kind} with rank {closed} "
+                                 f"(tag {pending.tag}) cannot complete: rank {closed} "
+                                 f"has closed its transport")
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            stuck = [r for r in requests if not r.done]
+            self._cancel(stuck)
+            more = f" and {len(stuck) - 1} more requests" if len(stuck) > 1 else ""
+            direction = "from" if pending.kind == "recv" else "to"
+            raise CollectiveTimeout(
+                f"rank {self.rank}: {pending.kind} {direction} rank {_who(pending)} "
+                f"(tag {pending.tag}) did not complete within {timeout:.3g} s{more}")
+        return left
 
     def _closed_peer_blocking(self, req):
         if req.peer in (ANY_SOURCE, self.rank) or req.landing:
@@ -711,15 +823,14 @@ class SocketTransport(Transport):
     def _progress(self):
         try:
             while True:
-                for key, mask in self._selector.select(timeout=1.0):
-                    peer = key.data
-                    if peer is None:
-                        self._drain_wake()
-                        continue
-                    if mask & selectors.EVENT_READ:
-                        self._read(peer)
-                    if mask & selectors.EVENT_WRITE:
-                        self._flush(peer)
+                self._take_turn()
+                try:
+                    self._poll_once(1.0)
+                finally:
+                    with self._cond:
+                        self._token.release()
+                        if self._waiting:       # a caller asleep may take the token now
+                            self._cond.notify_all()
                 if self._closing and not any(p.queue for p in self._peers.values()) and (
                         all(p.closed for p in self._peers.values())
                         or time.monotonic() > self._close_deadline):
@@ -727,6 +838,33 @@ class SocketTransport(Transport):
         except Exception as exc:       # a bug here must not leave waiters hanging
             log.exception("socket transport rank %d: progress thread crashed", self.rank)
             self._fail(None, f"the progress thread crashed: {exc!r}")
+
+    def _take_turn(self):
+        """Return holding the token once the sockets are this thread's to read: no caller
+        has driven progress for CALLER_LEASE, or work was left that no caller waits for, or
+        the transport is closing. Parks on a condition meanwhile (never in the selector, so
+        data for a polling caller wakes only that caller)."""
+        with self._cond:
+            while True:
+                idle = time.monotonic() - self._caller_at
+                if (not self._caller_progress or self._closing or self._kicked
+                        or idle >= CALLER_LEASE) and self._token.acquire(blocking=False):
+                    return
+                self._engine_parked = True
+                self._engine_cond.wait(max(CALLER_LEASE - idle, 0.0) or CALLER_LEASE)
+                self._engine_parked = False
+
+    def _poll_once(self, timeout):
+        """Wait up to ``timeout`` for socket events and dispatch them; token holder only."""
+        for key, mask in self._selector.select(timeout=timeout):
+            peer = key.data
+            if peer is None:
+                self._drain_wake()
+                continue
+            if mask & selectors.EVENT_READ:
+                self._read(peer)
+            if mask & selectors.EVENT_WRITE:
+                self._flush(peer)
 
     def _drain_wake(self):
         try:
@@ -741,6 +879,7 @@ class SocketTransport(Transport):
                 self._register(peer, want)
 
     def _register(self, peer, writing):
+        self._writers += 1 if writing else -1
         peer.writing = writing
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if writing else 0)
         try:
@@ -753,7 +892,7 @@ class SocketTransport(Transport):
                     pass
 
     def _flush(self, peer):
-        """Write more to ``peer`` from the progress thread (the socket took bytes, or credit
+        """Write more to ``peer`` from the token holder (the socket took bytes, or credit
         came back); watch for EVENT_WRITE only while the socket is what holds us up."""
         with peer.send_lock:
             finished = self._pump(peer)
@@ -762,13 +901,14 @@ class SocketTransport(Transport):
             self._register(peer, blocked)
         if finished:
             with self._cond:
-                self._cond.notify_all()
+                self._notify()
 
     def _read(self, peer):
         sock = peer.sock
         try:
             while True:
                 if peer.target is not None:
+                    want = peer.target.nbytes - peer.filled
                     n = sock.recv_into(peer.target[peer.filled:])
                     if n == 0:
                         return self._eof(peer)
@@ -776,6 +916,8 @@ class SocketTransport(Transport):
                     if peer.filled == peer.target.nbytes:
                         done, peer.target, peer.filled = peer.on_filled, None, 0
                         done()
+                    elif n < want:
+                        return         # drained: the selector says when more arrives
                     continue
                 if peer.start == peer.end:
                     peer.start = peer.end = 0
@@ -783,12 +925,13 @@ class SocketTransport(Transport):
                     left = peer.end - peer.start
                     peer.stage[:left] = peer.stage[peer.start:peer.end]
                     peer.start, peer.end = 0, left
+                want = STAGE_BYTES - peer.end
                 n = sock.recv_into(peer.stage_view[peer.end:])
                 if n == 0:
                     return self._eof(peer)
                 peer.end += n
-                if not self._parse(peer):
-                    return
+                if not self._parse(peer) or n < want:
+                    return             # a short read drained the socket (level-triggered)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -912,7 +1055,7 @@ class SocketTransport(Transport):
             with self._cond:
                 for req in acked:
                     req.done = True
-                self._cond.notify_all()
+                self._notify()
             return True
         (where,) = ADDRESS.unpack_from(peer.stage, peer.start)
         peer.start += ADDRESS.size
@@ -951,7 +1094,7 @@ class SocketTransport(Transport):
     def _landed(self, req):
         with self._cond:
             req.done, req.landing = True, False
-            self._cond.notify_all()
+            self._notify()
 
     def _held(self, entry):
         with self._lock:
@@ -963,7 +1106,7 @@ class SocketTransport(Transport):
     def _goodbye(self, peer):
         with self._cond:
             peer.closed = True
-            self._cond.notify_all()
+            self._notify()
         try:
             self._selector.unregister(peer.sock)
         except (KeyError, ValueError):
@@ -982,7 +1125,7 @@ class SocketTransport(Transport):
             first = self._failure is None
             if first:
                 self._failure = reason
-            self._cond.notify_all()
+            self._notify()
         if peer_rank is not None:
             peer = self._peers.get(peer_rank)
             if peer is not None:
@@ -1049,6 +1192,9 @@ class SocketTransport(Transport):
         self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
+
+
+_DONE = object()
 
 
 def _who(req):
