@@ -2,8 +2,9 @@
 
     mpiexec -n 4 python benchmarks/nccl_pipeline_check.py [CASE ...]
 
-CASE is collective:algorithm:bytes:segment_bytes[:inplace], e.g. all_reduce:tree:256M:64M
-(segment 0 = in order). Each rank prints how many elements differ from the exact host
+CASE is collective:algorithm:bytes:segment_bytes[:flag...], e.g. all_reduce:tree:256M:64M
+(segment 0 = in order); flags: inplace, stream (run on a non-blocking stream, as bench.py
+does), pattern (bench.py's inputs instead of random integers). Each rank prints how many elements differ from the exact host
 reference and where (first, last, and which segment-sized pieces hold them); a segment size of
 0 runs the plan in order. The GPU suite (tests/gpu) checks the pipelined path with tiny
 segments; this runs the sizes the benchmark uses, where a 4-GPU run found tree wrong.
@@ -18,7 +19,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "gpu"))
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
-from collectives.bench import parse_size  # noqa: E402
+from collectives.bench import Case, parse_size  # noqa: E402
 from collectives.executors import nccl as nccl_executor  # noqa: E402
 from collectives.group import ProcessGroup  # noqa: E402
 from collectives.ops import ReduceOp  # noqa: E402
@@ -30,16 +31,22 @@ DEFAULT = ["all_reduce:tree:256M:64M", "all_reduce:tree:256M:0", "all_reduce:tre
            "reduce_scatter:tree:256M:64M", "reduce_scatter:tree:64M:16M"]
 
 
-def check(group, cupy, collective, algorithm, nbytes, segment, in_place, seed):
+def check(group, cupy, collective, algorithm, nbytes, segment, flags, seed):
     p, rank = group.size, group.rank
     dtype = np.dtype(np.float32)
+    in_place = "inplace" in flags
     count = nbytes // dtype.itemsize
-    if collective != "all_reduce":
-        count //= p                      # bytes name the whole input, as bench's sizes do
     op = ReduceOp.SUM
-    inputs, counts = case_inputs(seed, collective, p, count, dtype, op, 0)
-    want = expected(collective, inputs, rank, 0, op, dtype, counts)
-    d_in = cupy.asarray(inputs[rank])
+    if "pattern" in flags:               # bench.py's inputs (Case) instead of random ones
+        case = Case(collective, rank, p, count, dtype, op)
+        want, counts = case.expected, None
+        d_in = cupy.asarray(case.input)
+    else:
+        if collective != "all_reduce":
+            count //= p                  # bytes name the whole input, as bench's sizes do
+        inputs, counts = case_inputs(seed, collective, p, count, dtype, op, 0)
+        want = expected(collective, inputs, rank, 0, op, dtype, counts)
+        d_in = cupy.asarray(inputs[rank])
     os.environ[nccl_executor.ENV_SEGMENT] = str(segment)
     if collective == "all_reduce":
         out = d_in if in_place else cupy.full(count, 99, dtype)
@@ -48,7 +55,7 @@ def check(group, cupy, collective, algorithm, nbytes, segment, in_place, seed):
     else:
         out = cupy.full(want.size, 99, dtype)
         call = group.prepare(collective, input=d_in, output=out, op=op, algorithm=algorithm,
-                             counts=counts)
+                             **({"counts": counts} if counts else {}))
     call()
     group.transport.synchronize(60.0, operation=collective)
     got = cupy.asnumpy(out)
@@ -73,9 +80,12 @@ def main():
     for seed, case in enumerate(sys.argv[1:] or DEFAULT):
         parts = case.split(":")
         collective, algorithm, size, segment = parts[:4]
-        in_place = len(parts) > 4 and parts[4] == "inplace"
-        text = check(group, cupy, collective, algorithm, parse_size(size),
-                     parse_size(segment) if segment != "0" else 0, in_place, seed + 1)
+        flags = set(parts[4:])
+        stream = cupy.cuda.Stream(non_blocking=True) if "stream" in flags else \
+            cupy.cuda.Stream.null
+        with stream:
+            text = check(group, cupy, collective, algorithm, parse_size(size),
+                         parse_size(segment) if segment != "0" else 0, flags, seed + 1)
         lines = world.gather(text, root=0)
         if world.Get_rank() == 0:
             print(f"== {case}", flush=True)
