@@ -93,6 +93,19 @@ def test_pipelined_matches_reference(collective, algorithm, monkeypatch):
 
 
 @pytest.mark.parametrize("collective,algorithm", CASES)
+def test_default_segmentation_cuts_every_ranks_messages_alike(collective, algorithm,
+                                                               monkeypatch):
+    """No segment size given: each rank's plan takes the default. A tree all_reduce's leaves
+    hold no reduction while their parents do; deciding per plan, leaves sent whole messages
+    into pieces (wrong data at 256 MiB on 4 GPUs). A 48-byte default stands in for 64 MiB."""
+    from collectives.executors import nccl as executor
+    monkeypatch.delenv(executor.ENV_SEGMENT, raising=False)
+    monkeypatch.setattr(executor, "DEFAULT_SEGMENT_BYTES", 48)
+    for size in (3, 4):
+        _run(collective, algorithm, size, 37, None, size, monkeypatch)
+
+
+@pytest.mark.parametrize("collective,algorithm", CASES)
 def test_in_order_matches_reference(collective, algorithm, monkeypatch):
     for size in (2, 4):
         _run(collective, algorithm, size, 37, 0, size, monkeypatch)
@@ -219,6 +232,9 @@ def test_default_segments_only_for_plans_that_reduce(monkeypatch):
     moving = build_plan("all_gather", "ring", 0, 4, *plan_args("all_gather", 4, (1 << 18,) * 4))
     assert executor.segment_bytes(reducing) == executor.DEFAULT_SEGMENT_BYTES == 64 << 20
     assert executor.segment_bytes(moving) == 0
+    leaf = build_plan("all_reduce", "tree", 3, 4, *plan_args("all_reduce", 4, 1 << 20))
+    assert not any(step.local for step in leaf.steps)      # no reduction on this rank...
+    assert executor.segment_bytes(leaf) == executor.DEFAULT_SEGMENT_BYTES   # ...cut alike
     monkeypatch.setenv(executor.ENV_SEGMENT, "1M")
     with pytest.raises(ValueError, match="COLLECTIVES_NCCL_SEGMENT_BYTES"):
         executor.segment_bytes(moving)

@@ -53,10 +53,10 @@ of step k). The two halves of a bidirectional ring are independent, but each ste
 NCCL group covering both directions, so they share its dependencies.
 
 NCCL point-to-point bandwidth grows with message size (fewer, larger messages fill more
-channels), so segments trade transfer bandwidth for overlap. By default plans that reduce are
-pipelined in 64 MiB segments when a message is larger than that: on 4 H200s ring all_reduce of
+channels), so segments trade transfer bandwidth for overlap. By default the plans of
+collectives that reduce are pipelined in 64 MiB segments when a message is larger than that: on 4 H200s ring all_reduce of
 1 GiB went from 0.80x to 0.85x of NCCL's own and ring reduce_scatter from 0.75x to 0.89x, while
-8 and 32 MiB segments were 1.6-3.3x slower than none (BENCHMARKS.md §3); plans without
+8 and 32 MiB segments were 1.6-3.3x slower than none (BENCHMARKS.md §3); collectives without
 reductions (all_gather, all_to_all, ...) have nothing to overlap and stay whole.
 ``COLLECTIVES_NCCL_SEGMENT_BYTES`` sets the size for every plan (0 = never segment).
 
@@ -83,12 +83,20 @@ _UINT8 = 1                          # ncclUint8: transfers move bytes, whatever 
 _D2D = 3                            # cudaMemcpyDeviceToDevice
 
 
+# Collectives whose schedules reduce. The default segment size goes by the collective, never
+# by one rank's plan: both ends of a message must cut it alike, and in a tree all_reduce the
+# leaves' plans hold no reduction while their parents' do (deciding per plan, leaves sent whole
+# 256 MiB messages into 64 MiB receives: wrong data on 4 GPUs).
+REDUCING = frozenset({"all_reduce", "reduce_scatter", "reduce"})
+
+
 def segment_bytes(plan: Plan | None = None) -> int:
     """The segment size for ``plan``: $COLLECTIVES_NCCL_SEGMENT_BYTES for every plan when set,
-    else DEFAULT_SEGMENT_BYTES for plans with reductions and 0 (whole messages) otherwise."""
+    else DEFAULT_SEGMENT_BYTES for the collectives that reduce and 0 (whole messages) for the
+    others; the same on every rank of a call."""
     text = os.environ.get(ENV_SEGMENT)
     if text is None:
-        reduces = plan is None or _facts(plan).reduces
+        reduces = plan is None or plan.collective in REDUCING
         return DEFAULT_SEGMENT_BYTES if reduces else 0
     try:
         value = int(float(text))
@@ -221,7 +229,6 @@ def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
 
 class _PlanFacts(NamedTuple):
     largest: int          # elements of the plan's largest single transfer
-    reduces: bool         # any Reduce among its local ops
     chains: tuple         # per step: its local ops grouped by ``reduction_chains``
 
 
@@ -229,7 +236,6 @@ def _facts(plan: Plan) -> _PlanFacts:
     """What every call asks of a plan, worked out once per plan (plans are cached)."""
     return plan.derived("_nccl_facts", None, lambda: _PlanFacts(
         largest=max((_step_bytes(s) for s in plan.steps), default=0),
-        reduces=any(isinstance(op, Reduce) for step in plan.steps for op in step.local),
         chains=tuple(tuple(reduction_chains(step.local)) for step in plan.steps)))
 
 
