@@ -30,7 +30,8 @@ The model: every row also carries the α-β-γ prediction (``cost.estimate`` wit
 parameters from ``cost.load_params``, i.e. ``COLLECTIVES_TUNING`` or the defaults) and
 ``model_error`` = measured / predicted. The ``auto`` row runs ``algorithm="auto"`` and names
 the algorithm it chose; the summary gives auto's time relative to the best measured algorithm
-at each size. ``--calibrate FILE`` fits α, β, γ on this transport first (``cost.calibrate``),
+at each size, and the time of its choice's own row relative to the best (auto's row and that
+row run one schedule, so their quotient is the run's noise, shown too). ``--calibrate FILE`` fits α, β, γ on this transport first (``cost.calibrate``),
 saves them and runs the sweep with them; ``--tune FILE`` afterwards stores every row's
 measured/predicted ratio in that tuning file, for ``auto`` to use (``measured.py``); ``--simulate P`` needs no transport: it prints the
 model's table for P ranks and verifies the schedules at P in the simulator (``bench_model``).
@@ -568,13 +569,20 @@ def summarize(records: list[dict]) -> dict:
             top = max(ours, key=lambda r: r["busbw_gbs"]) if ours else None
             auto = next((r for r in at if r["algorithm"] == "auto"), None)
             candidates = [r for r in at if r["algorithm"] != "auto"] or at
+            # the same schedule as auto's choice, measured as its own row (if it was)
+            pick = next((r for r in ours if auto and r["algorithm"] == auto.get("chosen")),
+                        None)
             best.append({"size": size, "best": top["algorithm"] if top else None,
                          "busbw_gbs": top["busbw_gbs"] if top else None,
                          "ratio_to_native": top.get("ratio_to_native") if top else None,
                          "overall": max(candidates, key=lambda r: r["busbw_gbs"])["algorithm"],
                          "auto_chose": auto.get("chosen") if auto else None,
                          "auto_vs_best": (auto["time_p50_us"] / top["time_p50_us"])
-                         if auto and top else None})
+                         if auto and top else None,
+                         "pick_vs_best": (pick["time_p50_us"] / top["time_p50_us"])
+                         if pick and top else None,
+                         "auto_vs_pick": (auto["time_p50_us"] / pick["time_p50_us"])
+                         if pick else None})
         crossings = {}
         by = {(r["algorithm"], r["size"]): r["time_p50_us"] for r in rows}
         sizes = sorted({r["size"] for r in rows})
@@ -621,6 +629,16 @@ def format_summary(summary: dict) -> str:
                 f"{'' if b['auto_chose'] == b['best'] else ' vs ' + str(b['best'])})"
                 for b in autos) + f"  -> worst {worst:.2f}"
                 + (" (within 10%)" if worst <= 1.10 else " (NOT within 10%)"))
+        picks = [b for b in autos if b.get("pick_vs_best") is not None]
+        if picks:
+            # the choice judged by its own row, and how far two rows of one schedule differ:
+            # the auto row's ratio above mixes the two
+            worst = max(b["pick_vs_best"] for b in picks)
+            noise = [b["auto_vs_pick"] for b in picks]
+            lines.append(f"#    auto's choice, by its own row / best measured: worst {worst:.2f}"
+                         + (" (within 10%)" if worst <= 1.10 else " (NOT within 10%)")
+                         + f"; auto row / that row {min(noise):.2f} .. {max(noise):.2f} "
+                         "(one schedule measured twice: the run's noise)")
         for other, c in info["crossings"].items():
             lines.append(f"#    ring vs {other}: {c['text']}")
         if info.get("model_error"):

@@ -207,3 +207,25 @@ def test_rounds_rotate_the_order_of_a_sizes_algorithms(monkeypatch):
     assert calls == ["ring", "tree", "direct", "tree", "direct", "ring",
                      "direct", "ring", "tree"]
     assert [r["algorithm"] for r in records] == ["ring", "tree", "direct"]
+
+
+def test_summary_judges_autos_choice_by_its_own_row():
+    """auto ran recursive doubling; that schedule's own row is within 10% of the best (ring)
+    though the auto row itself measured slower: the summary gives both, and their quotient
+    (one schedule measured twice) as the run's noise."""
+    from collectives.bench import format_summary, summarize
+
+    def row(algorithm, us, chosen=None):
+        return {"collective": "all_reduce", "algorithm": algorithm, "size": 4096,
+                "time_p50_us": us, "busbw_gbs": 1.0 / us, "ratio_to_native": None,
+                "chosen": chosen or algorithm}
+    records = [row("ring", 100.0), row("recursive_doubling", 105.0),
+               row("auto", 120.0, chosen="recursive_doubling")]
+    best = summarize(records)["all_reduce"]["best"][0]
+    assert best["best"] == "ring" and best["auto_vs_best"] == pytest.approx(1.20)
+    assert best["pick_vs_best"] == pytest.approx(1.05)
+    assert best["auto_vs_pick"] == pytest.approx(120 / 105)
+    text = format_summary(summarize(records))
+    assert "worst 1.20 (NOT within 10%)" in text
+    assert "auto's choice, by its own row / best measured: worst 1.05 (within 10%)" in text
+    assert "auto row / that row 1.14 .. 1.14" in text
