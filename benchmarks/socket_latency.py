@@ -12,7 +12,9 @@ This is the floor a collective pays in the transport and executor.
 times its own call, an iteration lasts as long as its slower rank, p50 over iterations) for
 ours and torch gloo's all_reduce (same processes, a torch view of the same buffer), once per
 kind of barrier before the call: gloo's (what bench.py uses when gloo is the baseline), ours
-(the socket transport's ``barrier``), and none. The barrier's exit skew between the ranks
+(the socket transport's ``barrier``), a spin on a shared-memory counter (neither library's;
+the ranks leave it within a microsecond), none, and gloo's followed by the spin (gloo's
+exit skew removed, whatever its threads still do after it kept). The barrier's exit skew between the ranks
 lands in the next call's time, so this shows how much of a row is the barrier's and whether
 it treats both sides alike. Needs torch.
 """
@@ -82,7 +84,8 @@ def barrier_table(rank, gloo_port, group, ours, x, args, flags):
     tensor = torch.from_numpy(x)
     calls = {"ours": ours, "gloo": lambda: tdist.all_reduce(tensor)}
     barriers = {"gloo": tdist.barrier, "ours": group.prepare("barrier", algorithm=None),
-                "spin": lambda: spin_barrier(rank, flags), "none": lambda: None}
+                "spin": lambda: spin_barrier(rank, flags), "none": lambda: None,
+                "gloo+spin": lambda: (tdist.barrier(), spin_barrier(rank, flags))}
     times = {(b, side): [] for b in barriers for side in calls}
     starts = {key: [] for key in times}
     rounds = 5
@@ -152,8 +155,8 @@ def report_barriers(args, rank0, rank1):
     print(f"{args.size}-byte all_reduce, 2 ranks, {args.calls} calls per case; p50 µs of the "
           f"slower rank per call (rank 0 / rank 1 own p50), and the p50 of |start skew|, the "
           f"gap between the ranks leaving the barrier; ours = {args.algorithm}")
-    print(f"{'barrier':>8} {'ours':>20} {'skew':>6} {'gloo':>20} {'skew':>6} {'ours/gloo':>10}")
-    for b in ("gloo", "ours", "spin", "none"):
+    print(f"{'barrier':>9} {'ours':>20} {'skew':>6} {'gloo':>20} {'skew':>6} {'ours/gloo':>10}")
+    for b in ("gloo", "ours", "spin", "none", "gloo+spin"):
         cells, p50 = [], {}
         for side in ("ours", "gloo"):
             a, c = np.array(times0[b, side]), np.array(times1[b, side])
@@ -161,7 +164,7 @@ def report_barriers(args, rank0, rank1):
             skew = np.median(np.abs(np.array(starts0[b, side]) - np.array(starts1[b, side])))
             cells.append(f"{p50[side]:6.1f} ({np.median(a) * 1e6:4.0f}/{np.median(c) * 1e6:4.0f}) "
                          f"{skew * 1e6:6.1f}")
-        print(f"{b:>8} {cells[0]:>27} {cells[1]:>27} {p50['ours'] / p50['gloo']:>9.2f}x")
+        print(f"{b:>9} {cells[0]:>27} {cells[1]:>27} {p50['ours'] / p50['gloo']:>9.2f}x")
 
 
 if __name__ == "__main__":

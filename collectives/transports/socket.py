@@ -856,15 +856,22 @@ class SocketTransport(Transport):
 
     def _poll_once(self, timeout):
         """Wait up to ``timeout`` for socket events and dispatch them; token holder only."""
-        for key, mask in self._selector.select(timeout=timeout):
-            peer = key.data
-            if peer is None:
-                self._drain_wake()
-                continue
-            if mask & selectors.EVENT_READ:
-                self._read(peer)
-            if mask & selectors.EVENT_WRITE:
-                self._flush(peer)
+        events = self._selector.select(timeout=timeout)
+        try:
+            for key, mask in events:
+                peer = key.data
+                if peer is None:
+                    self._drain_wake()
+                    continue
+                if mask & selectors.EVENT_READ:
+                    self._read(peer)
+                if mask & selectors.EVENT_WRITE:
+                    self._flush(peer)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # a caller's thread was interrupted mid-frame: what is left of the stream can no
+            # longer be parsed, so fail loudly rather than misread it later
+            self._fail(None, f"interrupted ({type(exc).__name__}) while reading the sockets")
+            raise
 
     def _drain_wake(self):
         try:
