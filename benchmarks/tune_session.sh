@@ -9,14 +9,17 @@
 #           judges (bench's summary and benchmarks/model_check.py);
 #   nccl:   the same A/B on 4 GPUs (1M, 16M, 256M);
 #   socket: the socket transport at 4 ranks against torch gloo (issue 4, many cores).
-# $ROUNDS (default 3) interleaves each size's algorithms. JSON, logs and tuning files under $OUT.
+# $ROUNDS (default 3) interleaves each size's algorithms; $BIND below. JSON, logs and tuning
+# files under $OUT.
 set -u
 [ $# -gt 0 ] || { echo "usage: tune_session.sh dtypes|mpi|nccl|socket ..."; exit 2; }
 O=${OUT:-./tune-logs}; mkdir -p "$O"; PY=python3
 export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 . benchmarks/device_build.sh "$O"
 $PY -m collectives info | grep -aE "compiled MPI|MPI library"; nproc
-M="mpiexec --allow-run-as-root --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE -x PYTHONPATH -x PYTHONUNBUFFERED"
+# $BIND: Open MPI's placement (default none: the OS places and moves the ranks; e.g.
+# "--bind-to core --map-by core" pins rank i to core i for runs that repeat alike)
+M="mpiexec --allow-run-as-root --oversubscribe ${BIND:---bind-to none} -x NCCL_NVLS_ENABLE -x PYTHONPATH -x PYTHONUNBUFFERED"
 ALGS=ring,ring_bidirectional,tree,recursive_doubling,direct,native,auto
 R=${ROUNDS:-3}
 summary() { grep -aE "auto time|auto's choice|^#  (all_|reduce_)|tuned|calibrated|rows|Error" "$1" | head -n 40; }
