@@ -5,7 +5,8 @@
 runs them (one per process under mpiexec, one thread per rank for ``local``); ``main`` is
 the CLI (``benchmarks/bench.py``, ``python -m collectives.bench``).
 
-Timing: before every iteration the ranks meet at a barrier; each rank times its own call
+Timing: before every iteration the ranks meet at a barrier (over sockets, each side's own:
+ours before our rows, gloo's before gloo's; ``_row_barrier``); each rank times its own call
 (``prepare(...)()``, the whole path a user pays); the per-iteration times are then combined
 with an all_reduce MAX (outside the timed region), so an iteration lasts as long as its
 slowest rank; p50 and p99 are taken over those. Iteration counts adapt to size: each row
@@ -272,6 +273,18 @@ def _barrier(group):
                   if group.transport.native is not None else None)()
 
 
+def _row_barrier(group, algorithm):
+    """The barrier before each iteration of a row. Over sockets the baseline (torch's gloo)
+    is another library with threads of its own: each side's rows meet at that side's own
+    barrier. gloo's barrier leaves the ranks tens of µs apart and its gloo_tcp_loop thread
+    busy for a while after it, which landed in our 4 KiB calls (0.62-0.73x gloo's time after
+    gloo's barrier, 0.13-0.21x after ours; gloo's own rows measured the same after any
+    barrier: BENCHMARKS.md §2). Under MPI the native library is the transport itself."""
+    if algorithm != "native" and group.transport.name == "socket":
+        return lambda: group.prepare("barrier", algorithm=None)()
+    return lambda: _barrier(group)
+
+
 def plan_rows(config: Config, group) -> list[tuple]:
     """(collective, size, algorithm) in run order; native first so ours print its ratio."""
     have = capabilities()
@@ -390,9 +403,10 @@ def _bench_row(group, case, collective, algorithm, count, dtype, op, config) -> 
         group.prepare(collective, input=case.input, output=case.output, counts=counts,
                       op=op_arg, algorithm=algorithm)()
 
+    barrier = _row_barrier(group, algorithm)
     # warm-up: the first result is checked, its time sizes the timed loop
     case.poison()
-    _barrier(group)
+    barrier()
     start = time.perf_counter()
     call()
     first = time.perf_counter() - start
@@ -408,7 +422,7 @@ def _bench_row(group, case, collective, algorithm, count, dtype, op, config) -> 
     times = np.empty(iters)
     case.poison()
     for i in range(iters):
-        _barrier(group)
+        barrier()
         start = time.perf_counter()
         call()
         times[i] = time.perf_counter() - start

@@ -229,3 +229,26 @@ def test_summary_judges_autos_choice_by_its_own_row():
     assert "worst 1.20 (NOT within 10%)" in text
     assert "auto's choice, by its own row / best measured: worst 1.05 (within 10%)" in text
     assert "auto row / that row 1.14 .. 1.14" in text
+
+
+def test_each_side_meets_at_its_own_barrier_over_sockets():
+    """Over sockets our rows synchronize with our barrier and gloo's rows with gloo's; under
+    MPI (the native library is the transport) every row uses the native barrier."""
+    from types import SimpleNamespace
+
+    from collectives.bench import _row_barrier
+
+    def group(transport_name):
+        calls = []
+        native = SimpleNamespace(name="gloo" if transport_name == "socket" else "MPI")
+        g = SimpleNamespace(transport=SimpleNamespace(name=transport_name, native=native),
+                            calls=calls)
+        g.prepare = lambda collective, algorithm=None: (
+            lambda: calls.append((collective, algorithm)))
+        return g
+
+    for transport, ours, theirs in (("socket", None, "native"), ("mpi", "native", "native")):
+        g = group(transport)
+        _row_barrier(g, "ring")()
+        _row_barrier(g, "native")()
+        assert g.calls == [("barrier", ours), ("barrier", theirs)], transport
