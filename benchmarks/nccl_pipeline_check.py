@@ -3,11 +3,15 @@
     mpiexec -n 4 python benchmarks/nccl_pipeline_check.py [CASE ...]
 
 CASE is collective:algorithm:bytes:segment_bytes[:flag...], e.g. all_reduce:tree:256M:64M
-(segment 0 = in order); flags: inplace, stream (run on a non-blocking stream, as bench.py
-does), pattern (bench.py's inputs instead of random integers). Each rank prints how many elements differ from the exact host
-reference and where (first, last, and which segment-sized pieces hold them); a segment size of
-0 runs the plan in order. The GPU suite (tests/gpu) checks the pipelined path with tiny
-segments; this runs the sizes the benchmark uses, where a 4-GPU run found tree wrong.
+(segment 0 = in order, "default" = the executor's own choice); flags: inplace, stream (run
+on a non-blocking stream, as bench.py does), pattern (bench.py's inputs instead of random
+integers). Each rank prints how many
+elements differ from the exact host reference and where (first, last, and which
+segment-sized pieces hold them). The GPU suite (tests/gpu) checks the pipelined path with tiny
+segments; this runs the sizes the benchmark uses. It found the third session's tree bug: every
+case passed with the segment size set explicitly, while bench.py (which leaves it to the
+executor's default) got wrong data, so the default itself was at fault (BENCHMARKS.md §3);
+the "default" cases come first for that reason.
 """
 import os
 import sys
@@ -26,8 +30,10 @@ from collectives.ops import ReduceOp  # noqa: E402
 from collectives.transports import nccl as nccl_transport  # noqa: E402
 from nccl_worker import case_inputs, expected  # noqa: E402
 
-DEFAULT = ["all_reduce:tree:256M:64M", "all_reduce:tree:256M:0", "all_reduce:tree:256M:64M:inplace",
-           "all_reduce:tree:64M:16M", "all_reduce:tree:4M:1M", "all_reduce:recursive_doubling:256M:32M",
+DEFAULT = ["all_reduce:tree:256M:default", "reduce_scatter:tree:256M:default",
+           "all_reduce:tree:256M:64M", "all_reduce:tree:256M:0",
+           "all_reduce:tree:256M:64M:inplace", "all_reduce:tree:64M:16M",
+           "all_reduce:tree:4M:1M", "all_reduce:recursive_doubling:256M:32M",
            "reduce_scatter:tree:256M:64M", "reduce_scatter:tree:64M:16M"]
 
 
@@ -47,7 +53,10 @@ def check(group, cupy, collective, algorithm, nbytes, segment, flags, seed):
         inputs, counts = case_inputs(seed, collective, p, count, dtype, op, 0)
         want = expected(collective, inputs, rank, 0, op, dtype, counts)
         d_in = cupy.asarray(inputs[rank])
-    os.environ[nccl_executor.ENV_SEGMENT] = str(segment)
+    if segment is None:
+        os.environ.pop(nccl_executor.ENV_SEGMENT, None)      # the executor's default
+    else:
+        os.environ[nccl_executor.ENV_SEGMENT] = str(segment)
     if collective == "all_reduce":
         out = d_in if in_place else cupy.full(count, 99, dtype)
         call = group.prepare(collective, input=None if in_place else d_in, output=out,
@@ -62,7 +71,8 @@ def check(group, cupy, collective, algorithm, nbytes, segment, flags, seed):
     bad = np.flatnonzero(got != want)
     text = f"rank {rank}: {len(bad)} of {want.size} wrong"
     if len(bad):
-        piece = max(1, segment // dtype.itemsize) if segment else want.size
+        piece = max(1, (segment or nccl_executor.DEFAULT_SEGMENT_BYTES) // dtype.itemsize) \
+            if segment != 0 else want.size
         pieces = sorted(set((bad // piece).tolist()))
         text += (f"; first {bad[0]} (got {got[bad[0]]} want {want[bad[0]]}), last {bad[-1]}; "
                  f"pieces of {piece} elements: {pieces[:12]}; sample got/want "
@@ -85,7 +95,8 @@ def main():
             cupy.cuda.Stream.null
         with stream:
             text = check(group, cupy, collective, algorithm, parse_size(size),
-                         parse_size(segment) if segment != "0" else 0, flags, seed + 1)
+                         None if segment == "default" else parse_size(segment), flags,
+                         seed + 1)
         lines = world.gather(text, root=0)
         if world.Get_rank() == 0:
             print(f"== {case}", flush=True)

@@ -32,10 +32,12 @@ parameters from ``cost.load_params``, i.e. ``COLLECTIVES_TUNING`` or the default
 ``model_error`` = measured / predicted. The ``auto`` row runs ``algorithm="auto"`` and names
 the algorithm it chose; the summary gives auto's time relative to the best measured algorithm
 at each size, and the time of its choice's own row relative to the best (auto's row and that
-row run one schedule, so their quotient is the run's noise, shown too). ``--calibrate FILE`` fits α, β, γ on this transport first (``cost.calibrate``),
-saves them and runs the sweep with them; ``--tune FILE`` afterwards stores every row's
-measured/predicted ratio in that tuning file, for ``auto`` to use (``measured.py``); ``--simulate P`` needs no transport: it prints the
-model's table for P ranks and verifies the schedules at P in the simulator (``bench_model``).
+row run one schedule, so their quotient is the run's noise, shown too). ``--calibrate FILE``
+fits α, β, γ on this transport first (``cost.calibrate``), saves them and runs the sweep with
+them; ``--tune FILE`` afterwards stores every row's measured/predicted ratio in that tuning
+file, for ``auto`` to use (``measured.py``); ``--simulate P`` needs no transport: it prints
+the model's table for P ranks and verifies the schedules at P in the simulator
+(``bench_model``).
 
 Record fields (``--json`` "records", ``--csv`` columns): collective, algorithm ("native" is
 the transport's library, named by native_name: "gloo", an MPI library, "nccl"), chosen (the

@@ -54,8 +54,9 @@ NCCL group covering both directions, so they share its dependencies.
 
 NCCL point-to-point bandwidth grows with message size (fewer, larger messages fill more
 channels), so segments trade transfer bandwidth for overlap. By default the plans of
-collectives that reduce are pipelined in 64 MiB segments when a message is larger than that: on 4 H200s ring all_reduce of
-1 GiB went from 0.80x to 0.85x of NCCL's own and ring reduce_scatter from 0.75x to 0.89x, while
+collectives that reduce are pipelined in 64 MiB segments when a message is larger than that:
+on 4 H200s ring all_reduce of 1 GiB went from 0.80x to 0.85x of NCCL's own and ring
+reduce_scatter from 0.75x to 0.89x, while
 8 and 32 MiB segments were 1.6-3.3x slower than none (BENCHMARKS.md §3); collectives without
 reductions (all_gather, all_to_all, ...) have nothing to overlap and stay whole.
 ``COLLECTIVES_NCCL_SEGMENT_BYTES`` sets the size for every plan (0 = never segment).
