@@ -1,6 +1,7 @@
 """Small-message latency of the socket transport, with and without a barrier per call.
 
-    python benchmarks/socket_latency.py [--size 4096] [--algorithm direct] [--calls 1000] [--profile]
+    python benchmarks/socket_latency.py [--size 4096] [--algorithm direct] [--calls 1000]
+                                        [--profile]
     python benchmarks/socket_latency.py --barriers [--calls 1000]
 
 Two local processes (forked, TCP store on 127.0.0.1) run ``calls`` back-to-back all_reduces
@@ -11,12 +12,13 @@ This is the floor a collective pays in the transport and executor.
 ``--barriers`` times each call the way bench.py does (a barrier before every call, each rank
 times its own call, an iteration lasts as long as its slower rank, p50 over iterations) for
 ours and torch gloo's all_reduce (same processes, a torch view of the same buffer), once per
-kind of barrier before the call: gloo's (what bench.py uses when gloo is the baseline), ours
-(the socket transport's ``barrier``), a spin on a shared-memory counter (neither library's;
-the ranks leave it within a microsecond), none, and gloo's followed by the spin (gloo's
-exit skew removed, whatever its threads still do after it kept). The barrier's exit skew between the ranks
-lands in the next call's time, so this shows how much of a row is the barrier's and whether
-it treats both sides alike. Needs torch.
+kind of barrier before the call: gloo's (what bench.py used before each of our rows too,
+until this comparison showed it unfair to us; it now gives each side its own), ours (the
+socket transport's ``barrier``), a spin on a shared-memory counter (neither library's; the
+ranks leave it within a microsecond), none, and gloo's followed by the spin (gloo's exit skew
+removed, whatever its threads still do after it kept). The barrier's exit skew between the
+ranks lands in the next call's time, so this shows how much of a row is the barrier's and
+whether it treats both sides alike. Needs torch.
 """
 import argparse
 import cProfile
