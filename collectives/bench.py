@@ -43,7 +43,9 @@ Record fields (``--json`` "records", ``--csv`` columns): collective, algorithm (
 the transport's library, named by native_name: "gloo", an MPI library, "nccl"), chosen (the
 algorithm ``auto`` ran, else the algorithm), backend, world_size, size (bytes), count, dtype,
 op, iters, time_p50_us, time_p99_us, algbw_gbs, busbw_gbs, ratio_to_native (busbw / native's,
-None without a native row), predicted_us and model_error (None for native), wrong.
+None without a native row), predicted_us and model_error (None for native), wrong; with
+``--rounds N`` > 1 also rounds and round_p50_us (each round's own p50, in JSON only: how far
+a row moved between its rounds).
 """
 from __future__ import annotations
 
@@ -368,7 +370,8 @@ def _by_size(rows):
 def _merge_rounds(runs) -> dict:
     """One record from a row's rounds: p50/p99 over all their iterations, wrong summed."""
     record = dict(runs[0])
-    times = np.concatenate([run.pop("times") for run in runs])
+    per_round = [run.pop("times") for run in runs]
+    times = np.concatenate(per_round)
     record.pop("times", None)
     p50, p99 = (float(x) for x in np.percentile(times, [50, 99]))
     algbw = record["size"] / p50 / 1e9
@@ -376,7 +379,9 @@ def _merge_rounds(runs) -> dict:
                   time_p50_us=p50 * 1e6, time_p99_us=p99 * 1e6, algbw_gbs=algbw,
                   busbw_gbs=algbw * BUS_FACTOR[record["collective"]](record["world_size"]))
     if len(runs) > 1:
+        # each round's own p50: how far one row moves between its rounds in this run
         record["rounds"] = len(runs)
+        record["round_p50_us"] = [float(np.percentile(t, 50)) * 1e6 for t in per_round]
     return record
 
 

@@ -184,6 +184,10 @@ def test_rounds_interleave_and_pool_iterations(tmp_path):
         (s, a) for s in (4096, 16384) for a in ("ring", "tree", "recursive_doubling")]
     assert all(r["iters"] == 3 * 2 and r["rounds"] == 3 and r["wrong"] == 0 for r in records)
     assert all(set(r) >= FIELDS and "times" not in r for r in records)
+    # each round's own p50 is kept; the pooled p50 lies within their range
+    for r in records:
+        assert len(r["round_p50_us"]) == 3
+        assert min(r["round_p50_us"]) <= r["time_p50_us"] <= max(r["round_p50_us"])
     bad = bench("--backend", "local", "--world-size", "2", "--rounds", "0", *TINY)
     assert bad.returncode != 0 and "--rounds must be a positive integer" in bad.stderr
 
