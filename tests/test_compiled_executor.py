@@ -171,11 +171,11 @@ def _counts_arg(collective, n, size):
 
 
 def _worker():
-    try:
-        from mpi4py import MPI
-    except ImportError as exc:
-        print(f"SKIP mpi4py: {exc}", flush=True)
+    from compiled_worker import compiled_world
+    started = compiled_world()
+    if started is None:
         return 0
+    comm, rank, size = started
     from collectives import transports
     from collectives.algorithms import capabilities
     from collectives.algorithms.schedule import build_plan
@@ -184,13 +184,6 @@ def _worker():
     from collectives.group import ProcessGroup
     from collectives.kernels.reduce import BFLOAT16, _SUPPORTED, dtype_kind
     from collectives.ops import ReduceOp
-
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    if not compiled.available():
-        if rank == 0:
-            print(f"SKIP compiled executor unavailable: {compiled.status()}", flush=True)
-        return 0
     if size == 3:
         # every scratch through the bounded pool, with a cap that evicts on nearly every call:
         # reused (stale) scratch must not change a bit

@@ -312,23 +312,16 @@ def test_compiled_executor_runs_windowed_plans_under_mpiexec():
 
 
 def _worker():
-    try:
-        from mpi4py import MPI
-    except ImportError as exc:
-        print(f"SKIP mpi4py: {exc}", flush=True)
+    from compiled_worker import compiled_world
+    started = compiled_world()
+    if started is None:
         return 0
+    comm, rank, size = started
     from collectives import transports
-    from collectives.executors import compiled, host
+    from collectives.executors import host
     from collectives.group import ProcessGroup
     from collectives.kernels.reduce import reducer
     from collectives.ops import ReduceOp
-
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    if not compiled.available():
-        if rank == 0:
-            print(f"SKIP compiled executor unavailable: {compiled.status()}", flush=True)
-        return 0
     world = transports.create("mpi", rank=rank, world_size=size, timeout=60)
     group = ProcessGroup(world, backend="mpi")
     problems = []
