@@ -88,6 +88,10 @@ else:
         report(rank=rank, unexpected="success")
     except CollectiveTimeout as exc:
         report(rank=rank, waited=time.monotonic() - t0, **failure(exc))
+    # stay connected until the other waiting rank's own timeout has fired: ranks 0 and 1 start
+    # this call a few ms apart, and the first to time out would otherwise exit and close its
+    # transport, which the other then reports instead ("rank 0 has closed its transport")
+    time.sleep(1.0)
 """
 
 
