@@ -250,7 +250,7 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
     world.next_group_id += 1
     if world.default.rank not in ranks:
         return GroupMember.NON_GROUP_MEMBER
-    transport = _subgroup_transport(world.transport, ranks)
+    transport = _subgroup_transport(world.transport, ranks, group_id)
     limit = world.timeout if timeout is None else _seconds(timeout)
     pg = ProcessGroup(transport, backend=world.backend, timeout=limit, group_id=group_id,
                       ranks=ranks, name=group_desc or f"group{group_id}")
@@ -258,10 +258,10 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
     return pg
 
 
-def _subgroup_transport(parent, ranks):
+def _subgroup_transport(parent, ranks, group_id):
     from .transports.subgroup import SubgroupTransport
     make = getattr(parent, "subgroup", None)
-    return make(ranks) if make is not None else SubgroupTransport(parent, ranks)
+    return make(ranks) if make is not None else SubgroupTransport(parent, ranks, group_id)
 
 
 def new_subgroups(group_size=None, group=None, timeout=None, backend=None, pg_options=None,

@@ -5,10 +5,22 @@ validates a call completely (before any byte moves), picks the algorithm (explic
 then ``COLLECTIVES_ALGORITHM``, then ``auto``), assigns the call its tag in program order,
 and returns a ready-to-run operation. Buffers here are flat, contiguous numpy or cupy arrays;
 turning tensors into such views is the facade's job.
+
+Calls are matched across ranks by their order (the tag is a sequence number), so one group's
+collectives must come from one thread at a time: two threads calling at once are ordered
+differently on different ranks, and the ranks would pair one thread's call with the other's.
+A rank that sees a second thread enter a collective while another is inside one (preparing
+or running it) raises ``ConcurrentCalls`` there and fails the group: every later call on
+it raises, and the transport is aborted so that the other ranks fail too instead of pairing
+calls wrongly. Asynchronous collectives run on the group's own worker thread in tag order
+and are not concurrent calls. Point-to-point calls are matched by tag, not order, and may
+come from any thread.
 """
 from __future__ import annotations
 
 import os
+import threading
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -16,7 +28,8 @@ from .algorithms import AUTO, NATIVE, check_algorithm, choose
 from .algorithms.cost import ENV_TUNING
 from .algorithms.schedule import ROOTED, Matrix, buffer_sizes, build_plan, plan_args
 from .algorithms.transforms import read_input_first, windowed
-from . import debug
+from . import debug, signature
+from .errors import CollectiveError
 from .executors import host
 from .kernels.reduce import BFLOAT16, check_op, fast_reducer, finish_average, reducer
 from .ops import ReduceOp
@@ -28,10 +41,20 @@ ENV_WINDOW = "COLLECTIVES_WINDOW"
 WINDOWED_TRANSPORTS = ("local", "mpi", "socket")
 _REPEATS_KEPT = 256
 REDUCING = ("all_reduce", "reduce_scatter", "reduce")
+# Set on the thread that runs a group's asynchronous collectives (work.py), whose runs are
+# ordered by the queue and so are not concurrent calls.
+async_runner = threading.local()
 
-# Wire tags fit in 23 bits, the smallest MPI_TAG_UB seen in practice (Open MPI over UCX):
-# bit 0 tells collectives from user point-to-point, 16 bits of sequence or user tag, 6 of group.
-_SEQ_BITS, _GROUP_BITS = 16, 6
+
+class ConcurrentCalls(CollectiveError):
+    """Two threads called collectives on one group at once (see the module docstring)."""
+
+# A group's wire tags: bit 0 tells collectives from user point-to-point, the bits above it hold
+# the collective's sequence number or the user's tag. 32 bits at most, so a user tag can be
+# any non-negative C int, as torch's are, and a wrapping transport (transports/subgroup.py)
+# keeps the bits above for the group id; fewer where the transport carries fewer (MPI_TAG_UB
+# may be as small as 2**15 - 1).
+TAG_BITS = 32
 
 
 def window_setting(text: str | None) -> int:
@@ -72,6 +95,10 @@ class ProcessGroup:
         self.name = name
         self._sequence = 0
         self._repeats = {}          # prepare's cache of repeated call shapes
+        self._caller = None         # (thread id, name, operation) inside a collective call
+        self._depth = 0
+        self._caller_lock = threading.Lock()
+        self._broken = None         # why concurrent calls failed this group
         self.overrides = algorithm_overrides(os.environ.get(ENV_ALGORITHM))
         # issue 7: may be reassigned per group (benchmarks); read by _runner on every call
         self.window = window_setting(os.environ.get(ENV_WINDOW))
@@ -90,19 +117,78 @@ class ProcessGroup:
 
     # -- tags ------------------------------------------------------------------------------
 
-    def _wire_tag(self, value: int, collective: bool) -> int:
-        group = (self.group_id % (1 << _GROUP_BITS)) << (_SEQ_BITS + 1)
-        return group | ((value % (1 << _SEQ_BITS)) << 1) | int(collective)
+    @property
+    def max_user_tag(self) -> int | None:
+        """The largest p2p tag this group's transport can carry apart from every other tag;
+        None where the transport carries no tags at all (NCCL matches messages in order)."""
+        limit = self.transport.max_tag
+        if limit is None:
+            return None
+        return (1 << (min(TAG_BITS, limit.bit_length()) - 1)) - 1
 
     def next_tag(self) -> int:
-        """The tag of the next collective; every rank calls collectives in the same order."""
+        """The tag of the next collective; every rank calls collectives in the same order.
+        The sequence number wraps at max_user_tag: a wrapped tag meets only calls that far
+        back, whose messages were all matched before (one pair's messages of one tag arrive
+        in order, and a group's calls run in order)."""
         self._sequence += 1
-        return self._wire_tag(self._sequence, collective=True)
+        limit = self.max_user_tag
+        value = self._sequence % (limit + 1) if limit is not None else 0
+        return (value << 1) | 1
 
-    def p2p_tag(self, tag: int) -> int:
-        if not isinstance(tag, (int, np.integer)) or tag < 0:
-            raise ValueError(f"rank {self.rank}: tag must be a non-negative integer, got {tag!r}")
-        return self._wire_tag(int(tag), collective=False)
+    def p2p_tag(self, tag, operation: str = "p2p") -> int:
+        """The wire tag of a user tag: an error, never a wrap, when the transport cannot carry
+        it apart from every other tag."""
+        if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or tag < 0:
+            raise ValueError(f"{operation} on rank {self.rank}: tag must be a non-negative "
+                             f"integer, got {tag!r}")
+        limit = self.max_user_tag
+        if limit is None:
+            if tag != 0:
+                raise ValueError(f"{operation} on rank {self.rank}: the {self.transport.name} "
+                                 f"transport carries no tags (messages between two ranks match "
+                                 f"in the order they were posted); tag must be 0, got {tag}")
+            return 0
+        if tag > limit:
+            raise ValueError(f"{operation} on rank {self.rank}: tag {tag} is larger than the "
+                             f"{self.transport.name} transport can carry in this group "
+                             f"(at most {limit})")
+        return int(tag) << 1
+
+    # -- one caller at a time ----------------------------------------------------------------
+
+    @contextmanager
+    def _calling(self, operation):
+        """Claim the group for this thread while it prepares or runs ``operation``."""
+        me = threading.current_thread()
+        with self._caller_lock:
+            if self._broken is None and self._caller is not None and self._caller[0] != me.ident:
+                _, name, other = self._caller
+                self._broken = (f"threads {name!r} ({other}) and {me.name!r} ({operation}) "
+                                f"called collectives on this group at the same time; the "
+                                f"ranks cannot agree on their order (use one group per "
+                                f"thread, or one thread per group)")
+                fail = True
+            else:
+                fail = False
+            if self._broken is not None:
+                error = ConcurrentCalls(f"{operation} on rank {self.rank}: {self._broken}")
+            else:
+                self._caller = (me.ident, me.name, operation)
+                self._depth += 1
+        if self._broken is not None:
+            if fail:
+                abort = getattr(self.transport, "abort", None)
+                if abort is not None:
+                    abort(str(error))
+            raise error
+        try:
+            yield
+        finally:
+            with self._caller_lock:
+                self._depth -= 1
+                if not self._depth:
+                    self._caller = None
 
     # -- algorithms ------------------------------------------------------------------------
 
@@ -122,20 +208,25 @@ class ProcessGroup:
     def prepare(self, collective: str, *, input=None, output=None, counts=None, root: int = 0,
                 op=ReduceOp.SUM, algorithm: str | None = None, timeout: float | None = None):
         """Validate a call and return ``run()`` that performs it. Nothing moves before run()."""
+        with self._calling(collective):
+            return self._prepare(collective, input, output, counts, root, op, algorithm,
+                                 timeout)
+
+    def _prepare(self, collective, input, output, counts, root, op, algorithm, timeout):
         # A call shaped like an earlier one (same collective, dtypes, sizes, op, algorithm,
         # root, timeout) reuses that call's checks, choice and plan: only the per-array checks
         # run again (~8 µs -> ~2 µs per call; see docs/notes/compiled-path-perf.md).
         key = self._repeat_key(collective, input, output, counts, root, op, algorithm, timeout)
         known = self._repeats.get(key) if key is not None else None
         if known is not None:
-            dtype, plan, reduce, op, deadline, counts = known
+            dtype, plan, reduce, op, deadline, counts, mark = known
             for name, buf in (("input", input), ("output", output)):
                 self._check_buffer(collective, name, buf, dtype)
             tag = self.next_tag()
             if plan is None:
                 return self._native(collective, input, output, counts, root, op, _no_check)
             return self._runner(collective, plan, reduce, input, output, root, op, deadline,
-                                _no_check, tag, dtype)
+                                _no_check, tag, dtype, mark)
         try:
             op = ReduceOp.parse(op)
         except (TypeError, ValueError) as exc:
@@ -157,15 +248,25 @@ class ProcessGroup:
         tag = self.next_tag()
         if name == NATIVE:
             run = self._native(collective, input, output, counts, root, op, check)
-            self._remember(key, check, (dtype, None, None, op, deadline, counts))
+            self._remember(key, check, (dtype, None, None, op, deadline, counts, None))
             return run
 
         plan = build_plan(collective, name, self.rank, self.size,
                           *plan_args(collective, self.size, counts, root))
         reduce = _host_reducer(op, dtype) if collective in REDUCING else None
-        self._remember(key, check, (dtype, plan, reduce, op, deadline, counts))
+        mark = self._signature(collective, name, dtype, op, root)
+        self._remember(key, check, (dtype, plan, reduce, op, deadline, counts, mark))
         return self._runner(collective, plan, reduce, input, output, root, op, deadline, check,
-                            tag, dtype)
+                            tag, dtype, mark)
+
+    def _signature(self, collective, name, dtype, op, root):
+        """What every message of the call carries where the transport compares it
+        (collectives.signature); None where it does not."""
+        if not self.transport.carries_signatures:
+            return None
+        return signature.encode(collective, name, np.uint8 if dtype is None else dtype,
+                                op if collective in REDUCING else None,
+                                root if collective in ROOTED else None)
 
     def _repeat_key(self, collective, input, output, counts, root, op, algorithm, timeout):
         """What decides everything ``prepare`` works out except the per-array checks, or None
@@ -189,7 +290,7 @@ class ProcessGroup:
             self._repeats[key] = entry
 
     def _runner(self, collective, plan, reduce, input, output, root, op, deadline, check, tag,
-                dtype):
+                dtype, mark):
         execute = getattr(self.transport, "execute", None) or host.execute
         direct = None
         if collective == "all_reduce" and input is not None and not _overlap(input, output):
@@ -199,14 +300,22 @@ class ProcessGroup:
         if self.window > 1 and self.transport.name in WINDOWED_TRANSPORTS:   # issue 7
             plan = windowed(plan, self.window)
 
+        extra = {} if mark is None else {"signature": mark}
+
         def run():
+            if getattr(async_runner, "active", False):
+                return work()
+            with self._calling(collective):
+                return work()
+
+        def work():
             check()
             buffers = ({"input": input, "output": output} if direct is not None
                        else self._buffers(collective, input, output))
             if collective == "barrier":
                 buffers = {"scratch": self.xp.zeros(plan.scratch, dtype=np.uint8)}
             execute(plan, self.transport, buffers, reduce, tag=tag, timeout=deadline,
-                    operation=collective, dtype=dtype, op=op)
+                    operation=collective, dtype=dtype, op=op, **extra)
             self._finish(collective, op, output, root)
         return run
 

@@ -9,6 +9,7 @@ drained, so a transport is never driven from two threads for one group at once.
 from __future__ import annotations
 
 from . import state, tensors, work as _work
+from .transports.base import finish
 
 ANY_SOURCE = -1
 
@@ -34,7 +35,7 @@ def _post(kind, tensor, rank, group, tag, group_rank):
     buf = tensors.flat(tensor, operation, pg.rank)
     if kind == "recv" and not buf.flags.writeable:
         raise ValueError(f"recv on rank {pg.rank}: the tensor is read-only")
-    wire_tag = pg.p2p_tag(tag)
+    wire_tag = pg.p2p_tag(tag, operation)
     _work.drain(pg)
     post = pg.transport.isend if kind == "send" else pg.transport.irecv
     return pg, post(buf, peer, wire_tag), peer
@@ -48,7 +49,7 @@ def _source(pg, request, peer):
 def send(tensor, dst=None, group=None, tag=0, group_dst=None) -> None:
     pg, request, _ = _post("send", tensor, dst, group, tag, group_dst)
     if pg is not None:
-        pg.transport.wait_all([request], pg.timeout)
+        finish(pg.transport, [request], pg.timeout)
 
 
 def recv(tensor, src=None, group=None, tag=0, group_src=None):
@@ -56,7 +57,7 @@ def recv(tensor, src=None, group=None, tag=0, group_src=None):
     pg, request, peer = _post("recv", tensor, src, group, tag, group_src)
     if pg is None:
         return -1
-    pg.transport.wait_all([request], pg.timeout)
+    finish(pg.transport, [request], pg.timeout)
     return _source(pg, request, peer)
 
 

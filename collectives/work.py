@@ -16,6 +16,7 @@ import threading
 import weakref
 
 from .errors import CollectiveTimeout
+from .group import async_runner
 from .state import seconds
 
 
@@ -164,6 +165,7 @@ class _Worker:
         self._jobs.put((run, work))
 
     def _loop(self):
+        async_runner.active = True          # runs in tag order: not a concurrent caller
         while True:
             job = self._jobs.get()
             if job is None:

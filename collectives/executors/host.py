@@ -22,17 +22,20 @@ import time
 
 from ..algorithms.schedule import Copy, Plan, segmented
 from ..errors import CollectiveError, CollectiveTimeout
+from ..transports.base import finish
 
 
 def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
             timeout: float | None = None, operation: str | None = None, dtype=None,
-            op=None) -> None:
+            op=None, signature: bytes | None = None) -> None:
     """Run ``plan`` over ``buffers`` ({'input': flat array, 'output': flat array}).
 
     ``reduce(dst, a, b)`` computes dst = a op b; it is needed only by plans that reduce.
     ``op`` (the ReduceOp) is for executors that reduce with kernels of their own.
+    ``signature`` (given only to transports that carry one) goes with every message.
     Scratch is allocated here, with the dtype of the data.
     """
+    mark = {} if signature is None else {"signature": signature}
     arrays = dict(buffers)
     if dtype is None:
         dtype = next((a.dtype for a in arrays.values() if a is not None), None)
@@ -43,7 +46,7 @@ def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
     if segment and dtype is not None:
         cut = _segmented_plan(plan, max(1, segment // transport.xp.dtype(dtype).itemsize))
         if cut is not plan:
-            return _overlapped(cut, transport, arrays, reduce, tag, timeout, operation)
+            return _overlapped(cut, transport, arrays, reduce, tag, timeout, operation, mark)
 
     def view(region):
         return arrays[region.buffer][region.offset:region.end]
@@ -51,14 +54,18 @@ def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
     started = time.monotonic()
     deadline = None if timeout is None else started + timeout
     for index, step in enumerate(plan.steps):
-        try:
-            if step.sends or step.recvs:
-                requests = [transport.irecv(view(r.region), r.peer, tag) for r in step.recvs]
-                requests += [transport.isend(view(s.region), s.peer, tag) for s in step.sends]
+        if step.sends or step.recvs:
+            requests = []
+            try:
+                for r in step.recvs:
+                    requests.append(transport.irecv(view(r.region), r.peer, tag, **mark))
+                for s in step.sends:
+                    requests.append(transport.isend(view(s.region), s.peer, tag, **mark))
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                transport.wait_all(requests, left)
-        except CollectiveError as exc:
-            raise _where(exc, plan, index, started, operation) from exc
+                finish(transport, requests, left)
+            except CollectiveError as exc:
+                transport.cancel(requests)
+                raise _where(exc, plan, index, started, operation) from exc
         for op in step.local:
             if isinstance(op, Copy):
                 view(op.dst)[...] = view(op.src)
@@ -79,7 +86,7 @@ def _segmented_plan(plan: Plan, max_count: int) -> Plan:
     return plan.derived("_segmented", max_count, lambda: segmented(plan, max_count))
 
 
-def _overlapped(plan, transport, arrays, reduce, tag, timeout, operation):
+def _overlapped(plan, transport, arrays, reduce, tag, timeout, operation, mark):
     """The step walk, with each local op waiting only for the transfers it depends on, and
     the next step's transfers posted as soon as nothing left in this step can touch them."""
     def view(region):
@@ -88,22 +95,26 @@ def _overlapped(plan, transport, arrays, reduce, tag, timeout, operation):
     started = time.monotonic()
     deadline = None if timeout is None else started + timeout
     index = 0
+    posted = []         # every request, so that a failure gives up all that are pending
 
     def wait(requests):
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
             transport.wait_all(requests, left)
         except CollectiveError as exc:
+            transport.cancel(posted)
             raise _where(exc, plan, index, started, operation) from exc
 
     def post(transfer, is_receive):
         try:
             if is_receive:
-                req = transport.irecv(view(transfer.region), transfer.peer, tag)
+                req = transport.irecv(view(transfer.region), transfer.peer, tag, **mark)
             else:
-                req = transport.isend(view(transfer.region), transfer.peer, tag)
+                req = transport.isend(view(transfer.region), transfer.peer, tag, **mark)
         except CollectiveError as exc:
+            transport.cancel(posted)
             raise _where(exc, plan, index, started, operation) from exc
+        posted.append(req)
         # (request, region, is_receive, peer)
         return req, transfer.region, is_receive, transfer.peer
 

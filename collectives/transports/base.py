@@ -18,6 +18,15 @@ receive nothing. A transport may also provide ``execute`` (same signature as
 ``executors.host.execute``) to run plans its own way (the NCCL executor, a compiled one), and
 ``subgroup(ranks) -> Transport`` for new_group (a real sub-communicator where the library has
 one; otherwise the facade wraps the parent transport and translates ranks).
+
+Tags are integers from 0 to ``max_tag``; a tag outside that range is an error, never wrapped.
+``max_tag`` None means the transport carries no tags: messages between a pair match in the
+order they were posted (NCCL).
+
+Timeouts: ``wait_all`` raising CollectiveTimeout leaves every request pending, so a later
+wait can still complete it with its data. ``cancel(requests)`` gives requests up: a receive
+not yet matched is withdrawn (a late message can no longer land in its buffer) and every
+later wait on it raises CollectiveError; executors cancel what a failed collective left.
 """
 from __future__ import annotations
 
@@ -42,6 +51,10 @@ class Transport:
     size: int
     xp = None           # the array module of buffers: numpy or cupy
     native = None       # an object with the library's own collectives, or None
+    max_tag: int | None = (1 << 63) - 1
+    # isend/irecv take ``signature=`` (collectives.signature) and compare the sender's with
+    # the receiver's: a mismatch is a CallMismatch, never another call's bytes
+    carries_signatures = False
 
     def isend(self, buf, peer: int, tag: int) -> Request:
         raise NotImplementedError
@@ -57,11 +70,15 @@ class Transport:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             req.wait(left)
 
+    def cancel(self, requests) -> None:
+        """Give up ``requests`` (see the module docstring); the default has nothing to
+        withdraw: its receives take their message only when waited on."""
+
     def send(self, buf, peer: int, tag: int = 0, timeout: float | None = None) -> None:
-        self.wait_all([self.isend(buf, peer, tag)], timeout)
+        finish(self, [self.isend(buf, peer, tag)], timeout)
 
     def recv(self, buf, peer: int, tag: int = 0, timeout: float | None = None) -> None:
-        self.wait_all([self.irecv(buf, peer, tag)], timeout)
+        finish(self, [self.irecv(buf, peer, tag)], timeout)
 
     def close(self) -> None:
         pass
@@ -79,4 +96,14 @@ class Transport:
                              f"for world size {self.size}")
 
 
-__all__ = ["Request", "Transport", "CollectiveError"]
+def finish(transport, requests, timeout=None) -> None:
+    """Complete ``requests`` or give them up: for a caller that will not wait again (a
+    collective's step, a blocking send/recv), so nothing it posted outlives the call."""
+    try:
+        transport.wait_all(requests, timeout)
+    except BaseException:
+        transport.cancel(requests)
+        raise
+
+
+__all__ = ["Request", "Transport", "CollectiveError", "finish"]

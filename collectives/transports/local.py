@@ -3,7 +3,9 @@
 Sends are eager: the data is copied into the receiver's mailbox at once, so a send never
 blocks and the sender may reuse its buffer when ``isend`` returns. A receive waits for the
 first message from (peer, tag). ``LocalWorld.abort`` wakes every waiter with an error, so a
-failing rank never leaves the others hanging.
+failing rank never leaves the others hanging. Messages carry the call's signature
+(``collectives.signature``): a collective's message taken by a receive of another call fails
+that receive and aborts the world, so every rank learns of the mismatched calls.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import time
 import numpy as np
 
 from ..errors import CollectiveError, CollectiveTimeout, TransportError
+from ..signature import NONE as NO_SIGNATURE, mismatch
 from .base import Request, Transport
 
 ANY_SOURCE = -1
@@ -71,14 +74,21 @@ class _Done(Request):
 class _Receive(Request):
     kind = "recv"
 
-    def __init__(self, transport, buf, peer, tag):
+    def __init__(self, transport, buf, peer, tag, signature):
         self.transport, self.buf, self.peer, self.tag = transport, buf, peer, tag
+        self.signature = signature
         self.source = None if peer == ANY_SOURCE else peer
         self.done = False
 
-    def _complete(self, source, payload):
+    def _complete(self, source, message):
+        signature, payload = message
         self.source = source
         dst = self.buf.reshape(-1).view(np.uint8)
+        if signature != self.signature:
+            error = mismatch(self.transport.rank, source, self.tag, self.signature, signature)
+            if NO_SIGNATURE not in (signature, self.signature):
+                self.transport.world.abort(str(error))
+            raise error
         if payload.nbytes != dst.nbytes:
             raise CollectiveError(
                 f"rank {self.transport.rank}: message from rank {source} (tag {self.tag}) has "
@@ -122,22 +132,23 @@ class _Receive(Request):
 class LocalTransport(Transport):
     name = "local"
     xp = np
+    carries_signatures = True
 
     def __init__(self, world: LocalWorld, rank: int):
         if not 0 <= rank < world.size:
             raise ValueError(f"rank {rank} is out of range for world size {world.size}")
         self.world, self.rank, self.size = world, rank, world.size
 
-    def isend(self, buf, peer, tag):
+    def isend(self, buf, peer, tag, signature=NO_SIGNATURE):
         self.check_peer(peer, "send")
         payload = np.array(buf, copy=True).reshape(-1).view(np.uint8)
-        self.world._post(self.rank, peer, tag, payload)
+        self.world._post(self.rank, peer, tag, (signature, payload))
         return _Done(peer)
 
-    def irecv(self, buf, peer, tag):
+    def irecv(self, buf, peer, tag, signature=NO_SIGNATURE):
         if peer != ANY_SOURCE:
             self.check_peer(peer, "recv")
-        return _Receive(self, buf, peer, tag)
+        return _Receive(self, buf, peer, tag, signature)
 
     def abort(self, reason: str) -> None:
         self.world.abort(f"rank {self.rank}: {reason}")

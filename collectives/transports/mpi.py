@@ -91,13 +91,16 @@ def create(rank=None, world_size=None, store=None, timeout: float = 1800.0) -> "
 
 class MPIRequest(Request):
     """One pending Isend/Irecv. ``source`` is the sender of a completed receive."""
-    __slots__ = ("handle", "peer", "kind", "tag", "nbytes", "source")
+    __slots__ = ("handle", "peer", "kind", "tag", "nbytes", "source", "cancelled")
 
     def __init__(self, handle, peer, kind, tag, nbytes):
         self.handle, self.peer, self.kind, self.tag, self.nbytes = handle, peer, kind, tag, nbytes
         self.source = None if peer == ANY_SOURCE else peer
+        self.cancelled = False
 
     def test(self) -> bool:
+        if self.cancelled:
+            raise _cancelled(self)
         if self.handle is None:
             return True
         status = _mpi().Status()
@@ -113,6 +116,12 @@ def _as_bytes(buf):
     if buf.dtype != np.uint8:
         buf = buf.reshape(-1).view(np.uint8)
     return buf
+
+
+def _cancelled(req):
+    who = "any rank" if req.peer == ANY_SOURCE else f"rank {req.peer}"
+    return CollectiveError(f"{req.kind} with {who} (tag {req.tag}) was cancelled after a "
+                           f"timeout or error; it will never complete")
 
 
 def _check_received(req, status, rank):
@@ -139,6 +148,7 @@ class MPITransport(Transport):
         # global (COMM_WORLD) rank of each member, for error messages and the facade
         self.world_ranks = list(range(self.size)) if world_ranks is None else list(world_ranks)
         self._MPI = MPI
+        self.max_tag = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
         self._subgroups = []
         self.native = MPINative(comm)
         # Plans run in C (one call per collective) where the compiled executor is built.
@@ -172,6 +182,9 @@ class MPITransport(Transport):
 
     def wait_all(self, requests, timeout=None):
         MPI = self._MPI
+        for req in requests:
+            if req.cancelled:
+                raise _cancelled(req)
         requests = [r for r in requests if r.handle is not None]
         if not requests:
             return
@@ -210,22 +223,29 @@ class MPITransport(Transport):
                 pause = min(pause * 2, _MAX_SLEEP)
 
     def _timed_out(self, requests, timeout):
-        pending = [r for r in requests if not r.handle.Test()]
-        for req in pending:
-            if req.kind == "recv":      # cancelled so a late message cannot land in freed memory
-                try:
-                    req.handle.Cancel()
-                    req.handle.Wait()
-                except self._MPI.Exception:
-                    pass
-            req.handle = None
-        for req in requests:
-            req.handle = None
+        """Raise, leaving every request pending: a later wait may still complete it."""
+        pending = [r for r in requests if not r.handle.Get_status()] or requests
         peers = ", ".join(sorted({("any rank" if r.peer == ANY_SOURCE else f"rank {r.peer}")
                                   + f" ({r.kind})" for r in pending}))
         tags = sorted({r.tag for r in pending})
         raise CollectiveTimeout(f"rank {self.rank}: still waiting after {timeout:.3g} s on "
                                 f"{peers}, tag {', '.join(map(str, tags))}")
+
+    def cancel(self, requests):
+        """Receives are cancelled, so a late message cannot land in a buffer given up on;
+        sends are released to finish on their own (cancelling sends is deprecated in MPI 4)."""
+        for req in requests:
+            if req.handle is None or req.cancelled:
+                continue
+            try:
+                if req.kind == "recv":
+                    req.handle.Cancel()
+                    req.handle.Wait()
+                else:
+                    req.handle.Free()
+            except self._MPI.Exception:
+                pass
+            req.handle, req.cancelled = None, True
 
     def _failed(self, requests, statuses, exc):
         MPI = self._MPI

@@ -210,6 +210,7 @@ def _exchange_unique_id(rank, world_size, store, timeout, nccl) -> tuple:
 
 class NcclTransport(Transport):
     name = "nccl"
+    max_tag = None          # NCCL has no tags: a pair's messages match in posting order
 
     def __init__(self, comm, rank, size, device, timeout=1800.0):
         import cupy

@@ -3,8 +3,8 @@
 Setup: every rank listens on the interface that routes to the master address (loopback when
 the master is local), publishes ``host:port`` in the store, connects to every lower rank and
 accepts every higher one; each connection opens with the job-secret handshake
-(``collectives.auth``) and is refused and logged if it fails. Without $COLLECTIVES_SECRET,
-rank 0 puts a random secret in the store, so only clients of that store can join.
+(``collectives.auth``) and is refused and logged if it fails. The key is $COLLECTIVES_SECRET
+or, without it, the per-user secret file (``auth.job_secret``); it never travels in the store.
 
 Data path: a frame is a 24-byte header (kind, tag, nbytes) and the payload. Whoever holds the
 progress token (below) sleeps in ``selectors`` (no spinning) and reads every socket: a payload
@@ -77,9 +77,9 @@ import time
 
 import numpy as np
 
-from ..auth import (AuthenticationError, client_handshake, job_secret, new_secret,
-                    serve_handshake)
+from ..auth import AuthenticationError, client_handshake, job_secret, serve_handshake
 from ..errors import CollectiveError, CollectiveTimeout, TransportError
+from ..signature import NONE as NO_SIGNATURE, mismatch
 from .base import Request, Transport
 from . import cma
 from .shm import Channel
@@ -87,7 +87,7 @@ from .shm import Channel
 log = logging.getLogger("collectives.transports.socket")
 
 ANY_SOURCE = -1
-HEADER = struct.Struct("<B7xqQ")          # kind, tag, nbytes
+HEADER = struct.Struct("<B7sqQ")          # kind, the call's signature, tag, nbytes
 DATA, ABORT, GOODBYE = 0, 1, 2
 # Shared-memory frames: SHM_SETUP carries the setup handshake (before the progress thread
 # starts); SHM_MSG announces a message (tag, nbytes) whose payload comes through the ring;
@@ -141,8 +141,9 @@ class _Send(Request):
     shm = False
     cma = False               # done only when the receiver acknowledges its read
 
-    def __init__(self, transport, peer, tag, frames):
+    def __init__(self, transport, peer, tag, frames, signature=NO_SIGNATURE):
         self.transport, self.peer, self.tag = transport, peer, tag
+        self.signature = signature
         self.frames = frames          # memoryviews still to write
         self.landing = False
         self.done = False
@@ -159,8 +160,8 @@ class _ShmSend(_Send):
     """A send whose payload goes through the peer's shared-memory ring, chunk by chunk."""
     shm = True
 
-    def __init__(self, transport, peer, tag, view):
-        super().__init__(transport, peer, tag, [])
+    def __init__(self, transport, peer, tag, view, signature):
+        super().__init__(transport, peer, tag, [], signature)
         self.view, self.nbytes = view, view.nbytes
         self.announced = False
         self.copied = 0               # bytes already in the ring
@@ -171,17 +172,19 @@ class _CmaSend(_Send):
     announcing its address, done when the receiver acknowledges the copy."""
     cma = True
 
-    def __init__(self, transport, peer, tag, view):
-        header = HEADER.pack(CMA_MSG, tag, view.nbytes) + ADDRESS.pack(cma.address(view))
-        super().__init__(transport, peer, tag, [memoryview(header)])
+    def __init__(self, transport, peer, tag, view, signature):
+        header = (HEADER.pack(CMA_MSG, signature, tag, view.nbytes)
+                  + ADDRESS.pack(cma.address(view)))
+        super().__init__(transport, peer, tag, [memoryview(header)], signature)
         self.view = view              # keeps the buffer alive until the peer has read it
 
 
 class _Recv(Request):
     kind = "recv"
 
-    def __init__(self, transport, view, peer, tag):
+    def __init__(self, transport, view, peer, tag, signature=NO_SIGNATURE):
         self.transport, self.view, self.peer, self.tag = transport, view, peer, tag
+        self.signature = signature
         self.source = None if peer == ANY_SOURCE else peer
         self.done = False
         self.error = None
@@ -196,10 +199,10 @@ class _Recv(Request):
 
 class _Unexpected:
     """A message that arrived before its receive: held in its own bytes until matched."""
-    __slots__ = ("source", "tag", "data", "done", "waiter")
+    __slots__ = ("source", "tag", "data", "done", "waiter", "signature")
 
-    def __init__(self, source, tag, data):
-        self.source, self.tag, self.data = source, tag, data
+    def __init__(self, source, tag, data, signature):
+        self.source, self.tag, self.data, self.signature = source, tag, data, signature
         self.done = False
         self.waiter = None
 
@@ -234,6 +237,7 @@ class _Peer:
 class SocketTransport(Transport):
     name = "socket"
     xp = np
+    carries_signatures = True
     segment_bytes = SEGMENT_BYTES or None    # read by executors/host.py
 
     def __init__(self, rank, world_size, store, timeout=1800.0):
@@ -287,11 +291,9 @@ class SocketTransport(Transport):
     def _connect_mesh(self, store):
         generation = store.add(f"collectives/socket/generation/{self.rank}", 1)
         ns = f"collectives/socket/{generation}"
+        # Never a secret handed out through the store: a store need not be authenticated
+        # (torch's TCPStore, a user's own), and whoever could read it would join the mesh.
         secret = job_secret()
-        if not secret:
-            if self.rank == 0:
-                store.set(f"{ns}/secret", new_secret())
-            secret = self._store_get(store, f"{ns}/secret")
         context = f"transport|{ns}|{self.size}"
         host = _bind_host(store)
         listener = socket.create_server((host, 0), backlog=max(16, self.size))
@@ -468,7 +470,7 @@ class SocketTransport(Transport):
 
     def _recv_setup(self, peer) -> bytes:
         header = _recv_exact(peer.sock, HEADER.size)
-        kind, _, nbytes = HEADER.unpack(header)
+        kind, _, _, nbytes = HEADER.unpack(header)
         if kind != SHM_SETUP or nbytes > MAX_SETUP_FRAME:
             raise TransportError(f"socket transport rank {self.rank}: rank {peer.rank} sent a "
                                  f"malformed setup frame (kind {kind}, {nbytes} bytes)")
@@ -497,26 +499,26 @@ class SocketTransport(Transport):
 
     # -- posting ---------------------------------------------------------------------------
 
-    def isend(self, buf, peer, tag):
+    def isend(self, buf, peer, tag, signature=NO_SIGNATURE):
         self.check_peer(peer, "send")
         view = _byte_view(buf, "send", self.rank, writable=False)
         if view.nbytes > MAX_MESSAGE:
             raise ValueError(f"send on rank {self.rank}: {view.nbytes} bytes exceed the frame limit "
                              f"{MAX_MESSAGE} (COLLECTIVES_SOCKET_MAX_MESSAGE)")
         if peer == self.rank:
-            return self._send_to_self(view, tag)
+            return self._send_to_self(view, tag, signature)
         target = self._peers[peer]
         if target.cma_pid is not None and view.nbytes >= self._shm_min:
-            return self._submit(target, _CmaSend(self, peer, tag, view))
+            return self._submit(target, _CmaSend(self, peer, tag, view, signature))
         if target.shm_out is not None and view.nbytes >= self._shm_min:
-            return self._submit(target, _ShmSend(self, peer, tag, view))
-        return self._enqueue(target, DATA, tag, memoryview(view))
+            return self._submit(target, _ShmSend(self, peer, tag, view, signature))
+        return self._enqueue(target, DATA, tag, memoryview(view), signature)
 
-    def irecv(self, buf, peer, tag):
+    def irecv(self, buf, peer, tag, signature=NO_SIGNATURE):
         if peer != ANY_SOURCE:
             self.check_peer(peer, "recv")
         view = _byte_view(buf, "recv", self.rank, writable=True)
-        req = _Recv(self, view, peer, tag)
+        req = _Recv(self, view, peer, tag, signature)
         with self._lock:
             entry = self._take_unexpected(peer, tag)
             if entry is None:
@@ -543,8 +545,13 @@ class SocketTransport(Transport):
         return None
 
     def _fill_from(self, req, entry):
-        """Copy a held message into its receive; called without the lock."""
-        if len(entry.data) != req.view.nbytes:
+        """Copy a held message into its receive; called without the lock. A message of
+        another call (signature) or size fails the receive; when it belongs to a collective
+        it also fails the transport, so every rank of the job learns of the mismatched calls,
+        not only the ranks that receive from the odd one out."""
+        if entry.signature != req.signature:
+            error = mismatch(self.rank, entry.source, req.tag, req.signature, entry.signature)
+        elif len(entry.data) != req.view.nbytes:
             error = CollectiveError(
                 f"rank {self.rank}: message from rank {entry.source} (tag {req.tag}) has "
                 f"{len(entry.data)} bytes but the receive expects {req.view.nbytes}: the ranks "
@@ -555,26 +562,28 @@ class SocketTransport(Transport):
         with self._cond:
             req.error, req.done, req.landing = error, True, False
             self._notify()
+        if error is not None and NO_SIGNATURE not in (req.signature, entry.signature):
+            self._fail(None, str(error))
 
-    def _send_to_self(self, view, tag):
-        req = _Send(self, self.rank, tag, [])
+    def _send_to_self(self, view, tag, signature):
+        req = _Send(self, self.rank, tag, [], signature)
         data = bytearray(view)
         with self._lock:
             target = self._match_posted(self.rank, tag)
             if target is None:
-                entry = _Unexpected(self.rank, tag, data)
+                entry = _Unexpected(self.rank, tag, data, signature)
                 entry.done = True
                 self._unexpected[tag].append(entry)
         if target is not None:
-            entry = _Unexpected(self.rank, tag, data)
+            entry = _Unexpected(self.rank, tag, data, signature)
             self._fill_from(target, entry)
         req.done = True
         return req
 
-    def _enqueue(self, peer, kind, tag, payload):
-        header = HEADER.pack(kind, tag, payload.nbytes)
+    def _enqueue(self, peer, kind, tag, payload, signature=NO_SIGNATURE):
+        header = HEADER.pack(kind, signature, tag, payload.nbytes)
         return self._submit(peer, _Send(self, peer.rank, tag, [memoryview(header), payload]
-                                        if payload.nbytes else [memoryview(header)]))
+                                        if payload.nbytes else [memoryview(header)], signature))
 
     def _submit(self, peer, req):
         """Queue a send and write what the socket (and the ring) take now, from the caller's
@@ -623,11 +632,11 @@ class SocketTransport(Transport):
                             finished += 1
                     continue
                 if peer.acks_owed:
-                    out.append(memoryview(HEADER.pack(CMA_ACK, 0, peer.acks_owed)))
+                    out.append(memoryview(HEADER.pack(CMA_ACK, NO_SIGNATURE, 0, peer.acks_owed)))
                     peer.acks_owed = 0
                     continue
                 if peer.credit_owed:
-                    out.append(memoryview(HEADER.pack(SHM_CREDIT, 0, peer.credit_owed)))
+                    out.append(memoryview(HEADER.pack(SHM_CREDIT, NO_SIGNATURE, 0, peer.credit_owed)))
                     peer.credit_owed = 0
                     continue
                 if not peer.queue:
@@ -656,7 +665,7 @@ class SocketTransport(Transport):
         into the ring per call; None while the ring lacks room for the next chunk."""
         if not req.announced:
             req.announced = True
-            return memoryview(HEADER.pack(SHM_MSG, req.tag, req.nbytes))
+            return memoryview(HEADER.pack(SHM_MSG, req.signature, req.tag, req.nbytes))
         ring = peer.shm_out
         pos = ring.head % ring.capacity
         # whole chunks only (or up to the wrap), so frames stay few even when credit trickles
@@ -666,7 +675,7 @@ class SocketTransport(Transport):
         ring.ring[pos:pos + n] = req.view[req.copied:req.copied + n]
         req.copied += n
         ring.head += n
-        return memoryview(HEADER.pack(SHM_CHUNK, pos, n))
+        return memoryview(HEADER.pack(SHM_CHUNK, NO_SIGNATURE, pos, n))
 
     def _wake(self):
         """Make whoever holds the token look at the sockets' registrations again (a send is
@@ -789,9 +798,8 @@ class SocketTransport(Transport):
                                  f"(tag {pending.tag}) cannot complete: rank {closed} "
                                  f"has closed its transport")
         left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
+        if left is not None and left <= 0:        # every request stays pending (cancel())
             stuck = [r for r in requests if not r.done]
-            self._cancel(stuck)
             more = f" and {len(stuck) - 1} more requests" if len(stuck) > 1 else ""
             direction = "from" if pending.kind == "recv" else "to"
             raise CollectiveTimeout(
@@ -807,16 +815,22 @@ class SocketTransport(Transport):
             return req.peer
         return None
 
-    def _cancel(self, requests):
-        """Withdraw timed-out receives so a late message cannot land in a buffer the caller
-        has given up on. Caller holds the lock. Sends already queued still go out."""
-        for req in requests:
-            if isinstance(req, _Recv) and not req.landing:
-                posted = self._posted.get(req.tag)
-                if posted and req in posted:
-                    posted.remove(req)
-                    if not posted:
-                        del self._posted[req.tag]
+    def cancel(self, requests):
+        """Withdraw receives not yet matched, so a late message cannot land in a buffer the
+        caller has given up on (it is held as unexpected, for a later receive of its tag);
+        a later wait on one raises. A receive already landing completes. Sends already
+        queued still go out."""
+        with self._cond:
+            for req in requests:
+                if isinstance(req, _Recv) and not req.done and not req.landing:
+                    posted = self._posted.get(req.tag)
+                    if posted and req in posted:
+                        posted.remove(req)
+                        if not posted:
+                            del self._posted[req.tag]
+                    req.error = CollectiveError(
+                        f"rank {self.rank}: recv from rank {_who(req)} (tag {req.tag}) was "
+                        f"cancelled after a timeout or error; it will never complete")
 
     # -- the progress thread ---------------------------------------------------------------
 
@@ -948,17 +962,17 @@ class SocketTransport(Transport):
         """Consume whole frames from the staging buffer; False once the peer is unusable."""
         stage = peer.stage_view
         while peer.end - peer.start >= HEADER.size:
-            kind, tag, nbytes = HEADER.unpack_from(peer.stage, peer.start)
+            kind, signature, tag, nbytes = HEADER.unpack_from(peer.stage, peer.start)
             if kind in (CMA_MSG, CMA_ACK):
                 if kind == CMA_MSG and peer.end - peer.start < HEADER.size + ADDRESS.size:
                     return True            # the address is still on its way
                 peer.start += HEADER.size
-                if not self._on_cma_frame(peer, kind, tag, nbytes):
+                if not self._on_cma_frame(peer, kind, tag, nbytes, signature):
                     return False
                 continue
             if kind in SHM_KINDS:
                 peer.start += HEADER.size
-                if not self._on_shm_frame(peer, kind, tag, nbytes):
+                if not self._on_shm_frame(peer, kind, tag, nbytes, signature):
                     return False
                 continue
             if kind not in (DATA, ABORT, GOODBYE) or nbytes > MAX_MESSAGE or (
@@ -971,7 +985,7 @@ class SocketTransport(Transport):
             if kind == GOODBYE:
                 self._goodbye(peer)
                 return False
-            target, on_filled = self._land(peer, kind, tag, nbytes)
+            target, on_filled = self._land(peer, kind, tag, nbytes, signature)
             take = min(peer.end - peer.start, nbytes)
             if take:
                 target[:take] = stage[peer.start:peer.start + take]
@@ -983,7 +997,7 @@ class SocketTransport(Transport):
             return True
         return True
 
-    def _land(self, peer, kind, tag, nbytes):
+    def _land(self, peer, kind, tag, nbytes, signature):
         """Where the payload of a new frame goes, and what to do once it is in."""
         if kind == ABORT:
             data = bytearray(nbytes)
@@ -995,16 +1009,16 @@ class SocketTransport(Transport):
             if req is not None:
                 req.source, req.landing = peer.rank, True
             else:
-                entry = _Unexpected(peer.rank, tag, bytearray(nbytes))
+                entry = _Unexpected(peer.rank, tag, bytearray(nbytes), signature)
                 self._unexpected[tag].append(entry)
-        if req is not None and req.view.nbytes == nbytes:
+        if req is not None and req.view.nbytes == nbytes and req.signature == signature:
             return req.view, lambda: self._landed(req)
-        if req is not None:            # size mismatch: drain into a throwaway, fail the receive
-            entry = _Unexpected(peer.rank, tag, bytearray(nbytes))
+        if req is not None:            # another call's message: drain it, fail the receive
+            entry = _Unexpected(peer.rank, tag, bytearray(nbytes), signature)
             return memoryview(entry.data), lambda: self._fill_from(req, entry)
         return memoryview(entry.data), lambda: self._held(entry)
 
-    def _on_shm_frame(self, peer, kind, a, n) -> bool:
+    def _on_shm_frame(self, peer, kind, a, n, signature) -> bool:
         """Handle an announcement, a chunk or a credit; False (and the transport failed,
         naming the peer) when it does not fit the ring's state: nothing outside the ring is
         ever read or written."""
@@ -1023,7 +1037,7 @@ class SocketTransport(Transport):
         if kind == SHM_MSG:
             if peer.shm_msg is not None or not 0 < n <= MAX_MESSAGE:
                 return self._malformed(peer, f"announcement of {n} bytes (tag {a})")
-            target, on_filled = self._land(peer, DATA, a, n)
+            target, on_filled = self._land(peer, DATA, a, n, signature)
             if not isinstance(target, np.ndarray):
                 target = np.frombuffer(target, np.uint8)
             peer.shm_msg = [target, 0, on_filled]
@@ -1045,7 +1059,7 @@ class SocketTransport(Transport):
             msg[2]()
         return True
 
-    def _on_cma_frame(self, peer, kind, tag, n) -> bool:
+    def _on_cma_frame(self, peer, kind, tag, n, signature) -> bool:
         """Read an announced message straight out of the peer's memory into its receive, then
         owe it an acknowledgement; or complete our acknowledged sends. False (transport
         failed, naming the peer) on a frame that does not fit."""
@@ -1068,7 +1082,7 @@ class SocketTransport(Transport):
         peer.start += ADDRESS.size
         if peer.cma_pid is None or peer.shm_msg is not None or not 0 < n <= MAX_MESSAGE:
             return self._malformed(peer, f"direct-read announcement of {n} bytes (tag {tag})")
-        target, on_filled = self._land(peer, DATA, tag, n)
+        target, on_filled = self._land(peer, DATA, tag, n, signature)
         if not isinstance(target, np.ndarray):
             target = np.frombuffer(target, np.uint8)
         try:
@@ -1147,7 +1161,7 @@ class SocketTransport(Transport):
 
     def _broadcast_abort(self, reason, skip=None):
         payload = reason.encode()[:MAX_ABORT_REASON]
-        frame = HEADER.pack(ABORT, 0, len(payload)) + payload
+        frame = HEADER.pack(ABORT, NO_SIGNATURE, 0, len(payload)) + payload
         for peer in self._peers.values():
             if peer.rank == skip or peer.closed:
                 continue
@@ -1209,7 +1223,7 @@ def _who(req):
 
 
 def _send_setup(sock, payload: bytes):
-    sock.sendall(HEADER.pack(SHM_SETUP, 0, len(payload)) + payload)
+    sock.sendall(HEADER.pack(SHM_SETUP, NO_SIGNATURE, 0, len(payload)) + payload)
 
 
 def _recv_exact(sock, nbytes: int) -> bytes:
