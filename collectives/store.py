@@ -8,16 +8,21 @@ timeout), ``add``, ``wait(keys, timeout)``, ``compare_set``, ``delete_key``, ``n
 ``StoreTimeout`` naming the keys still missing.
 
 TCPStore connections are authenticated with the job secret (``collectives.auth``); a client
-that fails the handshake or sends a malformed frame is logged and dropped, never trusted.
-Frames are length-prefixed and bounded (``MAX_FRAME``). Cost: one round trip per call; the
-server runs one thread per client, fine for the hundreds of ranks rendezvous needs, not a
-database. FileStore polls the file (fcntl lock, append-only log) every few milliseconds.
+that fails the handshake is logged and dropped, never trusted. Frames are length-prefixed and
+bounded (``MAX_FRAME``); a malformed request is answered with an error naming the operation.
+Cost: one round trip per call; the server runs one thread per connection, bounded against
+floods (see ``_StoreServer``), fine for the hundreds of ranks rendezvous needs, not a database.
+Timeouts: None, inf, ``timedelta.max`` or anything from ``_FOREVER_S`` (about 31 years) up
+mean no deadline; NaN and negative timeouts are ValueError.
+FileStore polls the file (fcntl lock, append-only log) every few milliseconds.
 """
 from __future__ import annotations
 
 import errno
 import fcntl
 import logging
+import math
+import numbers
 import os
 import socket
 import struct
@@ -33,6 +38,9 @@ log = logging.getLogger("collectives.store")
 DEFAULT_TIMEOUT = timedelta(seconds=300)
 MAX_FRAME = 64 << 20            # a store value larger than this is a bug or an attack
 _LEN = struct.Struct("<I")
+# Every lock and socket timeout has a finite maximum (threading.TIMEOUT_MAX, about 292 years):
+# a timeout at least this long is "no deadline", so nothing downstream ever overflows.
+_FOREVER_S = 1e9
 
 
 class StoreError(CollectiveError):
@@ -43,12 +51,26 @@ class StoreTimeout(CollectiveTimeout):
     """A blocking store call ran out of time; the message names the missing keys."""
 
 
-def _seconds(timeout) -> float | None:
+def _seconds(timeout, operation: str = "store") -> float | None:
+    """A timeout (timedelta or seconds) as seconds, or None for no deadline.
+
+    None, inf, ``timedelta.max`` and anything from ``_FOREVER_S`` up are no deadline. NaN and
+    negative values raise ValueError, anything else TypeError, both naming ``operation``: they
+    are caught here, before a request is sent, not in a server thread.
+    """
     if timeout is None:
         return None
     if isinstance(timeout, timedelta):
-        return timeout.total_seconds()
-    return float(timeout)
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, numbers.Real):
+        seconds = float(timeout)
+    else:
+        raise TypeError(f"{operation}: timeout must be a timedelta or a number of seconds, "
+                        f"got {type(timeout).__name__} {timeout!r}")
+    if math.isnan(seconds) or seconds < 0:
+        raise ValueError(f"{operation}: timeout must be >= 0 seconds (inf for no deadline), "
+                         f"got {timeout!r}")
+    return None if seconds >= _FOREVER_S else seconds
 
 
 def _as_bytes(value) -> bytes:
@@ -144,14 +166,14 @@ class Store:
     """torch.distributed.Store's methods over ``self._table``-like primitives."""
 
     def __init__(self, timeout=DEFAULT_TIMEOUT):
-        self._timeout = _seconds(timeout)
+        self._timeout = _seconds(timeout, f"{type(self).__name__}()")
 
     @property
     def timeout(self) -> timedelta:
-        return timedelta(seconds=self._timeout if self._timeout is not None else 1e9)
+        return timedelta(seconds=self._timeout if self._timeout is not None else _FOREVER_S)
 
     def set_timeout(self, timeout) -> None:
-        self._timeout = _seconds(timeout)
+        self._timeout = _seconds(timeout, f"{self._describe()}.set_timeout")
 
     def _describe(self) -> str:
         return type(self).__name__
@@ -177,7 +199,10 @@ class Store:
         if isinstance(keys, (str, bytes)):
             keys = [keys]
         keys = [_as_key(k) for k in keys]
-        seconds = self._timeout if timeout is None else _seconds(timeout)
+        if timeout is None:
+            seconds = self._timeout
+        else:
+            seconds = _seconds(timeout, f"{self._describe()}.wait")
         missing = self._wait(keys, seconds)
         if missing:
             self._timed_out("wait", missing, seconds)
@@ -386,7 +411,28 @@ _OK, _TIMEOUT, _ERROR = 0, 1, 2
 _OPS = {"set": 1, "get": 2, "add": 3, "wait": 4, "cas": 5, "delete": 6, "num_keys": 7,
         "check": 8, "join": 9, "ping": 10}
 _OP_NAMES = {v: k for k, v in _OPS.items()}
+# The fields each request carries: (fewest, most or None for no limit, what they are).
+_FIELDS = {"set": (2, 2, "key, value"), "get": (2, 2, "key, timeout"),
+           "add": (2, 2, "key, amount"), "wait": (1, None, "timeout, keys..."),
+           "cas": (3, 3, "key, expected, desired"), "delete": (1, 1, "key"),
+           "num_keys": (0, 0, "none"), "check": (0, None, "keys..."), "join": (0, 0, "none"),
+           "ping": (0, 0, "none")}
+_NUMBER_FIELD = 64              # bytes: a timeout or an amount longer than this is not one
 _STORE_CONTEXT = "collectives-store"
+
+# Flood limits of the server (see _StoreServer); each can be set in the environment.
+HANDSHAKE_TIMEOUT = 10.0        # s for a whole handshake: $COLLECTIVES_STORE_HANDSHAKE_TIMEOUT
+MAX_PENDING_HANDSHAKES = 64     # connections not yet authenticated: $COLLECTIVES_STORE_MAX_PENDING
+CLIENTS_PER_RANK = 4            # connections: 4 x world_size + 64 ($COLLECTIVES_STORE_MAX_CLIENTS)
+SPARE_CLIENTS = 64
+CLIENTS_WITHOUT_WORLD_SIZE = 1024
+LOG_SUMMARY_INTERVAL = 30.0     # s between summaries of refused connections
+_PENDING_GRACE = 0.5            # s a handshake is left alone before a newcomer may evict it
+_ACCEPT_POLL = 0.5              # s: the accept loop wakes this often to flush the summary
+_ACCEPT_BACKOFF = (0.005, 0.5)  # s after a failed accept, doubling up to the second
+_LINGER = 1.0                   # s an oversized request is discarded before its connection closes
+_HELLO_WAIT = 30.0              # s a client waits for the challenge before it reconnects
+_AUTH_ATTEMPTS = 3              # handshake failures before a client calls it a wrong secret
 
 
 def _pack(head: int, fields) -> bytes:
@@ -394,95 +440,344 @@ def _pack(head: int, fields) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
+def _split_fields(body: bytes) -> list[bytes]:
+    fields, pos, n = [], 1, len(body)
+    while pos < n:
+        if pos + 4 > n:
+            raise ValueError(f"truncated field length at byte {pos} of {n}")
+        (k,) = _LEN.unpack_from(body, pos)
+        pos += 4
+        if pos + k > n:
+            raise ValueError(f"a field of {k} bytes runs past the {n}-byte frame")
+        fields.append(body[pos:pos + k])
+        pos += k
+    return fields
+
+
 def _read_frame(sock) -> tuple[int, list[bytes]]:
     (n,) = _LEN.unpack(recv_exact(sock, 4))
     if n < 1 or n > MAX_FRAME:
         raise ValueError(f"frame of {n} bytes is out of bounds (1..{MAX_FRAME})")
     body = recv_exact(sock, n)
-    fields, pos = [], 1
-    while pos < n:
-        if pos + 4 > n:
-            raise ValueError("truncated field length")
-        (k,) = _LEN.unpack_from(body, pos)
-        pos += 4
-        if pos + k > n:
-            raise ValueError("field runs past the frame")
-        fields.append(body[pos:pos + k])
-        pos += k
-    return body[0], fields
+    return body[0], _split_fields(body)
+
+
+def _key(raw: bytes) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise ValueError(f"key {raw[:40]!r} is not UTF-8") from None
+
+
+def _amount_field(raw: bytes) -> int:
+    """An add amount: a decimal int64, as torch's store takes."""
+    try:
+        value = int(raw) if len(raw) <= _NUMBER_FIELD else None
+    except ValueError:
+        value = None
+    if value is None or not -(1 << 63) <= value < (1 << 63):
+        raise ValueError(f"amount {raw[:40]!r} is not a 64-bit integer")
+    return value
+
+
+def _timeout_field(raw: bytes):
+    """Seconds from a request, or None (no deadline) for a negative value (the client sends -1),
+    inf or anything from _FOREVER_S up; NaN or not a number is a ValueError."""
+    try:
+        value = float(raw) if len(raw) <= _NUMBER_FIELD else math.nan
+    except ValueError:
+        value = math.nan
+    if math.isnan(value):
+        raise ValueError(f"timeout {raw[:40]!r} is not a number of seconds")
+    return None if value < 0 or value >= _FOREVER_S else value
+
+
+def _env_limit(name: str, default, kind):
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or not value > 0:
+        raise ValueError(f"TCPStore: ${name}={raw!r} is not a positive {kind.__name__}")
+    return value
+
+
+class _HandshakeDeadline:
+    """The socket as ``serve_handshake`` sees it, with one deadline for the whole handshake.
+
+    A per-recv timeout lets a client that drips one byte now and then hold the connection
+    forever; here every send and recv gets only what is left of the one deadline.
+    """
+
+    def __init__(self, sock, seconds):
+        self.sock, self.seconds = sock, seconds
+        self.deadline = time.monotonic() + seconds
+
+    def _arm(self):
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"handshake not finished within {self.seconds:.3g} s")
+        self.sock.settimeout(left)
+
+    def sendall(self, data):
+        self._arm()
+        self.sock.sendall(data)
+
+    def recv_into(self, buffer, nbytes=0):
+        self._arm()
+        return self.sock.recv_into(buffer, nbytes)
+
+
+class _Refusals:
+    """Warnings about refused or failed connections: the first at once, then at most one
+    summary with the count every LOG_SUMMARY_INTERVAL seconds, so that a flood of connections
+    does not become a flood of log lines."""
+
+    def __init__(self, port):
+        self.port = port
+        self.lock = threading.Lock()
+        self.count, self.latest, self.quiet_until = 0, "", 0.0
+
+    def note(self, message: str) -> None:
+        now = time.monotonic()
+        with self.lock:
+            first = self.count == 0 and now >= self.quiet_until
+            if first:
+                self.quiet_until = now + LOG_SUMMARY_INTERVAL
+            else:
+                self.count += 1
+                self.latest = message
+        if first:
+            log.warning("TCPStore on port %d %s", self.port, message)
+        else:
+            self.flush()
+
+    def flush(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            if self.count == 0 or now < self.quiet_until:
+                return
+            count, latest, self.count = self.count, self.latest, 0
+            self.quiet_until = now + LOG_SUMMARY_INTERVAL
+        log.warning("TCPStore on port %d: %d more connections refused, dropped or answered with "
+                    "an error in the last %.0f s (latest: %s)", self.port, count,
+                    LOG_SUMMARY_INTERVAL, latest)
 
 
 class _StoreServer:
-    """The TCPStore server: an accept thread and one thread per authenticated client."""
+    """The TCPStore server: an accept thread and one thread per connection, bounded.
+
+    A local user flooding the port must neither kill the server nor lock honest ranks out:
+    - a handshake must finish within ``handshake_timeout`` in all (one deadline, not one per
+      recv), so a client dripping a byte at a time is dropped on time;
+    - at most ``max_pending`` connections are in their handshake at once; a newcomer beyond
+      that evicts the oldest one if it has had ``_PENDING_GRACE`` s, else is closed. Silent
+      connections therefore delay an honest client by about the grace, not the handshake
+      timeout; only an attacker opening connections faster than a handshake completes wins;
+    - at most ``max_clients`` connections in all; extras are closed before the challenge,
+      which clients take as "busy" and retry until their timeout;
+    - when accept fails (out of file descriptors: EMFILE/ENFILE) the oldest pending
+      handshake is dropped to free one, and the loop backs off briefly and goes on;
+    - refused connections are logged once, then summarised (``_Refusals``).
+    Threads: at most 2 x max_pending (evicted ones are still exiting) + max_clients + 1.
+    Every request is validated (field count, UTF-8 keys, numbers, MAX_FRAME): a bad one is
+    answered with an error naming its operation and the connection goes on serving; a frame
+    over MAX_FRAME is answered, then the connection is closed (its body is never read).
+    Limits: an authenticated client is trusted with memory (values up to MAX_FRAME each) and
+    may hold a connection forever; without a job secret anyone can authenticate.
+    """
 
     def __init__(self, host, port, secret, world_size):
         self.table = _Table()
         self.secret, self.world_size = secret, world_size
         self.joined = 0
+        self.handshake_timeout = _env_limit("COLLECTIVES_STORE_HANDSHAKE_TIMEOUT",
+                                            HANDSHAKE_TIMEOUT, float)
+        self.max_pending = _env_limit("COLLECTIVES_STORE_MAX_PENDING", MAX_PENDING_HANDSHAKES, int)
+        default_clients = (CLIENTS_PER_RANK * world_size + SPARE_CLIENTS if world_size
+                           else CLIENTS_WITHOUT_WORLD_SIZE)
+        self.max_clients = _env_limit("COLLECTIVES_STORE_MAX_CLIENTS", default_clients, int)
         self.listener = socket.create_server((host, port), reuse_port=False, backlog=512)
+        self.listener.settimeout(_ACCEPT_POLL)
         self.port = self.listener.getsockname()[1]
         self.closed = False
+        self._lock = threading.Lock()
+        self._pending: dict[socket.socket, float] = {}    # in arrival order: oldest first
+        self._evicted: set[socket.socket] = set()
+        self._clients: set[socket.socket] = set()
+        self._refusals = _Refusals(self.port)
         threading.Thread(target=self._accept_loop, name="collectives-store-accept",
                          daemon=True).start()
 
     def _accept_loop(self):
+        pause = _ACCEPT_BACKOFF[0]
         while not self.closed:
+            self._refusals.flush()
             try:
                 conn, addr = self.listener.accept()
+            except socket.timeout:
+                continue
+            except OSError as exc:
+                if self.closed:
+                    return
+                # Out of descriptors (or a connection reset while queued): the queued
+                # connections wait in the backlog; free a descriptor and try again shortly.
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    with self._lock:
+                        self._evict_oldest_locked(time.monotonic())
+                self._refusals.note(f"could not accept a connection ({exc}); retrying in "
+                                    f"{pause * 1e3:.0f} ms")
+                time.sleep(pause)
+                pause = min(pause * 2, _ACCEPT_BACKOFF[1])
+                continue
+            pause = _ACCEPT_BACKOFF[0]
+            try:
+                self._admit(conn, addr)
+            except Exception as exc:      # e.g. no thread can be started: drop this one only
+                with self._lock:
+                    self._pending.pop(conn, None)
+                conn.close()
+                self._refusals.note(f"dropped a connection from {addr}: {exc!r}")
+
+    def _admit(self, conn, addr):
+        now = time.monotonic()
+        with self._lock:
+            full = self._full_locked(now)
+            if full is None:
+                self._pending[conn] = now
+        if full is not None:
+            conn.close()
+            self._refusals.note(f"closed a connection from {addr} unanswered: {full}")
+            return
+        threading.Thread(target=self._serve, args=(conn, addr), daemon=True,
+                         name="collectives-store-client").start()
+
+    def _full_locked(self, now) -> str | None:
+        """Why a new connection cannot be taken now, or None (evicting a stale one if needed)."""
+        clients, live = len(self._clients), len(self._pending) - len(self._evicted)
+        why = (f"server full ({clients} clients, {live} handshakes pending; limits "
+               f"{self.max_clients} connections, {self.max_pending} handshakes)")
+        if clients >= self.max_clients:
+            return why
+        if live >= self.max_pending or clients + live >= self.max_clients:
+            if not self._evict_oldest_locked(now - _PENDING_GRACE):
+                return why
+        if len(self._pending) >= 2 * self.max_pending:
+            return why + "; evicted handshakes are still closing"
+        return None
+
+    def _evict_oldest_locked(self, born_before) -> bool:
+        for conn, born in self._pending.items():
+            if conn in self._evicted:
+                continue
+            if born > born_before:
+                return False
+            self._evicted.add(conn)
+            try:
+                conn.shutdown(socket.SHUT_RDWR)    # wakes its thread, which closes it
             except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn, addr), daemon=True,
-                             name="collectives-store-client").start()
+                pass
+            return True
+        return False
 
     def _serve(self, conn, addr):
+        admitted = False
         try:
-            conn.settimeout(10.0)        # a silent client cannot hold a thread past the handshake
-            serve_handshake(conn, self.secret, _STORE_CONTEXT)
-            conn.settimeout(None)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except (AuthenticationError, OSError) as exc:
-            log.warning("TCPStore on port %d refused a connection from %s: %s", self.port, addr, exc)
-            conn.close()
-            return
-        try:
-            while True:
-                op, fields = _read_frame(conn)
-                conn.sendall(self._handle(op, fields))
+            try:
+                serve_handshake(_HandshakeDeadline(conn, self.handshake_timeout), self.secret,
+                                _STORE_CONTEXT)
+                conn.settimeout(None)
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except (AuthenticationError, OSError) as exc:
+                with self._lock:
+                    evicted = conn in self._evicted
+                what = "dropped a pending handshake to make room" if evicted else "refused"
+                self._refusals.note(f"{what}: connection from {addr}: {exc}")
+                return
+            with self._lock:
+                admitted = conn not in self._evicted and not self.closed
+                if admitted:
+                    self._clients.add(conn)
+                self._pending.pop(conn, None)
+                self._evicted.discard(conn)
+            if admitted:
+                self._serve_requests(conn, addr)
         except ConnectionError:
             pass                          # the client went away: normal at shutdown
-        except (ValueError, OSError, UnicodeDecodeError, struct.error) as exc:
-            log.warning("TCPStore on port %d dropped client %s after a malformed request: %s",
-                        self.port, addr, exc)
+        except Exception as exc:          # never let one connection's failure reach the others
+            self._refusals.note(f"dropped client {addr}: {exc!r}")
         finally:
+            with self._lock:
+                self._pending.pop(conn, None)
+                self._evicted.discard(conn)
+                self._clients.discard(conn)
             conn.close()
 
-    def _handle(self, op, f) -> bytes:
+    def _serve_requests(self, conn, addr):
+        while True:
+            (n,) = _LEN.unpack(recv_exact(conn, 4))
+            if n > MAX_FRAME:
+                message = (f"request of {n} bytes exceeds MAX_FRAME ({MAX_FRAME} bytes); "
+                           f"closing the connection")
+                self._refusals.note(f"dropped client {addr}: {message}")
+                conn.sendall(_pack(_ERROR, [message.encode()]))
+                # Closing with the body unread would send a reset, which can destroy the
+                # reply before the client reads it: end our side, discard a while, then close.
+                conn.shutdown(socket.SHUT_WR)
+                deadline = time.monotonic() + _LINGER
+                while (left := deadline - time.monotonic()) > 0:
+                    conn.settimeout(left)
+                    if not conn.recv(1 << 16):
+                        break
+                return
+            conn.sendall(self._answer(recv_exact(conn, n) if n else b"", addr))
+
+    def _answer(self, body: bytes, addr) -> bytes:
+        """The reply to one request; a bad request gets an error reply, never an exception."""
+        name = _OP_NAMES.get(body[0]) if body else None
+        what = name or (f"operation {body[0]}" if body else "an empty request")
+        try:
+            if name is None:
+                raise ValueError("unknown operation" if body else "no operation byte")
+            fields = _split_fields(body)
+            fewest, most, names = _FIELDS[name]
+            if len(fields) < fewest or (most is not None and len(fields) > most):
+                count = fewest if fewest == most else f"at least {fewest}"
+                raise ValueError(f"takes {count} fields ({names}), got {len(fields)}")
+            return self._handle(name, fields)
+        except Exception as exc:
+            message = f"{what}: bad request: {exc}"
+            self._refusals.note(f"answered an error to {addr}: {message}")
+            return _pack(_ERROR, [message.encode()])
+
+    def _handle(self, name, f) -> bytes:
         t = self.table
-        name = _OP_NAMES.get(op)
-        if name is None:
-            raise ValueError(f"unknown store op {op}")
         if name == "set":
-            t.set(f[0].decode(), f[1])
+            t.set(_key(f[0]), f[1])
             return _pack(_OK, [])
         if name == "get":
-            value = t.get(f[0].decode(), _timeout_field(f[1]))
+            value = t.get(_key(f[0]), _timeout_field(f[1]))
             return _pack(_TIMEOUT, [f[0]]) if value is None else _pack(_OK, [value])
         if name == "add":
             try:
-                return _pack(_OK, [str(t.add(f[0].decode(), int(f[1]))).encode()])
+                return _pack(_OK, [str(t.add(_key(f[0]), _amount_field(f[1]))).encode()])
             except StoreError as exc:
                 return _pack(_ERROR, [str(exc).encode()])
         if name == "wait":
-            missing = t.wait([k.decode() for k in f[1:]], _timeout_field(f[0]))
+            timeout = _timeout_field(f[0])
+            missing = t.wait([_key(k) for k in f[1:]], timeout)
             return _pack(_TIMEOUT if missing else _OK, [m.encode() for m in missing])
         if name == "cas":
-            return _pack(_OK, [t.compare_set(f[0].decode(), f[1], f[2])])
+            return _pack(_OK, [t.compare_set(_key(f[0]), f[1], f[2])])
         if name == "delete":
-            return _pack(_OK, [b"1" if t.delete(f[0].decode()) else b"0"])
+            return _pack(_OK, [b"1" if t.delete(_key(f[0])) else b"0"])
         if name == "num_keys":
             return _pack(_OK, [str(t.num_keys()).encode()])
         if name == "check":
-            return _pack(_OK, [b"1" if t.check([k.decode() for k in f]) else b"0"])
+            return _pack(_OK, [b"1" if t.check([_key(k) for k in f]) else b"0"])
         if name == "join":
             with t.cond:
                 self.joined += 1
@@ -508,11 +803,14 @@ class _StoreServer:
             self.listener.close()
         except OSError:
             pass
-
-
-def _timeout_field(raw: bytes):
-    value = float(raw)
-    return None if value < 0 else value
+        with self._lock:                  # handshakes in flight end now, not at their deadline
+            for conn in self._pending:
+                if conn not in self._evicted:
+                    self._evicted.add(conn)
+                    try:
+                        conn.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
 
 
 class TCPStore(Store):
@@ -550,18 +848,39 @@ class TCPStore(Store):
         return f"TCPStore({self.host}:{self.port})"
 
     def _connect(self) -> socket.socket:
+        """A new authenticated connection, retried until the store's timeout.
+
+        A server that is full, flooded or out of file descriptors closes a new connection
+        before its challenge (or leaves it queued): that is "busy", retried, never reported
+        as a wrong secret. It may also evict a handshake in flight to make room, which looks
+        like a refused secret: only _AUTH_ATTEMPTS refusals in a row are reported as one.
+        """
         deadline = None if self._timeout is None else time.monotonic() + self._timeout
-        pause, last = 0.01, None
+        pause, last, refusals = 0.01, None, 0
         while True:
+            left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
+            sock = None
             try:
-                sock = socket.create_connection((self.host, self.port), timeout=10.0)
+                sock = socket.create_connection((self.host, self.port),
+                                                timeout=min(left or 10.0, 10.0))
+                sock.settimeout(min(left or _HELLO_WAIT, _HELLO_WAIT))
+                if not sock.recv(1, socket.MSG_PEEK):
+                    raise ConnectionResetError(
+                        errno.ECONNRESET, "the server closed the connection before its "
+                        "challenge: it is busy (at its connection limit, flooded or out of "
+                        "file descriptors)")
                 client_handshake(sock, self._secret, _STORE_CONTEXT)
                 sock.settimeout(None)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 return sock
             except AuthenticationError as exc:
-                raise StoreError(f"{self._describe()}: authentication failed: {exc}") from None
+                sock.close()
+                refusals, last = refusals + 1, exc
+                if refusals >= _AUTH_ATTEMPTS:
+                    raise StoreError(f"{self._describe()}: authentication failed: {exc}") from None
             except OSError as exc:
+                if sock is not None:
+                    sock.close()
                 last = exc
                 if exc.errno not in (errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT,
                                      errno.EHOSTUNREACH, errno.ENETUNREACH, None):
@@ -586,6 +905,10 @@ class TCPStore(Store):
         return sock
 
     def _call(self, op, fields):
+        size = 1 + sum(_LEN.size + len(f) for f in fields)
+        if size > MAX_FRAME:
+            raise ValueError(f"{self._describe()}: {op}: a request of {size} bytes exceeds "
+                             f"MAX_FRAME ({MAX_FRAME} bytes)")
         sock = self._conn()
         try:
             sock.sendall(_pack(_OPS[op], fields))
@@ -594,7 +917,8 @@ class TCPStore(Store):
             raise StoreError(f"{self._describe()}: {op} failed, the store server is gone "
                              f"or broken: {exc}") from None
         if status == _ERROR:
-            raise StoreError(f"{self._describe()}: {out[0].decode(errors='replace')}")
+            said = out[0].decode(errors="replace") if out else "an error without a message"
+            raise StoreError(f"{self._describe()}: {said}")
         return status, out
 
     @staticmethod
