@@ -9,19 +9,41 @@ it, nonces defeat replay, and ``context`` (e.g. "store" or a transport namespace
 handshake of one purpose from being accepted for another. Cost: two small round trips per
 connection, once.
 
-The secret comes from ``COLLECTIVES_SECRET`` (the launcher generates one per job). Without it
-the key is empty: connections still need to speak the protocol, but anyone who can reach the
-port can join. Limits: no encryption; payloads after the handshake are not MACed.
+Where the secret comes from (``job_secret``): an explicit value (``TCPStore(secret=...)``),
+else $COLLECTIVES_SECRET (``collectives.run`` generates one per job), else the per-user
+secret file ``$XDG_CONFIG_HOME/collectives/secret`` (``~/.config/collectives/secret``):
+64 random hex digits, created on first use with mode 0600 in a directory of mode 0700, and
+refused (``SecretFileError``) if it is a symbolic link, belongs to another user, or group or
+others may read or write it or its directory. So with no configuration at all, every process
+of one user on one host (or on hosts sharing the home directory) holds the same secret and
+nobody else can: ranks started by hand with env:// authenticate each other, and another user
+who reaches the port cannot join. Across hosts that share no home directory, set
+$COLLECTIVES_SECRET to one value on every host (or copy the file); ``warn_if_remote`` says so
+once when the master is not a local address and no secret is set, and every handshake
+failure names that fix.
+
+What is trusted: a peer that completes the handshake is a rank of the job. The object
+collectives (``all_gather_object``, ``broadcast_object_list``, ...) unpickle what ranks send,
+so anyone who holds the secret can run code in every rank: guard the secret (the file, the
+environment of the processes) as you would a login. Limits: no encryption (anyone on the
+path reads the data); payloads after the handshake are not MACed (an attacker who can inject
+into an established TCP connection can alter them); a secret shorter than 32 bytes is as weak
+as it is guessable.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
+import ipaddress
 import logging
 import os
 import secrets
 import socket
+import stat
 import struct
+import time
+import warnings
 
 SECRET_ENV = "COLLECTIVES_SECRET"
 MAGIC = b"COLLv1\x00\x00"
@@ -36,14 +58,220 @@ class AuthenticationError(ConnectionError):
     """The peer did not prove it holds the job's secret, or did not speak the protocol."""
 
 
-def job_secret(explicit: bytes | str | None = None) -> bytes:
-    """The key: ``explicit`` if given, else $COLLECTIVES_SECRET, else empty (no real auth)."""
-    value = explicit if explicit is not None else os.environ.get(SECRET_ENV, "")
-    return value.encode() if isinstance(value, str) else bytes(value)
+class SecretFileError(RuntimeError):
+    """The per-user secret file is unsafe (another owner, readable by others, a symbolic link)
+    or cannot be created. Not an OSError, so no connection-retry loop swallows it."""
+
+
+_SECRET_DIR_NAME = "collectives"
+_SECRET_FILE_NAME = "secret"
+_warned_remote = False
 
 
 def new_secret() -> str:
     return secrets.token_hex(32)
+
+
+def job_secret(explicit: bytes | str | None = None) -> bytes:
+    """The key: ``explicit`` if given, else $COLLECTIVES_SECRET, else the per-user secret file
+    (created on first use). An empty value counts as not given: there is no unauthenticated
+    mode. Raises SecretFileError when the file is unsafe or cannot be made."""
+    for value in (explicit, os.environ.get(SECRET_ENV)):
+        if value:
+            return value.encode() if isinstance(value, str) else bytes(value)
+    return _user_secret()
+
+
+def secret_file_path() -> str:
+    """Where the per-user secret lives: $XDG_CONFIG_HOME/collectives/secret, else
+    ~/.config/collectives/secret (the XDG rule: a relative XDG_CONFIG_HOME is ignored)."""
+    base = os.environ.get("XDG_CONFIG_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, _SECRET_DIR_NAME, _SECRET_FILE_NAME)
+
+
+def secret_source() -> str:
+    """Where this process's default secret comes from, for messages."""
+    if os.environ.get(SECRET_ENV):
+        return f"${SECRET_ENV}"
+    return f"the per-user secret file {secret_file_path()}"
+
+
+def secret_hint() -> str:
+    """The fix for a handshake that failed, for every authentication error's message."""
+    return (f"every process of a job must hold the same secret: set {SECRET_ENV} to one value "
+            f"on every host, or give every host the same {secret_file_path()} (a shared home "
+            f"directory does); this process uses {secret_source()}")
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def _check_private(path: str, st: os.stat_result, what: str, loose: int) -> None:
+    """Refuse a secret ``file`` or ``directory`` that another user owns or may touch."""
+    me = os.geteuid()
+    if st.st_uid != me:
+        raise SecretFileError(f"job secret: the {what} {path} is owned by {_owner(st.st_uid)}, "
+                              f"not by this process's user ({_owner(me)}), so another user may "
+                              f"know the secret. Remove it (a new one is made), or set "
+                              f"{SECRET_ENV}")
+    if st.st_mode & loose:
+        mode = oct(stat.S_IMODE(st.st_mode))
+        if what == "file":
+            raise SecretFileError(f"job secret: the file {path} has mode {mode}, readable by "
+                                  f"group or others, so the secret may be known: remove it (a "
+                                  f"new one is made), or chmod 600 it if nobody else can have "
+                                  f"read it, or set {SECRET_ENV}")
+        raise SecretFileError(f"job secret: the directory {path} has mode {mode}: group or "
+                              f"others may replace the secret file in it. Run chmod 700 "
+                              f"{path}, or set {SECRET_ENV}")
+
+
+def _secret_dir(directory: str) -> None:
+    """Make (0700) or check the secret's directory; its parents are made as usual."""
+    try:
+        os.makedirs(os.path.dirname(directory), exist_ok=True)
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise SecretFileError(f"job secret: cannot create {directory} for the per-user secret "
+                              f"({exc}); set {SECRET_ENV}, or XDG_CONFIG_HOME to a writable "
+                              f"directory") from None
+    try:
+        st = os.stat(directory)          # a symlinked ~/.config/collectives is fine if it is ours
+    except OSError as exc:
+        raise SecretFileError(f"job secret: cannot use {directory}: {exc}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise SecretFileError(f"job secret: {directory} is not a directory; remove it or set "
+                              f"{SECRET_ENV}")
+    _check_private(directory, st, "directory", 0o022)
+
+
+def _read_secret(path: str) -> bytes | None:
+    """The secret in ``path``, checked; None if there is no file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SecretFileError(f"job secret: {path} is a symbolic link; the secret file must "
+                                  f"be a plain file of your own. Remove the link (a new secret "
+                                  f"is made), or set {SECRET_ENV}") from None
+        raise SecretFileError(f"job secret: cannot read {path}: {exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SecretFileError(f"job secret: {path} is not a regular file; remove it")
+        _check_private(path, st, "file", 0o077)
+        # A creator on a filesystem without hard links writes in place: wait for its write.
+        deadline = time.monotonic() + 2.0
+        while True:
+            value = os.pread(fd, 4096, 0).strip()
+            if value or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+    finally:
+        os.close(fd)
+    if not value:
+        raise SecretFileError(f"job secret: {path} is empty; remove it (a new secret is made)")
+    return value
+
+
+def _user_secret() -> bytes:
+    path = secret_file_path()
+    _secret_dir(os.path.dirname(path))
+    value = _read_secret(path)
+    if value is not None:
+        return value
+    # Create it atomically: write a private temporary file, then hard-link it into place.
+    # link() fails if the name exists, so concurrent first users all end up reading the one
+    # winner's secret, never a half-written file (and link is atomic on NFS too).
+    tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, (new_secret() + "\n").encode())
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+                raise
+            _create_in_place(path)           # no hard links here (some FUSE/FAT filesystems)
+    except OSError as exc:
+        raise SecretFileError(f"job secret: cannot create {path} ({exc}); set {SECRET_ENV}, or "
+                              f"XDG_CONFIG_HOME to a writable directory") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+    value = _read_secret(path)
+    if value is None:
+        raise SecretFileError(f"job secret: {path} vanished while it was being created")
+    return value
+
+
+def _create_in_place(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    except FileExistsError:
+        return
+    try:
+        os.write(fd, (new_secret() + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def is_local_address(host: str) -> bool:
+    """Whether ``host`` names this machine: loopback, unspecified, or an address one of its
+    interfaces holds (binding to it succeeds). Unresolvable names count as local: the
+    connection will fail on its own, with its own message."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return True
+    for family, _, _, _, addr in infos:
+        ip = ipaddress.ip_address(addr[0].split("%")[0])
+        if ip.is_loopback or ip.is_unspecified:
+            return True
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.bind((addr[0], 0) if family == socket.AF_INET else addr[:2] + (0, 0))
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def warn_if_remote(host: str, where: str) -> None:
+    """Once per process: a master on another host with no $COLLECTIVES_SECRET works only if
+    that host has this user's secret file too; say so before the handshake fails."""
+    global _warned_remote
+    if _warned_remote or os.environ.get(SECRET_ENV) or is_local_address(host):
+        return
+    _warned_remote = True
+    message = (f"{where}: the master {host} is on another host and {SECRET_ENV} is not set, so "
+               f"this process authenticates with the per-user secret file "
+               f"{secret_file_path()}: the job works only if every host has the same file (a "
+               f"shared home directory). Otherwise set {SECRET_ENV} to one value on every host, "
+               f"e.g. $(python -c 'import secrets; print(secrets.token_hex(32))')")
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -77,7 +305,8 @@ def serve_handshake(sock: socket.socket, secret: bytes, context: str, my_ident: 
     nonce_c, ident_b, digest = rest[:NONCE], rest[NONCE:NONCE + 8], rest[NONCE + 8:]
     ident = _IDENT.unpack(ident_b)[0]
     if not hmac.compare_digest(digest, _mac(secret, b"client", context, nonce_s, nonce_c, ident)):
-        raise AuthenticationError("peer failed the challenge (wrong or missing job secret)")
+        raise AuthenticationError(f"peer failed the challenge (wrong or missing job secret; "
+                                  f"{secret_hint()})")
     sock.sendall(_IDENT.pack(my_ident) + _mac(secret, b"server", context, nonce_c, nonce_s, my_ident))
     return ident
 
@@ -87,8 +316,8 @@ def client_handshake(sock: socket.socket, secret: bytes, context: str, my_ident:
     try:
         hello = recv_exact(sock, len(MAGIC) + NONCE)
     except (ConnectionError, OSError) as exc:
-        raise AuthenticationError(f"listener closed during handshake ({exc}); "
-                                  f"it may have refused our secret") from None
+        raise AuthenticationError(f"listener closed during handshake ({exc}); it may have "
+                                  f"refused our secret ({secret_hint()})") from None
     if hello[:len(MAGIC)] != MAGIC:
         raise AuthenticationError("listener does not speak the collectives protocol (bad magic)")
     nonce_s = hello[len(MAGIC):]
@@ -99,8 +328,9 @@ def client_handshake(sock: socket.socket, secret: bytes, context: str, my_ident:
         answer = recv_exact(sock, _IDENT.size + DIGEST)
     except (ConnectionError, OSError) as exc:
         raise AuthenticationError(f"listener refused us ({exc}): wrong job secret? "
-                                  f"(set {SECRET_ENV} identically on every rank)") from None
+                                  f"({secret_hint()})") from None
     ident = _IDENT.unpack(answer[:8])[0]
     if not hmac.compare_digest(answer[8:], _mac(secret, b"server", context, nonce_c, nonce_s, ident)):
-        raise AuthenticationError("listener failed the challenge (wrong job secret)")
+        raise AuthenticationError(f"listener failed the challenge (wrong job secret; "
+                                  f"{secret_hint()})")
     return ident

@@ -5,10 +5,16 @@
   unless the launcher already runs one ($COLLECTIVES_USE_AGENT_STORE=1, set by
   ``collectives.run``; torch's TORCHELASTIC_USE_AGENT_STORE is honoured too).
 - ``tcp://host:port`` (``?rank=R&world_size=N`` accepted): same, with the address in the URL.
-- ``file:///path``: a FileStore on a file every rank can see.
+- ``file:///path``: a FileStore on a file every rank can see (created 0600; a symbolic link,
+  another user's file, a file others may read and a file that is not a FileStore's are
+  refused; a file left by an earlier job that is over is started afresh: see FileStore).
 - an explicit ``store``: used as is; rank and world size must be given.
 
-Missing settings raise ValueError naming the variable. Cost: one TCP connection per rank.
+Authentication: the TCP store and the transports use the job secret (``collectives.auth``):
+$COLLECTIVES_SECRET, else this user's secret file, so ranks of one user on one host need no
+setting. A master that is not a local address with no $COLLECTIVES_SECRET is warned about
+once (every host then needs the same secret file). Missing settings raise ValueError naming
+the variable. Cost: one TCP connection per rank.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import os
 from datetime import timedelta
 from urllib.parse import parse_qs, urlparse
 
+from .auth import warn_if_remote
 from .store import FileStore, Store, TCPStore
 
 AGENT_STORE_ENV = ("COLLECTIVES_USE_AGENT_STORE", "TORCHELASTIC_USE_AGENT_STORE")
@@ -48,6 +55,7 @@ def _uses_agent_store() -> bool:
 
 
 def _tcp_store(host, port, rank, world_size, timeout):
+    warn_if_remote(host, f"rendezvous on rank {rank}")
     master = rank == 0 and not _uses_agent_store()
     # The server does not wait for every worker: the transport's own exchange does that, and
     # waiting here would only double the time a missing rank takes to report.
