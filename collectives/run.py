@@ -3,8 +3,11 @@
 torchrun's flags and environment: ``--nproc-per-node``, ``--nnodes``, ``--node-rank``,
 ``--master-addr``, ``--master-port``, ``--standalone`` (one node, loopback, a free port), and
 ``-m module`` in place of a script. Each worker gets RANK, LOCAL_RANK, WORLD_SIZE,
-LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and COLLECTIVES_SECRET (a fresh random
-secret per job on one node; set it yourself, identically on every node, for several nodes).
+LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and COLLECTIVES_SECRET: yours if set,
+else a fresh random secret per job on one node. With several nodes and no COLLECTIVES_SECRET
+the launcher says so and every process uses this user's secret file (``collectives.auth``),
+which works where the nodes share the home directory; otherwise set COLLECTIVES_SECRET,
+identically, on every node.
 
 Node 0's launcher runs the TCPStore server itself (it outlives any worker, and holds its port
 from the start, so ``--standalone`` has no port race); workers connect to it as clients
@@ -22,7 +25,7 @@ import sys
 import threading
 import time
 
-from .auth import SECRET_ENV, new_secret
+from .auth import SECRET_ENV, SecretFileError, job_secret, new_secret, secret_file_path
 
 GRACE_SECONDS = 5.0
 
@@ -86,13 +89,24 @@ def _exit_code(returncode: int) -> int:
 def launch(ns) -> int:
     world_size = ns.nproc_per_node * ns.nnodes
     secret = os.environ.get(SECRET_ENV)
-    if not secret:
-        if ns.nnodes > 1:
-            sys.stderr.write(f"collectives.run: with --nnodes {ns.nnodes}, set {SECRET_ENV} to the "
-                             f"same value on every node (e.g. $(python -c 'import secrets; "
-                             f"print(secrets.token_hex(32))'))\n")
+    if not secret and ns.nnodes == 1:
+        secret = new_secret()          # one node: a secret for this job alone
+    elif not secret:
+        # Several nodes: a secret made here could not reach the other nodes' launchers, so
+        # every process falls back to the per-user secret file. Check it now, and say loudly
+        # that the nodes must share it.
+        try:
+            job_secret()
+        except SecretFileError as exc:
+            sys.stderr.write(f"collectives.run: {exc}\n")
             return 2
-        secret = new_secret()
+        sys.stderr.write(f"collectives.run: --nnodes {ns.nnodes} without {SECRET_ENV}: every "
+                         f"process authenticates with the per-user secret file "
+                         f"{secret_file_path()}, so the job works only if every node has the "
+                         f"same file (a shared home directory). Otherwise set {SECRET_ENV} to "
+                         f"one value on every node, e.g. $(python -c 'import secrets; "
+                         f"print(secrets.token_hex(32))')\n")
+        secret = None
 
     store = None
     if ns.node_rank == 0:
@@ -121,7 +135,7 @@ def launch(ns) -> int:
                    LOCAL_WORLD_SIZE=str(ns.nproc_per_node), GROUP_RANK=str(ns.node_rank),
                    ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world_size),
                    MASTER_ADDR=ns.master_addr, MASTER_PORT=str(port),
-                   PYTHONUNBUFFERED="1", **{SECRET_ENV: secret})
+                   PYTHONUNBUFFERED="1", **({SECRET_ENV: secret} if secret else {}))
         env["COLLECTIVES_USE_AGENT_STORE"] = "1"     # node 0's launcher runs the store
         proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=False)

@@ -268,3 +268,43 @@ def test_env_job_without_secret_keeps_another_user_out(fresh_home, tmp_path):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+NODE_SCRIPT = """
+    import numpy as np
+    import collectives as dist
+
+    dist.init_process_group("gloo")
+    data = np.full(8, dist.get_rank() + 1.0)
+    dist.all_reduce(data)
+    print("sum", float(data[0]), flush=True)
+    dist.destroy_process_group()
+"""
+
+
+def test_launcher_nodes_without_secret_share_the_user_file(fresh_home, tmp_path):
+    """Two launchers as two nodes of one user (one host here, like a shared home directory):
+    no COLLECTIVES_SECRET, yet they authenticate each other, and the launcher says why."""
+    script = tmp_path / "node.py"
+    script.write_text(textwrap.dedent(NODE_SCRIPT))
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop(auth.SECRET_ENV, None)
+    nodes = [subprocess.Popen([sys.executable, "-m", "collectives.run", "--nnodes", "2",
+                               "--node-rank", str(node), "--nproc-per-node", "1",
+                               "--master-addr", "127.0.0.1", "--master-port", str(port),
+                               str(script)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=tmp_path)
+             for node in range(2)]
+    try:
+        outs = [proc.communicate(timeout=60) for proc in nodes]
+    finally:
+        for proc in nodes:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for node, (proc, (out, err)) in enumerate(zip(nodes, outs)):
+        assert proc.returncode == 0, (node, out, err)
+        assert f"[rank {node}]:sum 3.0" in out, (out, err)
+        assert _secret_path(fresh_home) in err and auth.SECRET_ENV in err, err
