@@ -888,7 +888,7 @@ class TCPStore(Store):
             if deadline is not None and time.monotonic() >= deadline:
                 raise StoreTimeout(f"{self._describe()}: no server answered within "
                                    f"{self._timeout:.3g} s (last error: {last})")
-            time.sleep(pause)
+            time.sleep(pause if deadline is None else min(pause, deadline - time.monotonic()))
             pause = min(pause * 2, 0.5)
 
     def _conn(self) -> socket.socket:
