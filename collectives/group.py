@@ -209,8 +209,18 @@ class ProcessGroup:
                 op=ReduceOp.SUM, algorithm: str | None = None, timeout: float | None = None):
         """Validate a call and return ``run()`` that performs it. Nothing moves before run()."""
         with self._calling(collective):
-            return self._prepare(collective, input, output, counts, root, op, algorithm,
-                                 timeout)
+            sequence = self._sequence
+            try:
+                return self._prepare(collective, input, output, counts, root, op, algorithm,
+                                     timeout)
+            except (TypeError, ValueError):
+                # A call refused on some ranks only (a root-only list that does not match)
+                # still takes its place in the order: the next call then meets the others'
+                # next call, never this one's stray messages. (DETAIL's check instead makes
+                # the others' call fail at once, so there the order is left as it was.)
+                if self._sequence == sequence and debug.level() != "DETAIL":
+                    self._sequence += 1
+                raise
 
     def _prepare(self, collective, input, output, counts, root, op, algorithm, timeout):
         # A call shaped like an earlier one (same collective, dtypes, sizes, op, algorithm,

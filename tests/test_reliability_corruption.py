@@ -341,3 +341,29 @@ def test_a_group_failed_by_concurrent_calls_stays_failed_local():
     assert any("ConcurrentCalls" in names for names, _ in results), results
     for names, later in results:
         assert len(names) == 2 and later is not None, results
+
+
+# -- a call refused on one rank only -------------------------------------------------------------
+
+
+def _refused_on_one_rank(rank):
+    """Rank 1 refuses an all_reduce (an op its dtype cannot take); the others' call times out
+    waiting for it. The next call must pair with the next call, not with the refused one's
+    stray messages."""
+    pg = dist.new_group([0, 1, 2], timeout=1.0)
+    x = np.full(6, rank + 1, np.int64 if rank != 1 else np.float64)
+    try:
+        dist.all_reduce(x, op=dist.ReduceOp.BAND, group=pg, algorithm="ring")
+        first = "ok"
+    except (TypeError, CollectiveError) as exc:
+        first = type(exc).__name__
+    y = np.full(6, 10.0 * (rank + 1))
+    dist.all_reduce(y, group=pg, algorithm="ring", timeout=20)  # rank 1 comes 1 s early
+    return first, y.tolist()
+
+
+def test_a_call_refused_on_one_rank_keeps_the_order_local():
+    results = spawn_local(3, _refused_on_one_rank)
+    assert [first for first, _ in results] == ["CollectiveTimeout", "TypeError",
+                                               "CollectiveTimeout"], results
+    assert all(y == [60.0] * 6 for _, y in results), results

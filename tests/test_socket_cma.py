@@ -119,9 +119,9 @@ def test_sigkill_during_direct_reads(victim):
 
 
 @pytest.mark.parametrize("frames,what", [
-    ([HEADER.pack(CMA_ACK, 0, 1)], "acknowledgement of 1 reads with 0 outstanding"),
-    ([HEADER.pack(CMA_MSG, 5, 0) + ADDRESS.pack(0)], "direct-read announcement of 0 bytes"),
-    ([HEADER.pack(CMA_MSG, 5, 64) + ADDRESS.pack(8)], "from its memory failed"),
+    ([HEADER.pack(CMA_ACK, bytes(7), 0, 1)], "acknowledgement of 1 reads with 0 outstanding"),
+    ([HEADER.pack(CMA_MSG, bytes(7), 5, 0) + ADDRESS.pack(0)], "direct-read announcement of 0 bytes"),
+    ([HEADER.pack(CMA_MSG, bytes(7), 5, 64) + ADDRESS.pack(8)], "from its memory failed"),
 ])
 def test_malformed_direct_read_frames_fail_the_transport_naming_the_peer(frames, what):
     store, (t0, t1) = _pair()

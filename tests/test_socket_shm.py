@@ -284,13 +284,13 @@ def _inject(t, peer, frame):
 
 
 @pytest.mark.parametrize("frames,what", [
-    ([HEADER.pack(SHM_CHUNK, 0, 100)], "chunk at offset 0"),
-    ([HEADER.pack(SHM_MSG, 5, 1 << 20), HEADER.pack(SHM_CHUNK, (8 << 20) - 10, 100)],
+    ([HEADER.pack(SHM_CHUNK, bytes(7), 0, 100)], "chunk at offset 0"),
+    ([HEADER.pack(SHM_MSG, bytes(7), 5, 1 << 20), HEADER.pack(SHM_CHUNK, bytes(7), (8 << 20) - 10, 100)],
      "chunk at offset"),
-    ([HEADER.pack(SHM_MSG, 5, 1 << 20), HEADER.pack(SHM_CHUNK, 0, 2 << 20)], "chunk at offset 0"),
-    ([HEADER.pack(SHM_CREDIT, 0, 1)], "credit of 1 bytes"),
-    ([HEADER.pack(SHM_MSG, 5, sock_mod.MAX_MESSAGE + 1)], "announcement"),
-    ([HEADER.pack(SHM_MSG, 5, 1 << 20), HEADER.pack(0, 5, 10)], "malformed frame"),
+    ([HEADER.pack(SHM_MSG, bytes(7), 5, 1 << 20), HEADER.pack(SHM_CHUNK, bytes(7), 0, 2 << 20)], "chunk at offset 0"),
+    ([HEADER.pack(SHM_CREDIT, bytes(7), 0, 1)], "credit of 1 bytes"),
+    ([HEADER.pack(SHM_MSG, bytes(7), 5, sock_mod.MAX_MESSAGE + 1)], "announcement"),
+    ([HEADER.pack(SHM_MSG, bytes(7), 5, 1 << 20), HEADER.pack(0, bytes(7), 5, 10)], "malformed frame"),
 ])
 def test_malformed_shm_frames_fail_the_transport_naming_the_peer(frames, what):
     store, (t0, t1) = _pair()
