@@ -122,6 +122,7 @@ def init_process_group(backend=None, init_method=None, timeout=timedelta(minutes
     elif name == Backend.MPI:
         transport = transports.create("mpi", rank=rank, world_size=world_size, timeout=limit)
         _abort_job_on_uncaught_exception(transport)
+        _end_job_when_a_rank_leaves(transport)
     else:
         from .rendezvous import rendezvous
         store, rank, world_size = rendezvous(init_method, rank, world_size, limit, store)
@@ -162,6 +163,16 @@ def _restore_excepthook():
     global _previous_excepthook
     if _previous_excepthook is not None:
         sys.excepthook, _previous_excepthook = _previous_excepthook, None
+
+
+def _end_job_when_a_rank_leaves(transport):
+    """Under MPI, MPI_Finalize at exit waits for every rank, so a rank that leaves while the
+    others are blocked on it (sys.exit(1) after a timeout, a plain return) would wait as long
+    as they do. The transport's exit guard ends the job instead; it needs this process's exit
+    status, which Python shows no atexit hook (see state.exit_status). Stays after
+    destroy_process_group: the exit can hang just the same."""
+    state.observe_exit()
+    transport.guard_exit(state.exit_status, state.started_collective)
 
 
 def _local_transport(world, rank, world_size):

@@ -3,11 +3,14 @@
 Real backends (mpi, socket, nccl) run one rank per process, so the default group is
 process-wide, as in torch. The ``local`` backend runs every rank as a thread of one process,
 so its default group lives in thread-local storage: each thread sees only its own rank.
-Also here: resolving a ``group=`` argument (None / WORLD / a subgroup / NON_GROUP_MEMBER) and
-translating torch's global ``src``/``dst`` ranks into group ranks.
+Also here: resolving a ``group=`` argument (None / WORLD / a subgroup / NON_GROUP_MEMBER),
+translating torch's global ``src``/``dst`` ranks into group ranks, and how this process is
+leaving (its exit status, which the MPI backend needs at exit).
 """
 from __future__ import annotations
 
+import functools
+import sys
 import threading
 from datetime import timedelta
 
@@ -31,6 +34,7 @@ class World:
 
 
 _process_world: World | None = None
+_last_process_world: World | None = None    # kept after destroy_process_group, for the exit
 _thread = threading.local()
 
 
@@ -39,11 +43,11 @@ def current() -> World | None:
 
 
 def install(world: World) -> None:
-    global _process_world
+    global _process_world, _last_process_world
     if world.thread_local:
         _thread.world = world
     else:
-        _process_world = world
+        _process_world = _last_process_world = world
 
 
 def uninstall(world: World) -> None:
@@ -91,6 +95,7 @@ class group(metaclass=_WorldAttribute):   # noqa: N801  (torch spells it dist.gr
 def resolve(group_arg, operation: str):
     """The ProcessGroup a call runs on, or None when this rank is not a member."""
     found = world()
+    forget_exit()                 # a collective after sys.exit(): that SystemExit was caught
     if group_arg is None:
         return found.default
     if group_arg is NON_GROUP_MEMBER:
@@ -130,3 +135,74 @@ def seconds(timeout) -> float | None:
     if isinstance(timeout, timedelta):
         return timeout.total_seconds()
     return float(timeout)
+
+
+# -- how this process is leaving --------------------------------------------------------------
+# Python passes no exit status to atexit hooks and calls no hook for SystemExit, yet the MPI
+# backend needs it at exit: a rank that leaves with an error must abort the job rather than wait
+# in MPI_Finalize for peers that may be blocked on it, while a rank that leaves with 0 must wait
+# for busy peers. An uncaught exception leaves sys.last_value behind (exit status 1); sys.exit(),
+# the way scripts, argparse and click leave with a status, is observed. ``raise SystemExit(n)``
+# and the exit() builtin are not seen: such an exit counts as unknown.
+
+_original_exit = None
+_exit_call = None            # the SystemExit of the last sys.exit() on the main thread
+
+
+def observe_exit() -> None:
+    """Keep the SystemExit of every sys.exit() called on the main thread (in other threads it
+    ends only the thread). Installed once; stays for the life of the process."""
+    global _original_exit
+    if _original_exit is not None:
+        return
+    original = _original_exit = sys.exit
+
+    @functools.wraps(original)
+    def exit(status=None):        # noqa: A001  (sys.exit's own name, seen in tracebacks)
+        global _exit_call
+        try:
+            original(status)
+        except SystemExit as exc:
+            if threading.current_thread() is threading.main_thread():
+                _exit_call = exc
+            raise
+    sys.exit = exit
+
+
+def forget_exit() -> None:
+    """The program went on after a sys.exit() (a test runner or a try block caught it)."""
+    global _exit_call
+    if _exit_call is not None:
+        _exit_call = None
+
+
+def exit_status():
+    """(exit code, the error this process leaves after) as far as it can be known at exit:
+    an uncaught exception is code 1 after it; a sys.exit(status) gives Python's code for that
+    status, after the exception being handled when it was called (or None); otherwise
+    (None, None)."""
+    uncaught = getattr(sys, "last_value", None)
+    if uncaught is not None:
+        return 1, uncaught
+    call = _exit_call
+    if call is None:
+        return None, None
+    code = call.code
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):   # sys.exit("message") prints it and exits 1
+        code = 1
+    return code, call.__context__
+
+
+def started_collective(transport, tag: int) -> bool | None:
+    """Whether this process has started the collective of wire tag ``tag`` on the group that
+    runs over ``transport`` (every rank numbers a group's collectives alike); None when no
+    group of the current or last process-wide world runs over it."""
+    found = _process_world or _last_process_world
+    for pg in found.groups if found is not None else ():
+        sequence = getattr(pg, "_sequence", None)
+        if pg.transport is transport and sequence is not None:
+            limit = pg.max_user_tag
+            return (tag >> 1) <= (sequence % (limit + 1) if limit is not None else sequence)
+    return None
