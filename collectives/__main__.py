@@ -43,9 +43,23 @@ def _gpus() -> str:
     return f"{count}: " + ", ".join(names)
 
 
-def _kernels() -> list[str]:
+def _compiled_executor() -> str:
+    from .bench import missing_extension_reason
     from .executors import compiled
-    lines = [f"compiled MPI executor (Cython): {compiled.status()}"]
+    status = compiled.status()
+    if status.startswith("extension not built"):
+        # the usual cause is a checkout shadowing the installed package: say so and what to do
+        status = missing_extension_reason(_package_dir()) or status
+    return status
+
+
+def _package_dir() -> str:
+    import os
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def _kernels() -> list[str]:
+    lines = [f"compiled MPI executor (Cython): {_compiled_executor()}"]
     try:
         from .kernels.reduce import kernel_status
     except ImportError:
@@ -57,7 +71,7 @@ def info() -> str:
     from . import transports
     from .algorithms import capabilities
 
-    lines = [f"collectives {_package_version()}",
+    lines = [f"collectives {_package_version()} from {_package_dir()}",
              f"python {platform.python_version()} ({sys.executable}) on {platform.machine()}",
              f"numpy {_version('numpy')}, ml_dtypes {_version('ml_dtypes')}, "
              f"numba {_version('numba')}, mpi4py {_version('mpi4py')}, "

@@ -489,20 +489,156 @@ def _nccl_groups(args):
 BACKENDS["nccl"] = _nccl_groups      # main hands the whole run to bench_nccl (GPU timing)
 
 
+# The variables an MPI launcher (mpiexec/mpirun of MPICH, Open MPI, PMIx) sets in each rank.
+_MPI_LAUNCHER_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_SIZE",
+                      "MPI_LOCALRANKID")
+_MPI_RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK")
+
+
 def default_backend() -> str:
     """mpi under mpiexec/mpirun, socket under collectives.run/torchrun (RANK and WORLD_SIZE
-    set), else mpi when mpi4py is importable, else local."""
-    launched = any(k in os.environ for k in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK",
-                                             "PMI_SIZE", "MPI_LOCALRANKID"))
-    if launched:
+    set), else mpi when mpi4py is importable. With none of these there is no backend to
+    guess (``local`` and ``socket`` need a world size): a ValueError saying what was looked
+    for and what to do."""
+    if any(k in os.environ for k in _MPI_LAUNCHER_VARS):
         return "mpi"
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return "socket"        # collectives.run or torchrun started us, not an MPI launcher
     try:
         import mpi4py  # noqa: F401
         return "mpi"
-    except ImportError:
-        return "local"
+    except ImportError as exc:
+        missing = exc
+    raise ValueError(
+        "no --backend given and none detected: this process was not started by mpiexec or "
+        "mpirun, nor by collectives.run or torchrun (no RANK and WORLD_SIZE), and mpi4py is "
+        f"not importable ({missing}). Either\n"
+        "  install MPI support and run under mpiexec:\n"
+        "    pip install mpi4py mpich && mpiexec -n 2 python benchmarks/bench.py\n"
+        "  or run without MPI:\n"
+        "    python benchmarks/bench.py --backend socket --world-size 2   (2 processes here; "
+        "torch's gloo is the baseline when torch is installed)\n"
+        "    python benchmarks/bench.py --backend local --world-size 2    (threads of this "
+        "process, for checking schedules)")
+
+
+def launch_rank() -> int:
+    """This process's rank as its launcher numbered it, before any group exists (0 when no
+    launcher started it): messages printed before the groups are made come from rank 0
+    only, instead of once per rank."""
+    for name in _MPI_RANK_VARS + ("RANK",):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# what runs here: the executor, and ranks against cores
+
+
+def _package_dir() -> str:
+    """The folder of the ``collectives`` package this process imported."""
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def _extension_in(package_dir: str) -> str | None:
+    """The compiled MPI executor's extension file in the ``collectives`` folder
+    ``package_dir``, or None."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+    for suffix in EXTENSION_SUFFIXES:
+        path = os.path.join(package_dir, "executors", "_mpi_exec" + suffix)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def missing_extension_reason(package_dir: str, search_path=None) -> str | None:
+    """Why the package in ``package_dir`` has no compiled MPI executor, when the cause is
+    where it was imported from; None when the extension is there, or when nothing better
+    than ``compiled.status()`` can be said.
+
+    The trap: after ``pip install .`` (not editable) the extension is built into the
+    installed copy only, but Python run from the checkout (``python -m ...``, a script in
+    its root) puts the checkout first on sys.path, so the source tree, which has no
+    extension, shadows the installed package. ``search_path`` (default sys.path plus the
+    site-packages folders) is searched for such another copy."""
+    if _extension_in(package_dir):
+        return None
+    if search_path is None:
+        import site
+        search_path = list(sys.path) + site.getsitepackages() + [site.getusersitepackages()]
+    here = os.path.realpath(package_dir)
+    for entry in search_path:
+        other = os.path.join(entry or os.getcwd(), "collectives")
+        if os.path.realpath(other) != here and _extension_in(other):
+            return (f"extension not built in {package_dir} (the source tree shadows the "
+                    f"installed package at {other}, which has it: run pip install -e . in "
+                    f"the checkout, or run from outside the checkout)")
+    if os.path.exists(os.path.join(os.path.dirname(package_dir), "setup.py")):
+        return (f"extension not built in {package_dir} (a source tree: pip install -e "
+                f"\".[mpi]\" there builds it in place)")
+    return None
+
+
+def describe_executor(group) -> str:
+    """Which executor runs this group's plans, and why not the compiled one where it could."""
+    transport = group.transport.name
+    if transport == "nccl":
+        return "NCCL executor (stream-ordered, on the GPU)"
+    if transport != "mpi":
+        return (f"Python host executor (the {transport} transport runs plans step by step "
+                f"in Python; only mpi has a compiled executor)")
+    from .executors import compiled
+    if getattr(group.transport, "execute", None) is not None:
+        return (f"compiled MPI executor (Cython, the whole plan in C), {compiled.status()}, "
+                f"from {_package_dir()}")
+    why = compiled.status()
+    if why.startswith("extension not built"):
+        why = missing_extension_reason(_package_dir()) or why
+    return f"Python host executor: the compiled MPI executor is not used here: {why}"
+
+
+def usable_cores() -> set:
+    """The cores this process may run on (its affinity), else all of the host's."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
+
+
+def host_load(group) -> tuple[int, int]:
+    """(ranks of the job on this host, cores they may run on). Under MPI a collective call:
+    every rank of ``group`` calls it; the cores are the union of the affinity of the ranks
+    that share this host (a launcher that binds each rank to one core leaves each rank one,
+    the host still has as many as there are ranks)."""
+    transport = group.transport.name
+    if transport == "mpi":
+        from mpi4py import MPI
+        node = group.transport.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        try:
+            masks = node.allgather(sorted(usable_cores()))
+            return node.Get_size(), len(set().union(*map(set, masks)))
+        finally:
+            node.Free()
+    if transport == "socket":
+        local = os.environ.get("LOCAL_WORLD_SIZE", "")
+        return (int(local) if local.isdigit() else group.size), len(usable_cores())
+    return group.size, len(usable_cores())        # local: every rank is a thread here
+
+
+def oversubscription_warning(ranks: int, cores: int, backend: str) -> str | None:
+    """The warning for more ranks than cores on one host; None when each rank has a core."""
+    if ranks <= cores:
+        return None
+    how = {"mpi": f"mpiexec -n {cores}", "socket": f"--world-size {cores}",
+           "local": f"--world-size {cores}"}.get(backend, f"{cores} ranks")
+    advice = (f"use at most one rank per core ({how} here)" if cores > 1 else
+              "run on a host that gives the job at least 2 cores")
+    return (f"WARNING: {ranks} ranks on {cores} core{'s' if cores != 1 else ''} of this host: "
+            f"oversubscribed, so ranks take turns on the cores and the times measure the "
+            f"scheduler as much as the algorithms; ratios between algorithms and to native "
+            f"are unreliable: {advice}")
 
 
 def on_every_group(groups, fn):
@@ -782,39 +918,75 @@ class Progress:
 # CLI
 
 
-def parse_args(argv=None):
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every flag's help ends with its default, unless it has none (None/False) or says it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "%(default)" not in text and "default" not in text and \
+                action.default not in (None, False, argparse.SUPPRESS):
+            text += " (default: %(default)s)"
+        return text
+
+
+_EXAMPLES = """examples:
+  mpiexec -n 4 python benchmarks/bench.py                        MPI: the default sweep
+  mpiexec -n 4 python benchmarks/bench.py --sizes 1M --collectives all_reduce
+  python benchmarks/bench.py --backend socket --world-size 2     no MPI: 2 processes, gloo baseline
+  python benchmarks/bench.py --backend local --world-size 4      threads, for checking schedules
+  python benchmarks/bench.py --simulate 4096                     the model's table, no transport
+
+Use at most one rank per core: with more, the times measure the scheduler (the header and
+the summary warn). Exits 1 when any result is wrong, 2 on bad arguments."""
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="bench.py", description="Benchmark ring / tree / recursive doubling against the "
-        "transport's native collectives (run under mpiexec -n N for MPI).")
+        prog="bench.py", formatter_class=_HelpFormatter, epilog=_EXAMPLES,
+        description="Benchmark ring / tree / recursive doubling against the transport's "
+        "native collectives (run under mpiexec -n N for MPI). Every result is checked.")
     p.add_argument("--backend", choices=sorted(BACKENDS), default=None,
                    help="default: mpi under an MPI launcher or when mpi4py is available, socket "
-                   "under collectives.run/torchrun, else local. socket run by hand launches "
-                   "--world-size local processes and compares with torch's gloo")
+                   "under collectives.run/torchrun; with neither, choose one. socket run by hand "
+                   "launches --world-size local processes and compares with torch's gloo")
     p.add_argument("--world-size", type=int, default=None,
-                   help="ranks for --backend local, and processes that --backend socket "
-                   "(default 2) or nccl (default: one per visible GPU) launches when not "
-                   "started by a launcher")
-    p.add_argument("--collectives", default=",".join(BENCH_COLLECTIVES))
+                   help="ranks for --backend local (required there), and processes that "
+                   "--backend socket (default 2) or nccl (default: one per visible GPU) "
+                   "launches when not started by a launcher")
+    p.add_argument("--collectives", default=",".join(BENCH_COLLECTIVES),
+                   help="comma-separated collectives to run, from "
+                   + ", ".join(BENCH_COLLECTIVES))
     p.add_argument("--algorithms", default=",".join(ALGORITHMS),
-                   help="those a collective lacks are skipped")
+                   help="comma-separated algorithms (also any registered one, e.g. direct, "
+                   "ring_bidirectional); those a collective lacks are skipped; native is the "
+                   "transport's library, auto what algorithm=\"auto\" picks")
     p.add_argument("--sizes", default=DEFAULT_SIZES,
-                   help="bytes: 4K:16M (x4 steps), 4K:16M:2 (x2), 1M, 4K,64K")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--op", default="sum", help="reduction op for all_reduce/reduce_scatter")
+                   help="bytes of each call's larger buffer: LOW:HIGH (x4 steps), "
+                   "LOW:HIGH:FACTOR, a size, or a comma-separated list; K, M, G suffixes "
+                   "(e.g. 4K:16M:2, 1M, 4K,64K)")
+    p.add_argument("--dtype", default="float32",
+                   help="element type: a numpy name (float16, float64, int32, ...) or bfloat16")
+    p.add_argument("--op", default="sum", help="reduction op for all_reduce/reduce_scatter "
+                   "(sum, avg, product, min, max, band, bor, bxor)")
     p.add_argument("--iters", type=int, default=None,
-                   help="timed iterations per row (default: adapt to size)")
-    p.add_argument("--warmup", type=int, default=2)
+                   help="timed iterations per row (default: adapt, --min-time per row)")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="untimed calls per row before timing; the first one's result is checked")
     p.add_argument("--min-time", type=float, default=0.25,
-                   help="seconds per row when iterations adapt (default 0.25)")
+                   help="seconds per row when iterations adapt")
     p.add_argument("--rounds", type=int, default=1,
                    help="run each size's algorithms this many times, interleaved (order "
                    "rotated each round), and pool the iterations: comparisons between "
-                   "algorithms then survive a machine whose speed drifts (default 1)")
+                   "algorithms then survive a machine whose speed drifts")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="seconds before a stuck collective is an error")
-    p.add_argument("--json", metavar="FILE")
-    p.add_argument("--csv", metavar="FILE")
-    p.add_argument("--plot", metavar="FILE.png")
+    p.add_argument("--json", metavar="FILE",
+                   help="write the records, the summary and the run's metadata (backend, "
+                   "executor, ranks and cores of the host, ...) as JSON")
+    p.add_argument("--csv", metavar="FILE", help="write the records as CSV, one row each")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="plot busbw against size, one panel per collective, native dashed "
+                   "(needs matplotlib)")
     p.add_argument("--calibrate", metavar="FILE",
                    help="fit the cost model's alpha, beta, gamma on this transport first, save "
                    "them to the tuning file FILE (read at run time through COLLECTIVES_TUNING) "
@@ -830,13 +1002,17 @@ def parse_args(argv=None):
                    help="no transport: print the model's predicted table for P ranks (the "
                    "--backend's parameters) and verify the schedules at P in the simulator")
     p.add_argument("--verify-seconds", type=float, default=60.0,
-                   help="--simulate: time budget for verifying schedules (default 60)")
+                   help="--simulate: time budget for verifying schedules")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--progress", action="store_true", help="a progress bar even if stderr "
-                   "is not a terminal")
-    args = p.parse_args(argv)
-    args.backend = args.backend or default_backend()
-    return args
+                   "is not a terminal (default: only on a terminal)")
+    return p
+
+
+def parse_args(argv=None):
+    """The parsed flags; ``backend`` stays None when not given (``main`` resolves it with
+    ``default_backend``, which may refuse with a message)."""
+    return build_parser().parse_args(argv)
 
 
 def _names(text, valid, what):
@@ -904,10 +1080,37 @@ def describe_params(params) -> str:
             f"1/gamma {rate(params.gamma)}")
 
 
+def comment(text: str, width: int = 100) -> str:
+    """``text`` as '#' lines of at most ``width`` characters (paths are never split)."""
+    import textwrap
+    return textwrap.fill(text, width, initial_indent="# ", subsequent_indent="#   ",
+                         break_long_words=False, break_on_hyphens=False)
+
+
+def _refuse(message: str) -> int:
+    """A bad argument or setup, found before any group exists: said once per job (by the
+    launcher's rank 0, not by every rank of ``mpiexec -n 8``), exit status 2."""
+    if launch_rank() == 0:
+        print(f"bench: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def _resolve_backend(args) -> str:
+    if args.backend:
+        return args.backend
+    try:
+        return default_backend()
+    except ValueError:
+        if args.simulate is not None:
+            return "local"           # no transport runs: any backend's parameters will do
+        raise
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     try:
+        args.backend = _resolve_backend(args)
         config = config_from_args(args)
         if args.tuning:
             cost.load_params(args.backend, args.tuning)       # unreadable: say so now
@@ -915,15 +1118,23 @@ def main(argv=None) -> int:
         if args.simulate is not None and (args.calibrate or args.tune):
             raise ValueError("--simulate runs no transport, so it cannot --calibrate or "
                              "--tune; give it a tuning file with --tuning FILE")
+        if args.simulate is None and args.backend == "local" and (
+                not args.world_size or args.world_size < 1):
+            raise ValueError("--backend local needs --world-size N (N >= 1): its ranks are "
+                             "N threads of this process")
     except ValueError as exc:
-        print(f"bench: {exc}", file=sys.stderr)
-        return 2
+        return _refuse(str(exc))
     if args.plot and (problem := check_plotting()):
-        print(f"bench: {problem}", file=sys.stderr)
-        return 2
+        return _refuse(problem)
     if args.simulate is not None:
         from .bench_model import simulate_main
         return simulate_main(args, config)
+    if args.backend == "mpi":
+        from .transports import available
+        usable, why = available("mpi")
+        if not usable:
+            return _refuse(f"--backend mpi: {why}; or run without MPI: --backend socket "
+                           f"--world-size 2, or --backend local --world-size 2")
     if args.backend == "socket":
         from . import bench_socket
         if not bench_socket.launched():
@@ -939,12 +1150,16 @@ def main(argv=None) -> int:
         return bench_nccl.run_from_bench(args, BACKENDS["nccl"](args)[0][0])
     groups = BACKENDS[args.backend](args)
     leader = groups[0][0].rank == 0
+    ranks_here, cores = host_load(groups[0][0])          # a collective call under MPI
+    crowded = oversubscription_warning(ranks_here, cores, args.backend)
     if args.calibrate:
         fitted = calibrate_groups(groups, args.calibrate, args.timeout)
         if leader:
             print(f"# calibrated {groups[0][0].transport.name}: {describe_params(fitted)} "
                   f"-> {args.calibrate}", flush=True)
     meta = metadata(groups, config)
+    meta.update(executor=describe_executor(groups[0][0]), ranks_on_host=ranks_here,
+                cores_on_host=cores, oversubscribed=crowded is not None)
     current = [None]
 
     def show(record):
@@ -957,6 +1172,15 @@ def main(argv=None) -> int:
         print(f"# collectives bench: backend {meta['backend']}, {meta['world_size']} ranks, "
               f"dtype {config.dtype}, op {config.op}"
               + (f", {meta['mpi_library']}" if meta.get("mpi_library") else ""), flush=True)
+        print(comment(f"executor: {meta['executor']}"), flush=True)
+        print(f"# host: {ranks_here} rank{'s' if ranks_here != 1 else ''} of this job on "
+              f"{cores} usable core{'s' if cores != 1 else ''}", flush=True)
+        if crowded:
+            print(comment(crowded), flush=True)
+        if args.backend == "mpi" and meta["world_size"] == 1 and not any(
+                k in os.environ for k in _MPI_LAUNCHER_VARS):
+            print(comment("1 rank: not started by mpiexec, so no rank has a peer; run "
+                          "mpiexec -n N python benchmarks/bench.py"), flush=True)
         transport = groups[0][0].transport.name
         print(f"# model ({transport}): {describe_params(cost.load_params(transport))} from "
               f"{os.environ.get(cost.ENV_TUNING) or 'the defaults'}", flush=True)
@@ -965,6 +1189,8 @@ def main(argv=None) -> int:
     if leader:
         summary = summarize(records)
         print(format_summary(summary))
+        if crowded:                      # again here: the header has scrolled away by now
+            print(comment(crowded), flush=True)
         if args.json:
             write_json(args.json, meta, records, summary)
         if args.csv:
