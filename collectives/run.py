@@ -13,11 +13,20 @@ Node 0's launcher runs the TCPStore server itself (it outlives any worker, and h
 from the start, so ``--standalone`` has no port race); workers connect to it as clients
 (COLLECTIVES_USE_AGENT_STORE=1). Every output line is prefixed ``[rank N]:``. When a worker
 fails, the launcher stops the others (SIGTERM, then SIGKILL after a grace period) and exits
-with that worker's code, naming it. Limits: no elastic restarts (``--nnodes 1:4`` is refused).
+with that worker's code, naming it. SIGINT, SIGTERM or SIGHUP to the launcher go to every
+worker, which is then stopped the same way; the launcher exits with 128 + the signal.
+
+Each worker runs in a process group of its own, and stopping a worker signals the whole group:
+processes a worker started (data loaders, say) go with it. A launcher that dies without
+stopping them (SIGKILL, the OOM killer) still takes its workers along: on Linux each worker
+gets SIGTERM when the launcher dies (PR_SET_PDEATHSIG), and a small watchdog process started
+by the launcher stops the workers' process groups (SIGTERM, SIGKILL after the grace period).
+Limits: no elastic restarts (``--nnodes 1:4`` is refused).
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import subprocess
@@ -28,6 +37,10 @@ import time
 from .auth import SECRET_ENV, SecretFileError, job_secret, new_secret, secret_file_path
 
 GRACE_SECONDS = 5.0
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                      if hasattr(signal, name))
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def parse_args(argv=None):
@@ -128,6 +141,18 @@ def launch(ns) -> int:
 
     workers = []
     pumps = []
+    received = []                      # signals sent to the launcher: stop the job
+
+    def on_signal(signum, _frame):
+        received.append(signum)        # the main loop stops the workers
+
+    # Before the first worker starts: a signal from then on must stop them, not the launcher.
+    # A signal ignored already (nohup, a background job) stays ignored.
+    old = {s: signal.signal(s, on_signal) for s in _STOP_SIGNALS
+           if signal.getsignal(s) is not signal.SIG_IGN}
+    watchdog = _Watchdog.start()
+    setup = _worker_setup()
+    _adopt_orphans()
     for local_rank in range(ns.nproc_per_node):
         rank = ns.node_rank * ns.nproc_per_node + local_rank
         env = dict(os.environ)
@@ -137,8 +162,7 @@ def launch(ns) -> int:
                    MASTER_ADDR=ns.master_addr, MASTER_PORT=str(port),
                    PYTHONUNBUFFERED="1", **({SECRET_ENV: secret} if secret else {}))
         env["COLLECTIVES_USE_AGENT_STORE"] = "1"     # node 0's launcher runs the store
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=False)
+        proc = _start_worker(command, env, setup, workers, watchdog)
         prefix = f"[rank {rank}]:".encode()
         for stream, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
             t = threading.Thread(target=_pump, args=(stream, sink, prefix), daemon=True)
@@ -146,15 +170,10 @@ def launch(ns) -> int:
             pumps.append(t)
         workers.append((rank, local_rank, proc))
 
-    def forward(signum, _frame):
-        for _, _, proc in workers:
-            if proc.poll() is None:
-                proc.send_signal(signum)
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     failed = None
     try:
-        while True:
+        while not received:
+            _reap_orphans(workers, watchdog)
             running = 0
             for rank, local_rank, proc in workers:
                 code = proc.poll()
@@ -165,16 +184,27 @@ def launch(ns) -> int:
             if failed is not None or running == 0:
                 break
             time.sleep(0.05)
-        if failed is not None:
-            _stop(workers)
+        # A received signal goes to every worker first (SIGINT: a KeyboardInterrupt). On
+        # success this only stops what workers left behind in their process groups.
+        _stop(workers, received[0] if received else signal.SIGTERM, received)
+    except BaseException:              # a bug in the loop: no worker may outlive the launcher
+        _stop(workers, signal.SIGTERM, received)
+        raise
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+        if watchdog is not None:
+            watchdog.release()
         for t in pumps:
             t.join(2.0)
         if store is not None:
             store.close()
 
+    if received:
+        name = signal.Signals(received[0]).name
+        sys.stderr.write(f"collectives.run: received {name}; stopped the workers\n")
+        sys.stderr.flush()
+        return 128 + received[0]
     if failed is None:
         return 0
     rank, local_rank, proc, code = failed
@@ -186,17 +216,204 @@ def launch(ns) -> int:
     return _exit_code(code)
 
 
-def _stop(workers):
+def _start_worker(command, env, setup, workers, watchdog):
+    """One worker (see _worker_setup), known to the watchdog; one that cannot start stops
+    those started before it."""
+    try:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, preexec_fn=setup)
+    except BaseException:
+        _stop(workers)
+        raise
+    if watchdog is not None:
+        watchdog.watch(proc.pid)
+    return proc
+
+
+def _signal_group(pgid: int, signum) -> bool:
+    """Send ``signum`` to a worker's process group; False when nothing of it is left."""
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _stop(workers, first=signal.SIGTERM, received=()):
+    """Stop every worker with everything it started: ``first`` to each worker's process group,
+    SIGKILL to the groups still alive after GRACE_SECONDS, or at once when another signal
+    reaches the launcher meanwhile (a second Ctrl-C)."""
     for _, _, proc in workers:
-        if proc.poll() is None:
-            proc.terminate()
+        proc.poll()                    # reap the finished: a zombie still counts in its group
+    alive = [proc.pid for _, _, proc in workers if _signal_group(proc.pid, first)]
+    seen = len(received)
     deadline = time.monotonic() + GRACE_SECONDS
+    while alive and time.monotonic() < deadline and len(received) == seen:
+        time.sleep(0.02)
+        _reap_orphans(workers)
+        alive = [pgid for pgid in alive if _signal_group(pgid, 0)]
+    for pgid in alive:
+        _signal_group(pgid, signal.SIGKILL)
     for _, _, proc in workers:
+        proc.wait()
+
+
+def _adopt_orphans():
+    """On Linux, make the launcher the parent of its workers' orphaned children (a child
+    subreaper), so that it can reap them: a zombie still counts as a member of its process
+    group, and where init does not reap (a container whose first process is not an init),
+    stopping a worker's group would otherwise wait out the whole grace period."""
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _reap_orphans(workers, watchdog=None):
+    """Reap every child of the launcher that has exited: workers and the watchdog through
+    their Popen (which keeps the exit code), adopted orphans directly."""
+    own = {proc.pid: proc for _, _, proc in workers}
+    if watchdog is not None:
+        own[watchdog.proc.pid] = watchdog.proc
+    if not hasattr(os, "waitid"):          # no peeking (macOS): the workers' own Popen only
+        for proc in own.values():
+            proc.poll()
+        return
+    while True:
+        try:   # WNOWAIT: look first, so a worker's exit code stays for its Popen
+            found = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if found is None:
+            return
+        if found.si_pid in own:
+            own.pop(found.si_pid).poll()
+        else:
+            try:
+                os.waitpid(found.si_pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def _prctl():
+    """libc's prctl, or None off Linux (or where ctypes cannot find it)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _worker_setup():
+    """What each worker runs between fork and exec: a process group of its own (so stopping it
+    stops what it starts), and on Linux SIGTERM when the launcher dies, however it dies. The
+    signal is tied to the thread that forks: workers are started from the main thread, which
+    lives as long as the launcher. A launcher that died before prctl took effect sent nothing:
+    the worker sees it has a new parent and leaves at once. Only async-signal-safe work here:
+    the launcher has threads (the store server, the output pumps)."""
+    launcher = os.getpid()
+    prctl = _prctl()
+    death_signal = int(signal.SIGTERM)
+
+    def setup():
+        os.setpgid(0, 0)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
+            if os.getppid() != launcher:
+                os._exit(1)
+    return setup
+
+
+# The watchdog: a process of its own session (a signal to the launcher's process group or
+# terminal does not reach it) that reads the workers' process group ids from a pipe whose
+# write end only the launcher holds. End of file without "done" means the launcher died
+# without stopping its workers: SIGTERM to their groups (what the parent-death signal does
+# not reach: the workers' own children), SIGKILL to what is left after the grace period.
+_WATCHDOG = r"""
+import os, signal, sys, time
+fd, grace, launcher = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+groups, pending = [], b""
+while True:
+    try:
+        chunk = os.read(fd, 4096)
+    except InterruptedError:
+        continue
+    if not chunk:
+        break
+    pending += chunk
+    *lines, pending = pending.split(b"\n")
+    for line in lines:
+        if line == b"done":
+            sys.exit(0)
+        groups.append(int(line))
+
+def signal_group(pgid, signum):
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+alive = [g for g in groups if signal_group(g, signal.SIGTERM)]
+if alive:
+    sys.stderr.write(f"collectives.run: the launcher (pid {launcher}) died; stopping its "
+                     f"workers (process groups {', '.join(map(str, alive))})\n")
+    sys.stderr.flush()
+deadline = time.monotonic() + grace
+while alive and time.monotonic() < deadline:
+    time.sleep(0.05)
+    alive = [g for g in alive if signal_group(g, 0)]
+for g in alive:
+    signal_group(g, signal.SIGKILL)
+"""
+
+
+class _Watchdog:
+    """The launcher's side of the watchdog (see _WATCHDOG)."""
+
+    def __init__(self, proc, fd):
+        self.proc, self.fd = proc, fd
+
+    @classmethod
+    def start(cls):
+        """A running watchdog, or None where it cannot start (the workers still get the
+        parent-death signal; only their children lose their guard)."""
+        if not hasattr(os, "killpg"):
+            return None
+        read_end, write_end = os.pipe()      # not inherited: only the launcher can write
         try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _WATCHDOG, str(read_end), str(GRACE_SECONDS),
+                 str(os.getpid())],
+                pass_fds=(read_end,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                start_new_session=True)
+        except OSError as exc:
+            os.close(write_end)
+            sys.stderr.write(f"collectives.run: no watchdog for the workers' children "
+                             f"({exc})\n")
+            return None
+        finally:
+            os.close(read_end)
+        return cls(proc, write_end)
+
+    def watch(self, pgid: int) -> None:
+        self._write(f"{pgid}\n".encode())
+
+    def release(self) -> None:
+        """The workers are stopped: the watchdog leaves without touching anything."""
+        self._write(b"done\n")
+        os.close(self.fd)
+        try:
+            self.proc.wait(GRACE_SECONDS)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            self.proc.kill()
+            self.proc.wait()
+
+    def _write(self, data: bytes) -> None:
+        try:
+            os.write(self.fd, data)
+        except OSError:                  # the watchdog died: the workers keep their own guard
+            pass
 
 
 def main(argv=None) -> None:

@@ -166,3 +166,110 @@ def test_mpi_every_rank_exiting_with_a_code_is_no_abort(tmp_path):
     assert record["rc"] == 2 and len(record["results"]) == 2, explain(record)
     assert "aborting" not in record["stderr"], explain(record)
     assert record["wall"] < CI_BOUND, explain(record)
+
+
+# -- the launcher: killed or signalled, it takes its workers with it -----------------------------
+
+WORKER = """
+import os, signal, subprocess, sys, time
+out = sys.argv[1]
+if os.environ["RANK"] == "1" and "--stubborn" in sys.argv:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)       # only SIGKILL ends this one
+# a child of the worker (a data-loader process, say): the launcher must stop it too
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)  # exit-test-child"])
+with open(os.path.join(out, "pids-" + os.environ["RANK"] + ".tmp"), "w") as f:
+    f.write(f"{os.getpid()} {child.pid}")
+os.rename(os.path.join(out, "pids-" + os.environ["RANK"] + ".tmp"),
+          os.path.join(out, "pids-" + os.environ["RANK"]))
+time.sleep(120)
+"""
+
+
+def _alive(pid) -> bool:
+    """Running (a zombie that nobody reaped yet is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _start_launcher(tmp_path, *flags):
+    script = tmp_path / "sleeper.py"
+    script.write_text(textwrap.dedent(WORKER))
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("COLLECTIVES_SECRET", None)
+    launcher = subprocess.Popen([sys.executable, "-m", "collectives.run", "--standalone",
+                                 "--nproc-per-node", "2", str(script), str(tmp_path), *flags],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=str(tmp_path), start_new_session=True)
+    pids, deadline = [], time.monotonic() + 60
+    while len(pids) < 4:
+        if launcher.poll() is not None or time.monotonic() > deadline:
+            out, err = launcher.communicate()
+            raise AssertionError(f"the workers did not start: rc={launcher.returncode}\n"
+                                 f"{out}\n{err}")
+        pids = [int(p) for rank in (0, 1) if (tmp_path / f"pids-{rank}").exists()
+                for p in (tmp_path / f"pids-{rank}").read_text().split()]
+        time.sleep(0.05)
+    return launcher, pids
+
+
+def _gone_within(pids, limit, t0):
+    """Seconds from ``t0`` until none of ``pids`` runs, or None after ``limit`` seconds."""
+    while time.monotonic() - t0 < limit:
+        if not any(_alive(p) for p in pids):
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    return None
+
+
+def _cleanup(launcher, pids):
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    if launcher.poll() is None:
+        os.killpg(launcher.pid, signal.SIGKILL)
+    launcher.communicate()
+
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the parent-death signal is Linux's (prctl)")
+
+
+@linux_only
+def test_killed_launcher_takes_its_workers_and_their_children(tmp_path):
+    launcher, pids = _start_launcher(tmp_path)
+    try:
+        t0 = time.monotonic()
+        os.kill(launcher.pid, signal.SIGKILL)
+        gone = _gone_within(pids, 15, t0)
+        left = [p for p in pids if _alive(p)]
+        print(f"\nlauncher SIGKILLed: workers and their children gone after "
+              f"{'never' if gone is None else f'{gone:.2f} s'}")
+        assert gone is not None, f"still running after the launcher died: {left}"
+        assert gone < CI_BOUND
+        _, err = launcher.communicate(timeout=30)       # the watchdog shares its stderr
+        assert f"the launcher (pid {launcher.pid}) died; stopping its workers" in err, err
+    finally:
+        _cleanup(launcher, pids)
+
+
+@pytest.mark.parametrize("stubborn", [False, True], ids=["obliging", "ignores-sigterm"])
+def test_sigterm_to_the_launcher_stops_every_worker(tmp_path, stubborn):
+    launcher, pids = _start_launcher(tmp_path, *(["--stubborn"] if stubborn else []))
+    try:
+        t0 = time.monotonic()
+        os.kill(launcher.pid, signal.SIGTERM)
+        out, err = launcher.communicate(timeout=30)
+        ended = time.monotonic() - t0
+        gone = _gone_within(pids, 10, time.monotonic())
+        print(f"\nSIGTERM to the launcher ({'a worker ignores it' if stubborn else 'workers obey'})"
+              f": launcher exited {launcher.returncode} after {ended:.2f} s")
+        assert gone is not None, f"still running: {[p for p in pids if _alive(p)]}"
+        assert launcher.returncode == 128 + signal.SIGTERM, err
+        assert "received SIGTERM; stopped the workers" in err, err
+        assert ended < (5 if stubborn else 0) + CI_BOUND
+    finally:
+        _cleanup(launcher, pids)
