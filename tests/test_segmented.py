@@ -1,4 +1,4 @@
-"""Segmented plans (``schedule.segmented``) and the host executor's overlapped mode.
+"""Segmented plans (``transforms.segmented``) and the host executor's overlapped mode.
 
 Layer 1: the transform itself (how many pieces, proportional bounds, reductions cut to meet
 their landing zones, nothing cut below the threshold, the cache) and, in the simulator, every
@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from collectives.algorithms import capabilities
+from collectives.algorithms.hazards import pieces_of_at_least as segment_pieces
 from collectives.algorithms.schedule import (Copy, Reduce, Region, build_plan, buffer_sizes,
-                                             plan_args, segment_pieces, segmented)
+                                             plan_args)
+from collectives.algorithms.transforms import segmented
 from collectives.algorithms.simulate import execute_all
 from collectives.executors import host
 from collectives.kernels.reduce import reducer

@@ -9,7 +9,8 @@ import pytest
 from collectives.algorithms import capabilities
 from collectives.algorithms.schedule import Copy, build_plan
 from collectives.algorithms.simulate import execute_all, reference
-from collectives.algorithms.transforms import _Written, read_input_first
+from collectives.algorithms.hazards import Ranges
+from collectives.algorithms.transforms import read_input_first
 from collectives.kernels.reduce import reducer
 from collectives.ops import ReduceOp
 
@@ -56,7 +57,7 @@ def test_no_whole_copy_is_left(algorithm):
 
 
 def test_written_intervals_merge_and_report_gaps():
-    w = _Written()
+    w = Ranges()
     w.add(10, 20)
     w.add(30, 40)
     w.add(18, 31)

@@ -16,8 +16,8 @@ import pytest
 
 from collectives.algorithms import capabilities, simulate
 from collectives.algorithms.schedule import (Copy, Matrix, Plan, Recv, Reduce, Region, Send,
-                                             Step, build_plan, plan_args, segmented)
-from collectives.algorithms.transforms import windowed
+                                             Step, build_plan, plan_args)
+from collectives.algorithms.transforms import segmented, windowed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = (2, 3, 4, 5, 7, 8)

@@ -1,4 +1,8 @@
-"""Plan transforms: rewrite a built plan without touching the algorithm that made it.
+"""Plan transforms: rewrite a built plan without touching the algorithm that made it. What
+may be cut, merged or reordered is decided in ``hazards``.
+
+``segmented(plan, max_count)``: large messages cut into pieces (segments), for executors that
+overlap a reduction with the arrival of later pieces.
 
 ``read_input_first(plan)``: all_reduce and broadcast schedules work in ``output``, which the
 caller must first fill with this rank's data. Out of place, that copy is a whole pass over
@@ -21,52 +25,63 @@ once. Pure data rule, per rank: ranks may disagree on the window (see ``windowed
 """
 from __future__ import annotations
 
-import bisect
 import dataclasses
+import functools
 import operator
 
-from .schedule import Copy, Plan, Reduce, Region, Send, Step
+from . import hazards
+from .schedule import Copy, Plan, Recv, Reduce, Region, Send, Step
 
 
-class _Written:
-    """Which element ranges of ``output`` hold values the plan wrote (merged intervals)."""
+# ---------------------------------------------------------------------------------------------
+# segmented: large messages cut into pieces
 
-    def __init__(self):
-        self.starts: list[int] = []
-        self.ends: list[int] = []
 
-    def covered(self, lo: int, hi: int) -> int:
-        """How many elements of [lo, hi) are written."""
-        total = 0
-        i = max(0, bisect.bisect_right(self.starts, lo) - 1)
-        while i < len(self.starts) and self.starts[i] < hi:
-            total += max(0, min(hi, self.ends[i]) - max(lo, self.starts[i]))
-            i += 1
-        return total
+@functools.lru_cache(maxsize=1024)
+def segmented(plan: Plan, max_count: int) -> Plan:
+    """``plan`` with every transfer of at least ``2 * max_count`` elements cut into segments of
+    ``max_count .. 2 * max_count - 1`` elements, and every local op that can be cut
+    (``hazards.cuttable``) cut by the same rule, so segment k of a reduction reads exactly
+    segment k of its landing zone. Pieces replace their message in place: messages between a
+    pair keep their order and the pieces of one message follow each other, on both sides
+    alike (FIFO per pair and tag keeps them matched). The result means the same as ``plan``
+    under the step semantics; executors that wait per piece overlap reductions with later
+    pieces. Cached like ``build_plan`` (a plan is hashable); ``plan`` itself is returned when
+    nothing is large enough to cut."""
+    if max_count < 1:
+        raise ValueError(f"segmented: max_count must be >= 1, got {max_count}")
 
-    def add(self, lo: int, hi: int) -> None:
-        if lo >= hi:
-            return
-        i = bisect.bisect_left(self.ends, lo)          # first interval that may touch [lo, hi)
-        j = i
-        while j < len(self.starts) and self.starts[j] <= hi:
-            lo, hi = min(lo, self.starts[j]), max(hi, self.ends[j])
-            j += 1
-        self.starts[i:j], self.ends[i:j] = [lo], [hi]
+    def pieces(region, n):
+        return [hazards.cut(region, k, n) for k in range(n)]
 
-    def gaps(self, lo: int, hi: int):
-        """The unwritten ranges of [lo, hi)."""
-        at = lo
-        for start, end in zip(self.starts, self.ends):
-            if end <= at:
-                continue
-            if start >= hi:
-                break
-            if start > at:
-                yield at, start
-            at = max(at, end)
-        if at < hi:
-            yield at, hi
+    steps, changed = [], False
+    for step in plan.steps:
+        sends, recvs, local = [], [], []
+        for send_ in step.sends:
+            n = hazards.pieces_of_at_least(send_.region.count, max_count)
+            sends.extend(Send(send_.peer, r) for r in pieces(send_.region, n))
+        for recv_ in step.recvs:
+            n = hazards.pieces_of_at_least(recv_.region.count, max_count)
+            recvs.extend(Recv(recv_.peer, r) for r in pieces(recv_.region, n))
+        for op in step.local:
+            n = hazards.pieces_of_at_least(op[0].count, max_count) \
+                if hazards.cuttable(op) else 1
+            if n == 1:
+                local.append(op)
+            else:
+                local.extend(type(op)(*parts) for parts in zip(*(pieces(r, n) for r in op)))
+        if len(sends) != len(step.sends) or len(recvs) != len(step.recvs) \
+                or len(local) != len(step.local):
+            changed = True
+            step = Step(tuple(sends), tuple(recvs), tuple(local))
+        steps.append(step)
+    if not changed:
+        return plan
+    return Plan(plan.collective, plan.algorithm, plan.rank, plan.size, tuple(steps), plan.scratch)
+
+
+# ---------------------------------------------------------------------------------------------
+# read_input_first: out-of-place all_reduce without the input -> output copy
 
 
 class _GiveUp(Exception):
@@ -90,7 +105,7 @@ _MISSING = object()
 
 
 def _rewrite(plan: Plan, count: int) -> Plan:
-    written = _Written()
+    written = hazards.Ranges()
 
     def read(region: Region) -> Region:
         if region.buffer != "output" or region.count == 0:
@@ -130,23 +145,6 @@ def _rewrite(plan: Plan, count: int) -> Plan:
 # windowed: several independent steps in flight at once
 
 
-class _Touched:
-    """Element ranges per buffer (merged intervals), asked only whether a region meets them."""
-
-    def __init__(self):
-        self.by_buffer: dict[str, _Written] = {}
-
-    def add(self, region: Region) -> None:
-        if region.count > 0:
-            self.by_buffer.setdefault(region.buffer, _Written()).add(region.offset, region.end)
-
-    def meets(self, region: Region) -> bool:
-        ranges = self.by_buffer.get(region.buffer)
-        # an empty region meets nothing (an empty range strictly inside another must not count)
-        return region.count > 0 and ranges is not None and \
-            ranges.covered(region.offset, region.end) > 0
-
-
 def windowed(plan: Plan, window: int) -> Plan:
     """``plan`` with runs of consecutive steps merged into one step where that cannot change
     any result; ``plan`` itself when ``window <= 1`` or nothing merges. Cached on the plan
@@ -157,17 +155,14 @@ def windowed(plan: Plan, window: int) -> Plan:
     walk, a later member B's transfers now run concurrently with every earlier member A's
     transfers and before A's local ops. So B joins the run only if, for every earlier member A:
 
-    * B's receives write nothing that A touches at all: not what A's sends read (A would send
-      B's data, or race with it), not what A's receives write (which one lands last?), not
-      what A's local ops read (they would see B's data) or write (they would overwrite B's);
-    * B's sends read nothing that A writes: neither A's receives (a race with the arrival)
-      nor A's local ops (B would send the value from before them).
+    B's transfers conflict with nothing of A (``hazards.conflict``): B's receives write
+    nothing A reads or writes (A's sends, receives and local ops), and B's sends read nothing
+    A writes (A's receives and local ops).
 
     Nothing else changes order: A's transfers and local ops still precede B's local ops, and
     B's own transfers precede its own local ops. A later member C is held to the same rule
-    against B's local ops, which now run after C's transfers. Hence the two sets kept per run:
-    everything its members touch (receives, sends, local ops) and everything they write
-    (receives, local ops). Regions meet when they share a buffer and an element.
+    against B's local ops, which now run after C's transfers. Hence one footprint per run:
+    everything its members read and write.
 
     ``window`` counts the members that carry transfers (steps with only local ops join for
     free: they add nothing in flight), so a run posts at most ``window`` steps' requests. Runs
@@ -197,28 +192,23 @@ def windowed(plan: Plan, window: int) -> Plan:
 
 def _merge_runs(plan: Plan, window: int) -> Plan:
     runs: list[list[Step]] = []
-    touched = written = None
+    footprint = None
     in_flight = 0                  # members of the current run that carry transfers
 
     for step in plan.steps:
         moves = bool(step.sends or step.recvs)
+        transfers = [hazards.access(t) for t in step.recvs + step.sends]
         joins = runs and (not moves or in_flight < window) \
-            and not any(touched.meets(r.region) for r in step.recvs) \
-            and not any(written.meets(s.region) for s in step.sends)
+            and not any(footprint.conflicts(t) for t in transfers)
         if not joins:
             runs.append([])
-            touched, written, in_flight = _Touched(), _Touched(), 0
+            footprint, in_flight = hazards.Footprint(), 0
         runs[-1].append(step)
         in_flight += moves
-        for s in step.sends:
-            touched.add(s.region)
-        for r in step.recvs:
-            touched.add(r.region)
-            written.add(r.region)
+        for accessed in transfers:
+            footprint.add(accessed)
         for op in step.local:
-            for region in op:           # Copy and Reduce are tuples of regions, dst first
-                touched.add(region)
-            written.add(op.dst)
+            footprint.add(hazards.access(op))
 
     if len(runs) == len(plan.steps):
         return plan

@@ -6,9 +6,9 @@ reductions. This is the reference executor; compiled ones must give the same bit
 
 Overlapped mode, for transports that move data in the background (a progress thread) and say
 so with ``segment_bytes``: messages of at least twice that many bytes are cut into segments
-(``schedule.segmented``, cached per plan), and within a step each local op waits only for the
-transfers whose regions it touches (receives writing what it reads or writes, sends reading
-what it writes) before it runs. So the reduction of segment k runs while segments k+1.. are
+(``transforms.segmented``, cached per plan), and within a step each local op waits only for
+the transfers it conflicts with (``hazards.conflict``: receives writing what it reads or
+writes, sends reading what it writes) before it runs. So the reduction of segment k runs while segments k+1.. are
 still arriving (numpy releases the GIL on large ufuncs). The next step's transfers are posted
 as soon as nothing left in this step can touch them (a ring's segment k goes on to the next
 rank right after its reduction, as gloo's pipelined ring does); each peer's messages are still
@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import time
 
-from ..algorithms.schedule import Copy, Plan, segmented
+from ..algorithms import hazards
+from ..algorithms.schedule import Copy, Plan
+from ..algorithms.transforms import segmented
 from ..errors import CollectiveError, CollectiveTimeout
 from ..transports.base import finish
 
@@ -115,8 +117,8 @@ def _overlapped(plan, transport, arrays, reduce, tag, timeout, operation, mark):
             transport.cancel(posted)
             raise _where(exc, plan, index, started, operation) from exc
         posted.append(req)
-        # (request, region, is_receive, peer)
-        return req, transfer.region, is_receive, transfer.peer
+        # (request, its access, is_receive, peer)
+        return req, hazards.access(transfer), is_receive, transfer.peer
 
     steps = plan.steps
     early, early_recvs, early_sends = [], 0, 0      # the next step's transfers posted already
@@ -128,46 +130,40 @@ def _overlapped(plan, transport, arrays, reduce, tag, timeout, operation, mark):
         early, early_recvs, early_sends = [], 0, 0
 
         def look_ahead(remaining):
-            """Post the following step's transfers, in order, while nothing still to happen
-            in this step touches them: a receive must not overlap a pending transfer or a
-            remaining op; a send must not overlap a pending receive or what a remaining op
-            writes. Posting earlier never blocks (only transports that progress in the
-            background run this mode) and keeps each peer's messages in plan order."""
+            """Post the following step's transfers, in order, while they conflict with
+            nothing still to happen in this step (pending transfers, remaining ops). Posting
+            earlier never blocks (only transports that progress in the background run this
+            mode) and keeps each peer's messages in plan order."""
             nonlocal early_recvs, early_sends
             if following is None:
                 return
-            while early_recvs < len(following.recvs):
-                region = following.recvs[early_recvs].region
-                if any(region.overlaps(e[1]) for e in pending) or any(
-                        region.overlaps(r) for op in remaining for r in op):
-                    break
-                early.append(post(following.recvs[early_recvs], True))
-                early_recvs += 1
-            while early_sends < len(following.sends):
-                region = following.sends[early_sends].region
-                if any(e[2] and region.overlaps(e[1]) for e in pending) or any(
-                        region.overlaps(op.dst) for op in remaining):
-                    break
-                early.append(post(following.sends[early_sends], False))
-                early_sends += 1
+            later = [e[1] for e in pending] + [hazards.access(op) for op in remaining]
+            for transfers, is_receive in ((following.recvs, True), (following.sends, False)):
+                done = early_recvs if is_receive else early_sends
+                while done < len(transfers):
+                    accessed = hazards.access(transfers[done])
+                    if any(hazards.conflict(accessed, other) for other in later):
+                        break
+                    early.append(post(transfers[done], is_receive))
+                    done += 1
+                if is_receive:
+                    early_recvs = done
+                else:
+                    early_sends = done
 
         local = step.local
         look_ahead(local)
         for j, op in enumerate(local):
             if pending:
-                if isinstance(op, Copy):
-                    reads, writes = (op.src,), (op.dst,)
-                else:
-                    reads, writes = (op.a, op.b), (op.dst,)
+                accessed = hazards.access(op)
                 # A receive needed now takes every earlier receive from its peer along: some
                 # transports (local) match a receive to a message when it completes, not when
                 # it is posted, so receives from one peer must complete in posting order.
                 needed, rest, peers = [], [], set()
                 for entry in reversed(pending):
-                    _, region, is_receive, peer = entry
-                    touched = (reads + writes) if is_receive else writes
-                    if (is_receive and (peer in peers or -1 in peers)) or any(
-                            region.overlaps(t) for t in touched):
+                    _, transfer, is_receive, peer = entry
+                    if (is_receive and (peer in peers or -1 in peers)) or \
+                            hazards.conflict(transfer, accessed):
                         needed.append(entry)
                         if is_receive:
                             peers.add(peer)

@@ -20,7 +20,7 @@ Two modes:
   k overlaps the transfer of segment k+1, and a send waits only for the kernels that wrote
   what it sends. Local ops are cut and interleaved with the rounds only when every two
   overlapping regions of the step (op and transfer, op and op) of which one is written are
-  equal, so cutting cannot reorder a dependency (``_splittable``); otherwise each op runs
+  equal, so cutting cannot reorder a dependency (``hazards.splittable``); otherwise each op runs
   whole after the step's last round. Every piece of every op runs: a step of copies alone
   has as many rounds as its longest op has pieces. (Before this, rounds were counted from
   the transfers only, so the local copy of all_to_all, gather and scatter lost all pieces
@@ -67,12 +67,12 @@ here (nothing is waited for); ``NcclTransport.synchronize(timeout)`` enforces it
 """
 from __future__ import annotations
 
-import math
 import os
 from typing import NamedTuple
 
 import numpy as np
 
+from ..algorithms import hazards
 from ..algorithms.schedule import Copy, Plan, Reduce, Send
 from ..errors import TransportError
 
@@ -387,7 +387,7 @@ class _Run:
             past = history[other]
             for i in range(len(past) - 1, waited[where], -1):
                 _, r, w = past[i]
-                if _conflict(w, reads) or _conflict(w, writes) or _conflict(r, writes):
+                if hazards.conflict((r, w), (reads, writes)):
                     streams[where].wait_event(past[i][0])
                     waited[where] = i
                     break
@@ -395,21 +395,22 @@ class _Run:
             history[where].append((streams[where].record(), reads, writes))
 
         total = len(steps)
-        pieces = lambda count: max(1, math.ceil(count / max(1, segment_elems)))  # noqa: E731
+        def pieces(count):
+            return hazards.pieces_of_at_most(count, segment_elems)
         for index, step in enumerate(steps):
             # Each message is cut by its own size, so sender and receiver cut it alike.
             moves = [(t, pieces(t.region.count)) for t in step.sends + step.recvs]
             # Local ops of a step run after all its transfers; piece k of them may follow
-            # round k of the transfers only when that cannot reorder anything (_splittable).
-            split_local = _splittable(step)
+            # round k of the transfers only when that cannot reorder anything.
+            split_local = hazards.splittable(step)
             cuts = [pieces(op[0].count) for op in step.local] if split_local else []
             # Every piece of every op must run: a step of local ops alone (the first copy of
             # all_to_all, gather, scatter) or ops longer than its messages still has rounds.
             rounds = max([n for _, n in moves] + cuts + [1])
             for k in range(rounds):
-                sends = [type(t)(t.peer, _piece(t.region, k, n)) for t, n in moves
+                sends = [type(t)(t.peer, hazards.cut(t.region, k, n)) for t, n in moves
                          if k < n and isinstance(t, Send)]
-                recvs = [type(t)(t.peer, _piece(t.region, k, n)) for t, n in moves
+                recvs = [type(t)(t.peer, hazards.cut(t.region, k, n)) for t, n in moves
                          if k < n and not isinstance(t, Send)]
                 sends = [t for t in sends if t.region.count]
                 recvs = [t for t in recvs if t.region.count]
@@ -420,61 +421,12 @@ class _Run:
                 for op, n in zip(step.local, cuts):
                     if k >= n:
                         continue
-                    piece = type(op)(*(_piece(region, k, n) for region in op))
+                    piece = type(op)(*(hazards.cut(region, k, n) for region in op))
                     if piece[0].count:
-                        enqueue("compute", *_access(piece),
+                        enqueue("compute", *hazards.access(piece),
                                 lambda p=piece: self.local(p, compute))
             if not split_local:
                 for op in step.local:
-                    enqueue("compute", *_access(op), lambda p=op: self.local(p, compute))
+                    enqueue("compute", *hazards.access(op), lambda p=op: self.local(p, compute))
         if history["comm"]:
             compute.wait_event(history["comm"][-1][0])   # the caller's stream sees it all
-
-
-def _piece(region, k, n):
-    """Segment k of n of a region: proportional bounds, so equal-count regions split alike."""
-    lo = region.count * k // n
-    hi = region.count * (k + 1) // n
-    return region.sub(lo, hi - lo)
-
-
-def _access(op):
-    """(regions read, regions written) of a local op: Copy is (src, dst), Reduce (dst, a, b)."""
-    if isinstance(op, Copy):
-        return [op.src], [op.dst]
-    return [op.a, op.b], [op.dst]
-
-
-def _splittable(step) -> bool:
-    """Whether the step's local ops may be cut into pieces and interleaved with its transfer
-    rounds (piece k of every op right after round k) without changing what the step means
-    (all transfers, then each op whole, in order). True when every two regions that overlap
-    and of which one is written are *equal* (so they are cut at the same bounds and piece k
-    of one meets only piece k of the other), between an op and a transfer and between two
-    ops; also within one op (a Reduce's ``dst`` may alias ``a`` or ``b`` exactly)."""
-    sent = [s.region for s in step.sends]        # read by the step: op writes must match
-    received = [r.region for r in step.recvs]    # written by the step: any op access must
-    ops = [_access(op) for op in step.local]
-    for reads, writes in ops:
-        for region in reads + writes:
-            if not _same_or_apart(region, received):
-                return False
-        for region in writes:
-            if not _same_or_apart(region, sent):
-                return False
-    for i, (reads_i, writes_i) in enumerate(ops):
-        for reads_j, writes_j in ops[i:]:
-            pairs = [(w, x) for w in writes_i for x in reads_j + writes_j] + \
-                    [(r, w) for r in reads_i for w in writes_j]
-            for a, b in pairs:
-                if a != b and a.overlaps(b):
-                    return False
-    return True
-
-
-def _same_or_apart(region, others) -> bool:
-    return all(region == other or not region.overlaps(other) for other in others)
-
-
-def _conflict(regions_a, regions_b) -> bool:
-    return any(a.overlaps(b) for a in regions_a for b in regions_b)
