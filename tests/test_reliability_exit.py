@@ -100,6 +100,32 @@ def test_mpi_normal_exit_while_a_peer_waits_ends_the_job(tmp_path):
     assert delay < CI_BOUND, explain(record)
 
 
+UNCAUGHT_AFTER_DESTROY = """
+dist.init_process_group("mpi", timeout=60)
+rank = dist.get_rank()
+x = np.ones(1000)
+dist.all_reduce(x)
+if rank == 0:
+    dist.destroy_process_group()           # takes the excepthook that aborts the job along
+    report(rank=rank, leaving=time.time())
+    raise RuntimeError("rank 0 fails after destroy_process_group")
+time.sleep(120)                            # busy: neither leaves nor waits in a collective
+report(rank=rank, unexpected="woke")
+"""
+
+
+@needs_mpi
+def test_mpi_uncaught_exception_after_destroy_ends_the_job(tmp_path):
+    record = mpi_job(tmp_path, UNCAUGHT_AFTER_DESTROY, 2, limit=40)
+    delay = _ended_after(record, time.time(), rank=0)
+    print(f"\nrank 0 raised after destroy_process_group: mpiexec exited {record['rc']} "
+          f"{delay:.2f} s later")
+    assert record["rc"] == 1, explain(record)
+    assert "rank 0 of 2 is exiting with code 1 after RuntimeError: rank 0 fails after " \
+        "destroy_process_group; aborting the MPI job" in record["stderr"], explain(record)
+    assert delay < CI_BOUND, explain(record)
+
+
 OS_EXIT = """
 dist.init_process_group("mpi", timeout=60)
 rank = dist.get_rank()
