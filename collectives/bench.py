@@ -589,8 +589,8 @@ def describe_executor(group) -> str:
     if transport != "mpi":
         return (f"Python host executor (the {transport} transport runs plans step by step "
                 f"in Python; only mpi has a compiled executor)")
-    from .executors import compiled
-    if getattr(group.transport, "execute", None) is not None:
+    from .executors import compiled, host
+    if group.execute is not host.execute:
         return (f"compiled MPI executor (Cython, the whole plan in C), {compiled.status()}, "
                 f"from {_package_dir()}")
     why = compiled.status()
@@ -1138,7 +1138,11 @@ def main(argv=None) -> int:
     if args.backend == "socket":
         from . import bench_socket
         if not bench_socket.launched():
-            return bench_socket.launch(argv, args.world_size or 2)
+            try:
+                return bench_socket.launch(argv, 2 if args.world_size is None
+                                           else args.world_size)
+            except ValueError as exc:
+                return _refuse(str(exc))
     if args.backend == "nccl":           # stream-ordered GPU work: CUDA-event timing there
         from . import bench_nccl
         if not bench_nccl.launched():    # by hand: one rank per GPU under collectives.run
@@ -1169,7 +1173,9 @@ def main(argv=None) -> int:
         print(format_record(record), flush=True)
 
     if leader:
-        print(f"# collectives bench: backend {meta['backend']}, {meta['world_size']} ranks, "
+        size = meta["world_size"]
+        print(f"# collectives bench: backend {meta['backend']}, {size} rank"
+              f"{'s' if size != 1 else ''}, "
               f"dtype {config.dtype}, op {config.op}"
               + (f", {meta['mpi_library']}" if meta.get("mpi_library") else ""), flush=True)
         print(comment(f"executor: {meta['executor']}"), flush=True)

@@ -41,7 +41,7 @@ def launch(argv, world_size: int) -> int:
     """Run the bench as ``world_size`` local processes through ``collectives.run``; pass
     rank 0's output through without the launcher's prefix; return the job's exit code."""
     if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"bench --backend socket: --world-size must be >= 1, got {world_size!r}")
+        raise ValueError(f"--backend socket: --world-size must be >= 1, got {world_size!r}")
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
