@@ -182,15 +182,17 @@ def exit_status():
     status, after the exception being handled when it was called (or None); otherwise
     (None, None)."""
     uncaught = getattr(sys, "last_value", None)
-    if uncaught is not None:
-        return 1, uncaught
+    if uncaught is not None:          # Python ends a KeyboardInterrupt by SIGINT: 128 + 2
+        return (130 if isinstance(uncaught, KeyboardInterrupt) else 1), uncaught
     call = _exit_call
     if call is None:
         return None, None
     code = call.code
     if code is None:
         code = 0
-    elif not isinstance(code, int):   # sys.exit("message") prints it and exits 1
+    elif isinstance(code, int):
+        code = int(code)              # sys.exit(True) is 1
+    else:                             # sys.exit("message") prints it and exits 1
         code = 1
     return code, call.__context__
 

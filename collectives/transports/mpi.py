@@ -139,6 +139,7 @@ def _check_received(req, status, rank):
 class MPITransport(Transport):
     name = "mpi"
     xp = np
+    offers = frozenset({"mpi_comm"})    # plans run in C where the compiled executor is built
 
     def __init__(self, comm, *, timeout: float = 1800.0, world_ranks=None):
         MPI = _mpi()
@@ -152,9 +153,6 @@ class MPITransport(Transport):
         self.max_tag = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
         self._subgroups = []
         self.native = MPINative(comm)
-        # Plans run in C (one call per collective) where the compiled executor is built.
-        from ..executors import compiled
-        self.execute = compiled.make_executor(comm)
 
     # -- point to point --------------------------------------------------------------------
 
@@ -315,6 +313,7 @@ class MPITransport(Transport):
             _exit_guard.leaving, _exit_guard.started = leaving, started
 
     def close(self) -> None:
+        self._release()
         for sub in self._subgroups:
             sub.close()
         self._subgroups = []
@@ -380,16 +379,15 @@ class ExitGuard:
 
     def leave(self) -> None:
         MPI = self.MPI
+        if MPI.Is_finalized() or self.comm == MPI.COMM_NULL:
+            return
+        rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
         try:
-            if MPI.Is_finalized() or self.comm == MPI.COMM_NULL:
-                return
-            world = MPI.COMM_WORLD
-            rank, size = world.Get_rank(), world.Get_size()
             code, error = self.leaving()
             self._wait_for_peers(rank, size, code, error)
         except Exception as exc:       # never fail the exit; Finalize follows as it would have
-            sys.stderr.write(f"collectives: rank {self.comm.Get_rank()}: leaving the MPI job "
-                             f"failed ({type(exc).__name__}: {exc})\n")
+            sys.stderr.write(f"collectives: rank {rank}: leaving the MPI job failed "
+                             f"({type(exc).__name__}: {exc})\n")
 
     def _wait_for_peers(self, rank, size, code, error):
         MPI = self.MPI
@@ -445,6 +443,8 @@ class ExitGuard:
         MPI = self.MPI
         status = MPI.Status()
         for transport, members in comms:
+            if not transport.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG):
+                continue                # the usual case: nothing unreceived at all
             for peer in sorted(running):
                 source = members.get(peer)
                 if source is not None and transport.comm.Iprobe(source, MPI.ANY_TAG, status):
