@@ -590,7 +590,10 @@ def describe_executor(group) -> str:
         return (f"Python host executor (the {transport} transport runs plans step by step "
                 f"in Python; only mpi has a compiled executor)")
     from .executors import compiled, host
-    if group.execute is not host.execute:
+    # the group's choice (made once, from what the transport offers); a transport's own
+    # ``execute`` where a group does not carry one
+    execute = getattr(group, "execute", None) or getattr(group.transport, "execute", None)
+    if execute is not None and execute is not host.execute:
         return (f"compiled MPI executor (Cython, the whole plan in C), {compiled.status()}, "
                 f"from {_package_dir()}")
     why = compiled.status()
