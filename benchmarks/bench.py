@@ -5,6 +5,11 @@
 
 A thin CLI over ``collectives.bench`` (also ``python -m collectives.bench``); ``--help``
 lists every flag. Exits non-zero when any result is wrong.
+
+Install the checkout editable (``pip install -e ".[mpi]"``): this script imports an installed
+``collectives`` first, but ``python -m collectives.bench`` or a script in the checkout's root
+imports the checkout's, and only an editable install builds the compiled MPI executor there.
+The header names the executor that runs and, if it is the Python one, why.
 """
 import os
 import sys

@@ -39,6 +39,18 @@ file, for ``auto`` to use (``measured.py``); ``--simulate P`` needs no transport
 the model's table for P ranks and verifies the schedules at P in the simulator
 (``bench_model``).
 
+The header says what the numbers are of: the executor that runs the plans (the compiled MPI
+executor, or the Python one and why: ``describe_executor``; a checkout that shadows an
+installed copy with the extension is named, ``missing_extension_reason``) and how many ranks
+of the job share this host's usable cores (``host_load``: under MPI the ranks of a
+shared-memory split and the union of their affinity). More ranks than cores is warned about
+in the header and again after the summary: the times are then of an oversubscribed machine.
+``--json`` keeps both in "meta" (executor, ranks_on_host, cores_on_host, oversubscribed).
+With no ``--backend`` and nothing to detect (no MPI launcher, no collectives.run/torchrun,
+no mpi4py) the bench refuses with what it looked for and the three ways on, rather than
+guessing a backend that needs a world size; such refusals, found before any group exists,
+are printed by the launcher's rank 0 only.
+
 Record fields (``--json`` "records", ``--csv`` columns): collective, algorithm ("native" is
 the transport's library, named by native_name: "gloo", an MPI library, "nccl"), chosen (the
 algorithm ``auto`` ran, else the algorithm), backend, world_size, size (bytes), count, dtype,
