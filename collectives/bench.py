@@ -593,8 +593,10 @@ def missing_extension_reason(package_dir: str, search_path=None) -> str | None:
     return None
 
 
-def describe_executor(group) -> str:
-    """Which executor runs this group's plans, and why not the compiled one where it could."""
+def describe_executor(group, dtype=None, largest: int = 0) -> str:
+    """Which executor runs this group's plans, and why not the compiled one where it could;
+    with the run's ``dtype`` and ``largest`` size in bytes, also what the compiled executor
+    hands to the Python one (complex and long double elements, messages of 2 GiB or more)."""
     transport = group.transport.name
     if transport == "nccl":
         return "NCCL executor (stream-ordered, on the GPU)"
@@ -606,8 +608,14 @@ def describe_executor(group) -> str:
     # ``execute`` where a group does not carry one
     execute = getattr(group, "execute", None) or getattr(group.transport, "execute", None)
     if execute is not None and execute is not host.execute:
-        return (f"compiled MPI executor (Cython, the whole plan in C), {compiled.status()}, "
+        line = (f"compiled MPI executor (Cython, the whole plan in C), {compiled.status()}, "
                 f"from {_package_dir()}")
+        dtype = None if dtype is None else np.dtype(dtype)
+        if dtype is not None and (dtype.kind == "c" or dtype.kind == "f" and dtype.itemsize > 8):
+            line += f"; but {dtype} plans run in the Python host executor"
+        elif largest >= 2**31:
+            line += "; but messages of 2 GiB or more run in the Python host executor"
+        return line
     why = compiled.status()
     if why.startswith("extension not built"):
         why = missing_extension_reason(_package_dir()) or why
@@ -1177,7 +1185,8 @@ def main(argv=None) -> int:
             print(f"# calibrated {groups[0][0].transport.name}: {describe_params(fitted)} "
                   f"-> {args.calibrate}", flush=True)
     meta = metadata(groups, config)
-    meta.update(executor=describe_executor(groups[0][0]), ranks_on_host=ranks_here,
+    meta.update(executor=describe_executor(groups[0][0], parse_dtype(config.dtype),
+                                           max(config.sizes)), ranks_on_host=ranks_here,
                 cores_on_host=cores, oversubscribed=crowded is not None)
     current = [None]
 

@@ -191,3 +191,22 @@ def test_oversubscription_warning_text():
     assert text.startswith("WARNING: 8 ranks on 2 cores of this host: oversubscribed")
     assert "mpiexec -n 2 here" in text
     assert "--world-size 2 here" in oversubscription_warning(3, 2, "socket")
+
+
+def test_the_executor_line_says_what_the_compiled_executor_hands_to_python(monkeypatch):
+    from collectives import bench
+    from collectives.executors import compiled
+    # the real status() would load mpi4py.MPI (MPI_Init) in the test process
+    monkeypatch.setattr(compiled, "status", lambda: "in use (built for MPICH)")
+    group = SimpleNamespace(execute=lambda *a, **k: None,
+                            transport=SimpleNamespace(name="mpi", execute=None))
+    assert bench.describe_executor(group, "float32", 1 << 20).startswith(
+        "compiled MPI executor (Cython, the whole plan in C), ")
+    assert "Python" not in bench.describe_executor(group, "float32", 1 << 20).replace(
+        compiled.status(), "")
+    assert bench.describe_executor(group, "complex64", 1 << 20).endswith(
+        "; but complex64 plans run in the Python host executor")
+    assert bench.describe_executor(group, "float32", 4 << 30).endswith(
+        "; but messages of 2 GiB or more run in the Python host executor")
+    socket = SimpleNamespace(transport=SimpleNamespace(name="socket"))
+    assert bench.describe_executor(socket).startswith("Python host executor (the socket")
