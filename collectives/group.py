@@ -30,7 +30,7 @@ from .algorithms.schedule import ROOTED, Matrix, buffer_sizes, build_plan, plan_
 from .algorithms.transforms import read_input_first, windowed
 from . import debug, signature
 from .errors import CollectiveError
-from .executors import host
+from . import executors
 from .kernels.reduce import BFLOAT16, check_op, fast_reducer, finish_average, reducer
 from .ops import ReduceOp
 
@@ -100,6 +100,7 @@ class ProcessGroup:
         self._caller_lock = threading.Lock()
         self._broken = None         # why concurrent calls failed this group
         self.overrides = algorithm_overrides(os.environ.get(ENV_ALGORITHM))
+        self.execute = executors.select(transport)      # what runs this group's plans
         # issue 7: may be reassigned per group (benchmarks); read by _runner on every call
         self.window = window_setting(os.environ.get(ENV_WINDOW))
 
@@ -301,7 +302,7 @@ class ProcessGroup:
 
     def _runner(self, collective, plan, reduce, input, output, root, op, deadline, check, tag,
                 dtype, mark):
-        execute = getattr(self.transport, "execute", None) or host.execute
+        execute = self.execute
         direct = None
         if collective == "all_reduce" and input is not None and not _overlap(input, output):
             direct = read_input_first(plan, output.size)   # no input -> output copy first
@@ -355,7 +356,7 @@ class ProcessGroup:
                     op=op.name if collective in REDUCING else None)
         record = self.xp.asarray(debug.fingerprint(**mine))
         n = record.size
-        execute = getattr(self.transport, "execute", None) or host.execute
+        execute = self.execute
         plan = build_plan("all_gather", choose("all_gather", self.size, n), self.rank,
                           self.size, (n,) * self.size)
         tag = self.next_tag()

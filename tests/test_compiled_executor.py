@@ -191,7 +191,8 @@ def _worker():
         compiled.scratch_pool.cap = 256
     world = transports.create("mpi", rank=rank, world_size=size, timeout=60)
     group = ProcessGroup(world, backend="mpi")
-    fast = world.execute
+    fast = group.execute
+    from collectives.executors import host
     failures, cases, in_c = [], 0, 0
     dtypes = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
               np.uint32, np.uint64, np.float16, BFLOAT16, np.float32, np.float64,
@@ -213,13 +214,13 @@ def _worker():
                         for root in roots[collective]:
                             seed += 1
                             if collective == "barrier":
-                                for execute in (fast, None):
-                                    world.execute = execute
+                                for execute in (fast, host.execute):
+                                    group.execute = execute
                                     group.prepare("barrier", algorithm=algorithm)()
                                 continue
                             results = []
-                            for execute in (fast, None):
-                                world.execute = execute
+                            for execute in (fast, host.execute):
+                                group.execute = execute
                                 rng = np.random.default_rng(seed * 10 + rank)
                                 inp, out = _call(collective, rank, size, rng, dtype, n, root)
                                 with np.errstate(all="ignore"):
@@ -228,7 +229,7 @@ def _worker():
                                                   root=root, op=op, algorithm=algorithm,
                                                   timeout=30)()
                                 results.append(out)
-                            world.execute = fast
+                            group.execute = fast
                             cases += 1
                             in_c += dtype in compiled._DTYPES or dtype == np.bool_
                             free = (dtype.kind in "fc" and dtype.itemsize >= 4
@@ -239,7 +240,7 @@ def _worker():
                                     f"rank {rank}: {collective}/{algorithm} {dtype.name} "
                                     f"{op.name} n={n} root={root}: compiled != host at {bad}: "
                                     f"{results[0][bad]} vs {results[1][bad]}")
-    world.execute = fast
+    group.execute = fast
 
     def report(name, problems):
         flags = comm.allgather(problems)
@@ -256,8 +257,9 @@ def _worker():
         good &= report("half kernels", _half_kernels(compiled))
         good &= report("signed zeros", _signed_zeros(compiled))
     else:
-        good &= report("timeout", _timeout_case(world, rank, size, comm, CollectiveTimeout))
-        good &= report("size mismatch", _mismatch_case(world, rank, comm, CollectiveError,
+        good &= report("timeout", _timeout_case(world, fast, rank, size, comm,
+                                                      CollectiveTimeout))
+        good &= report("size mismatch", _mismatch_case(world, fast, rank, comm, CollectiveError,
                                                        CollectiveTimeout, build_plan))
     comm.Barrier()
     if rank == 0:
@@ -265,7 +267,7 @@ def _worker():
     return 0 if good else 1
 
 
-def _timeout_case(world, rank, size, comm, CollectiveTimeout):
+def _timeout_case(world, execute, rank, size, comm, CollectiveTimeout):
     """Rank 0 runs an all_reduce alone: the C loop must give up at the deadline, cancel its
     receive, and raise CollectiveTimeout naming the step and peers."""
     from collectives.algorithms.schedule import build_plan
@@ -276,7 +278,7 @@ def _timeout_case(world, rank, size, comm, CollectiveTimeout):
         buf = np.ones(64, np.float32)
         start = time.monotonic()
         try:
-            world.execute(plan, world, {"output": buf}, None, tag=(1 << 20) + 1, timeout=0.3,
+            execute(plan, world, {"output": buf}, None, tag=(1 << 20) + 1, timeout=0.3,
                           operation="all_reduce", dtype=buf.dtype)
             problems.append("rank 0: no CollectiveTimeout")
         except CollectiveTimeout as exc:
@@ -289,7 +291,7 @@ def _timeout_case(world, rank, size, comm, CollectiveTimeout):
     return problems
 
 
-def _mismatch_case(world, rank, comm, CollectiveError, CollectiveTimeout, build_plan):
+def _mismatch_case(world, execute, rank, comm, CollectiveError, CollectiveTimeout, build_plan):
     """Ranks 0 and 1 run all_gather with different counts: the short receive is a
     CollectiveError naming the sender and the byte count, the long one MPI's truncation,
     reported as a CollectiveError too (TransportError) - never garbage, never a hang."""
@@ -299,7 +301,7 @@ def _mismatch_case(world, rank, comm, CollectiveError, CollectiveTimeout, build_
         plan = build_plan("all_gather", "ring", rank, 2, (n, n))
         inp, out = np.arange(n, dtype=np.int32), np.zeros(2 * n, np.int32)
         try:
-            world.execute(plan, world, {"input": inp, "output": out}, None, tag=(1 << 20) + 3,
+            execute(plan, world, {"input": inp, "output": out}, None, tag=(1 << 20) + 3,
                           timeout=10, operation="all_gather", dtype=inp.dtype)
             problems.append(f"rank {rank}: mismatched counts went unnoticed")
         except CollectiveTimeout as exc:

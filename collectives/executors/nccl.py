@@ -176,6 +176,7 @@ def graph_cache(transport) -> _Graphs:
     if cache is None:
         cache = _Graphs()
         transport._graphs = cache
+        transport.before_close(lambda: drop_graphs(transport))
     return cache
 
 

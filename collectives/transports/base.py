@@ -14,9 +14,10 @@ an object with ``supports(collective, dtype, op) -> bool`` and, on flat arrays,
     barrier()
 
 ``op`` is never AVG there (the group sums and divides). ``recvbuf`` is None on ranks that
-receive nothing. A transport may also provide ``execute`` (same signature as
-``executors.host.execute``) to run plans its own way (the NCCL executor, a compiled one), and
-``subgroup(ranks) -> Transport`` for new_group (a real sub-communicator where the library has
+receive nothing. ``offers`` says what an executor may use beyond isend/irecv/wait_all
+("mpi_comm": an mpi4py ``comm``; "stream": stream-ordered device work), from which the group
+picks its executor (``collectives.executors``); transports never import executors. A
+transport may provide ``subgroup(ranks) -> Transport`` for new_group (a real sub-communicator where the library has
 one; otherwise the facade wraps the parent transport and translates ranks).
 
 Tags are integers from 0 to ``max_tag``; a tag outside that range is an error, never wrapped.
@@ -52,6 +53,7 @@ class Transport:
     xp = None           # the array module of buffers: numpy or cupy
     native = None       # an object with the library's own collectives, or None
     max_tag: int | None = (1 << 63) - 1
+    offers = frozenset()
     # isend/irecv take ``signature=`` (collectives.signature) and compare the sender's with
     # the receiver's: a mismatch is a CallMismatch, never another call's bytes
     carries_signatures = False
@@ -80,8 +82,19 @@ class Transport:
     def recv(self, buf, peer: int, tag: int = 0, timeout: float | None = None) -> None:
         finish(self, [self.irecv(buf, peer, tag)], timeout)
 
+    def before_close(self, release) -> None:
+        """Call ``release()`` before this transport's connections go (an executor's state
+        that holds them, such as captured CUDA graphs)."""
+        releases = self.__dict__.setdefault("_releases", [])
+        if release not in releases:
+            releases.append(release)
+
+    def _release(self) -> None:
+        for release in self.__dict__.pop("_releases", ()):
+            release()
+
     def close(self) -> None:
-        pass
+        self._release()
 
     def call_scope(self, buffers):
         """What a facade call must run inside, captured in the caller's thread when the call

@@ -59,7 +59,6 @@ import time
 import numpy as np
 
 from ..errors import CollectiveTimeout, TransportError
-from ..executors import nccl as executor
 from ..kernels.reduce import BFLOAT16
 from ..ops import ReduceOp
 from .base import Request, Transport
@@ -211,6 +210,7 @@ def _exchange_unique_id(rank, world_size, store, timeout, nccl) -> tuple:
 class NcclTransport(Transport):
     name = "nccl"
     max_tag = None          # NCCL has no tags: a pair's messages match in posting order
+    offers = frozenset({"stream"})
 
     def __init__(self, comm, rank, size, device, timeout=1800.0):
         import cupy
@@ -230,9 +230,6 @@ class NcclTransport(Transport):
         self.native = NcclNative(self)
 
     # -- what the executor needs ---------------------------------------------------------
-
-    def execute(self, plan, transport, buffers, reduce=None, **kwargs):
-        executor.execute(plan, transport, buffers, reduce, **kwargs)
 
     def call_scope(self, buffers):
         """This rank's GPU and the stream the caller's tensors are ordered on: torch's current
@@ -342,7 +339,7 @@ class NcclTransport(Transport):
         if self.comm is None or self._aborted:
             return
         self._aborted = True
-        executor.drop_graphs(self)
+        self._release()                # captured graphs hold the communicator
         self.comm.abort()
 
     def close(self, timeout: float = 10.0):
@@ -364,7 +361,7 @@ class NcclTransport(Transport):
         except Exception:
             self._abort()
         if finished:
-            executor.drop_graphs(self)
+            self._release()
             self.comm.destroy()
         self.comm = None
         self._comm_stream = None

@@ -1187,6 +1187,7 @@ class SocketTransport(Transport):
         if self._closing:
             return
         _OPEN.discard(self)
+        self._release()
         for peer in self._peers.values():
             if not peer.closed and self._failure is None:
                 try:

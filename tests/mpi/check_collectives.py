@@ -128,21 +128,22 @@ group = ProcessGroup(world, backend="mpi")
 
 CASES = [(np.float32, ReduceOp.SUM, 1000), (np.int64, ReduceOp.SUM, 37),
          (np.int32, ReduceOp.MAX, 5), (np.float64, ReduceOp.SUM, 0), (np.int32, ReduceOp.BXOR, 1)]
-# the transport's own executor (compiled, where built) and the pure-Python host executor
-compiled_execute = getattr(world, "execute", None)
+# the group's own executor (compiled, where built) and the pure-Python host executor
+from collectives.executors import host
+compiled_execute = group.execute if group.execute is not host.execute else None
 for collective in capabilities():
     @check(f"differential {collective}")
     def _():
         seed = 0
-        for execute in ([compiled_execute] if compiled_execute else []) + [None]:
-            world.execute = execute
+        for execute in ([compiled_execute] if compiled_execute else []) + [host.execute]:
+            group.execute = execute
             for algorithm in algorithms_of(collective, world):
                 for dtype, op, n in CASES:
                     for root in sorted({0, size - 1}):
                         seed += 1
                         differential(group, world, comm, collective, algorithm, dtype, op, n,
                                      root, seed)
-        world.execute = compiled_execute
+        group.execute = compiled_execute or host.execute
 
 
 @check("native on bfloat16 moves bytes, refuses to reduce")
