@@ -19,7 +19,7 @@ rank, size = comm.Get_rank(), comm.Get_size()
 SIZES = [int(s) << 20 for s in (sys.argv[1] if len(sys.argv) > 1 else "1,16,64").split(",")]
 REPS = int(sys.argv[2]) if len(sys.argv) > 2 else 7
 world = transports.create("mpi", rank=rank, world_size=size, timeout=120)
-run = world.execute
+run = compiled.make_executor(world.comm)
 DT = np.dtype(np.float32)
 
 
