@@ -619,6 +619,8 @@ def describe_executor(group, dtype=None, largest: int = 0) -> str:
     why = compiled.status()
     if why.startswith("extension not built"):
         why = missing_extension_reason(_package_dir()) or why
+    elif compiled.available():
+        why = f"it loads ({why}), but this group did not select it"
     return f"Python host executor: the compiled MPI executor is not used here: {why}"
 
 
