@@ -16,7 +16,6 @@ import threading
 import weakref
 
 from .errors import CollectiveTimeout
-from .group import async_runner
 from .state import seconds
 
 
@@ -158,14 +157,13 @@ class _Worker:
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
-
+        self.ident = self._thread.ident
     def submit(self, run, work: Work) -> None:
         with self._cond:
             self._pending += 1
         self._jobs.put((run, work))
 
     def _loop(self):
-        async_runner.active = True          # runs in tag order: not a concurrent caller
         while True:
             job = self._jobs.get()
             if job is None:
@@ -200,6 +198,7 @@ def submit(pg, run, result) -> Work:
         worker = _workers.get(pg)
         if worker is None:
             worker = _workers[pg] = _Worker(f"collectives-rank{pg.rank}-group{pg.group_id}")
+            pg.async_thread = worker.ident
     work = Work(result)
     worker.submit(run, work)
     return work

@@ -27,6 +27,9 @@ from ..errors import CollectiveError, CollectiveTimeout
 from ..transports.base import finish
 
 
+_UNMARKED: dict = {}        # no keyword for transports that carry no signature (never mutated)
+
+
 def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
             timeout: float | None = None, operation: str | None = None, dtype=None,
             op=None, signature: bytes | None = None) -> None:
@@ -37,7 +40,7 @@ def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
     ``signature`` (given only to transports that carry one) goes with every message.
     Scratch is allocated here, with the dtype of the data.
     """
-    mark = {} if signature is None else {"signature": signature}
+    mark = _UNMARKED if signature is None else {"signature": signature}
     arrays = dict(buffers)
     if dtype is None:
         dtype = next((a.dtype for a in arrays.values() if a is not None), None)
