@@ -16,7 +16,7 @@ fails, the launcher stops the others (SIGTERM, then SIGKILL after a grace period
 with that worker's code, naming it. SIGINT, SIGTERM or SIGHUP to the launcher go to every
 worker, which is then stopped the same way; the launcher exits with 128 + the signal.
 
-Each worker runs in a process group of its own, and stopping a worker signals the whole group:
+Each worker runs in a session of its own, and stopping a worker signals its process group:
 processes a worker started (data loaders, say) go with it. A launcher that dies without
 stopping them (SIGKILL, the OOM killer) still takes its workers along: on Linux each worker
 gets SIGTERM when the launcher dies (PR_SET_PDEATHSIG), and a small watchdog process started
@@ -305,18 +305,20 @@ def _prctl():
 
 
 def _worker_setup():
-    """What each worker runs between fork and exec: a process group of its own (so stopping it
-    stops what it starts), and on Linux SIGTERM when the launcher dies, however it dies. The
-    signal is tied to the thread that forks: workers are started from the main thread, which
-    lives as long as the launcher. A launcher that died before prctl took effect sent nothing:
-    the worker sees it has a new parent and leaves at once. Only async-signal-safe work here:
-    the launcher has threads (the store server, the output pumps)."""
+    """What each worker runs between fork and exec. A session, and so a process group, of its
+    own: stopping the group stops what the worker starts, and unlike a group alone in the
+    terminal's session it may still read the terminal (a debugger) without SIGTTIN stopping
+    it. On Linux, SIGTERM when the launcher dies, however it dies; the signal is tied to the
+    thread that forks, and workers are started from the main thread, which lives as long as
+    the launcher. A launcher that died before prctl took effect sent nothing: the worker sees
+    it has a new parent and leaves at once. As little as possible runs here: the launcher has
+    threads (the store server, the output pumps) whose locks the child may inherit taken."""
     launcher = os.getpid()
     prctl = _prctl()
     death_signal = int(signal.SIGTERM)
 
     def setup():
-        os.setpgid(0, 0)
+        os.setsid()
         if prctl is not None:
             prctl(_PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
             if os.getppid() != launcher:
