@@ -1,0 +1,744 @@
+"""The torch backend "collectives": torch.distributed, DDP and the rest of torch's stack on
+our algorithms.
+
+``import collectives.c10d`` registers the backend with torch (CPU tensors); then, unchanged,
+
+    torch.distributed.init_process_group("collectives")
+
+makes every torch process group of the job a :class:`ProcessGroupCollectives`: a Python
+``torch.distributed.ProcessGroup`` over one of our groups (``collectives.group``) on the
+socket transport, whose ranks meet through the store torch hands the backend. Each method is
+torch's, shaped as ``distributed_c10d.py`` is: validate -> one ``prepare`` of our group -> a
+Work. The algorithm is chosen as the facade chooses it: ``auto`` (the group's decision table)
+unless ``COLLECTIVES_ALGORITHM=all_reduce=ring,...`` names one.
+
+How torch reaches the methods: ``torch.distributed``'s Python functions call them by name
+(``allreduce``, ``all_gather_single``, ``reduce_scatter_single``, ``all_to_all_single``,
+``reduce``, ``gather``, ``scatter``, ``recv_anysource`` ...); C++ callers (DDP's reducer,
+``_broadcast_coalesced``, the parameter check, functional collectives) reach only the methods
+torch's trampoline (``PyProcessGroup``) forwards to Python: allreduce, allreduce_coalesced,
+allgather, all_gather_single_coalesced, all_to_all_single, broadcast, reduce_scatter,
+reduce_scatter_single_coalesced, barrier, send and recv. The older names
+(``_allgather_base``, ``_reduce_scatter_base``, ``alltoall_base``,
+``allgather_into_tensor_coalesced``, ``reduce_scatter_tensor_coalesced``) are aliases.
+
+Work: a synchronous call (torch's ``async_op=False``) runs in the caller's thread and raises
+there; an asynchronous one runs on the group's worker thread in call order
+(``collectives.work``). Its torch Future is completed on a small pool of threads, not on the
+worker: DDP comm hooks such as PowerSGD wait for a second collective inside a Future
+callback, which on the worker thread would wait for itself.
+
+Rendezvous under our launcher (``python -m collectives.run``): its store server holds
+MASTER_PORT and speaks our authenticated protocol, which torch's TCPStore cannot, so torch's
+``env://`` would fail there; this module wraps torch's ``env://`` handler to hand torch that
+store (as a ``torch.distributed.Store``) when ``COLLECTIVES_USE_AGENT_STORE`` is set, and
+leaves every other case (torchrun, a plain MASTER_ADDR/MASTER_PORT) to torch.
+
+Limits: CPU tensors only (a CUDA tensor is a TypeError naming the call; use ``nccl`` for GPUs);
+one tensor per call where torch's signature takes a list of one per device; no PREMUL_SUM;
+dense (strided) tensors only; ``monitored_barrier`` is gloo's alone in torch.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+import itertools
+import os
+import threading
+from datetime import timedelta
+from urllib.parse import urlparse
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
+from torch.futures import Future as _TorchFuture
+
+from . import tensors, transports, work as _work
+from .errors import CollectiveTimeout
+from .group import ProcessGroup
+from .ops import ReduceOp
+from .rendezvous import AGENT_STORE_ENV
+from .state import seconds as _seconds
+from .store import Store, TCPStore
+
+# torch.distributed.rendezvous is also the name of a function there: take the module itself
+_torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")
+
+__all__ = ["BACKEND", "ProcessGroupCollectives", "Work", "create_backend"]
+
+BACKEND = "collectives"
+TRANSPORT = "socket"
+# Future callbacks run here; a callback that waits for another collective holds its thread,
+# so the pool grows (up to this many) rather than stall the completions behind it.
+COMPLETION_THREADS = 16
+# torch's "no deadline" for a store wait (its waits take a timedelta, never None)
+_NO_DEADLINE = timedelta(days=365)
+_group_ids = itertools.count(1)
+
+
+# -- stores -----------------------------------------------------------------------------------
+
+
+class _TorchStore(Store):
+    """Our store interface (what the socket transport's rendezvous calls) over a torch store.
+    ``underlying_store`` leads the transport to the master's host (torch's TCPStore has
+    ``host``), so each rank listens on the interface that routes there."""
+
+    def __init__(self, store, timeout):
+        super().__init__(timeout)
+        self.underlying_store = store
+
+    def _set(self, key, value):
+        self.underlying_store.set(key, value)
+
+    def _get(self, key, timeout):
+        if self._wait([key], timeout):
+            return None
+        return self.underlying_store.get(key)
+
+    def _add(self, key, amount):
+        return self.underlying_store.add(key, amount)
+
+    def _wait(self, keys, timeout):
+        limit = _NO_DEADLINE if timeout is None else timedelta(seconds=timeout)
+        try:
+            self.underlying_store.wait(keys, limit)
+        except dist.DistStoreError:
+            return [k for k in keys if not self.underlying_store.check([k])]
+        return []
+
+    def _compare_set(self, key, expected, desired):
+        return self.underlying_store.compare_set(key, expected, desired)
+
+    def _delete(self, key):
+        return self.underlying_store.delete_key(key)
+
+    def _num_keys(self):
+        return self.underlying_store.num_keys()
+
+    def _check(self, keys):
+        return self.underlying_store.check(keys)
+
+
+class _LauncherStore(dist.Store):
+    """torch's store interface over our launcher's store server (``collectives.store``)."""
+
+    def __init__(self, store: TCPStore):
+        super().__init__()
+        self._store = store
+        self.host = store.host
+
+    def set(self, key, value):
+        self._store.set(key, value)
+
+    def get(self, key):
+        return self._store.get(key)
+
+    def add(self, key, value):
+        return self._store.add(key, value)
+
+    def compare_set(self, key, expected_value, desired_value):
+        return self._store.compare_set(key, expected_value, desired_value)
+
+    def wait(self, keys, timeout=None):
+        self._store.wait(keys, None if timeout is None or timeout == timedelta(0) else timeout)
+
+    def check(self, keys):
+        return self._store.check(keys)
+
+    def delete_key(self, key):
+        return self._store.delete_key(key)
+
+    def num_keys(self):
+        return self._store.num_keys()
+
+
+_torch_env_handler = _torch_rendezvous._rendezvous_handlers["env"]
+_launcher_stores: list[_LauncherStore] = []
+
+
+def _under_our_launcher() -> bool:
+    return os.environ.get(AGENT_STORE_ENV[0], "").lower() in ("1", "true", "yes")
+
+
+def _env_rendezvous(url, timeout=timedelta(minutes=30), **kwargs):
+    """torch's ``env://``, except under our launcher: there the store is the launcher's."""
+    if not _under_our_launcher():
+        yield from _torch_env_handler(url, timeout=timeout, **kwargs)
+        return
+    query = dict(pair.split("=", 1) for pair in filter(None, urlparse(url).query.split("&")))
+    try:
+        rank = int(query.get("rank", os.environ.get("RANK", "")))
+        world_size = int(query.get("world_size", os.environ.get("WORLD_SIZE", "")))
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"env:// rendezvous under collectives.run: RANK, WORLD_SIZE, "
+                         f"MASTER_ADDR and MASTER_PORT must be set ({exc})") from None
+    store = _LauncherStore(TCPStore(host, port, world_size, is_master=False, timeout=timeout,
+                                    wait_for_workers=False))
+    # torch keeps only the C++ half of a Python store; without its Python half the methods
+    # above are gone ("pure virtual function"), so it lives as long as the process
+    _launcher_stores.append(store)
+    yield store, rank, world_size
+    raise RuntimeError("Unable to perform re-rendezvous using env:// method")
+
+
+# -- Work -------------------------------------------------------------------------------------
+
+
+_pool = None
+_pool_lock = threading.Lock()
+
+
+def _completions() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(
+                COMPLETION_THREADS, thread_name_prefix="collectives-c10d-future")
+        return _pool
+
+
+def _wait_limit(timeout):
+    """torch's Work.wait takes a timedelta; zero (its default, also from C++) is no limit."""
+    limit = _seconds(timeout)
+    return None if limit is None or limit <= 0 else limit
+
+
+class Work(dist._Work):
+    """torch's Work over one of our operations: ``wait`` (raising the operation's error),
+    ``get_future`` (a ``torch.futures.Future`` of ``result()``, as gloo's), ``is_completed``,
+    ``is_success``, ``exception``, ``result``, ``synchronize``, ``source_rank`` (any-source
+    receives: the sender's group rank)."""
+
+    def __init__(self, operation: str, result, ours=None):
+        super().__init__()
+        self._operation = operation
+        self._result = result
+        self._ours = ours                   # collectives.work.Work; None: done at the call
+        self._future = _TorchFuture()
+        self._lock = threading.Lock()
+        self._driven = False
+        self.source_rank_value = None
+        if ours is None:
+            self._future.set_result(result)
+        elif ours._requests is None:        # a collective: the group's worker finishes it
+            ours.get_future().add_done_callback(
+                lambda _: _completions().submit(self._complete))
+
+    def _complete(self):
+        with self._lock:
+            if self._future.done() or not self._ours.get_future().done():
+                return
+            error = self._ours.exception()
+            if error is None:
+                self._future.set_result(self._result)
+            else:
+                self._future.set_exception(error)
+
+    def _drive(self):
+        """Point-to-point: nothing completes the transfer unless someone waits for it."""
+        try:
+            self._ours.wait()
+        except Exception:       # noqa: BLE001  (delivered through the future)
+            pass
+        self._complete()
+
+    def wait(self, timeout=timedelta(0)) -> bool:
+        if self._ours is not None:
+            self._ours.wait(_wait_limit(timeout))
+            if self._ours._requests is not None:
+                self._complete()
+            # Future.value() is valid once wait() returns, so wait for it to be marked
+            # (callbacks may still run: they are not part of the operation).
+            self._future.wait()
+        return True
+
+    def get_future(self) -> _TorchFuture:
+        if self._ours is not None and self._ours._requests is not None:
+            with self._lock:
+                drive, self._driven = not self._driven and not self._future.done(), True
+            if drive:
+                _completions().submit(self._drive)
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._ours is None or self._ours.is_completed()
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self.exception() is None
+
+    def exception(self):
+        return None if self._ours is None else self._ours.exception()
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def source_rank(self) -> int:
+        if self.source_rank_value is None:
+            raise ValueError(f"{self._operation}: source_rank is known only for a completed "
+                             f"receive from any source")
+        return self.source_rank_value
+
+    _source_rank = source_rank
+
+    def __repr__(self):
+        state = "completed" if self.is_completed() else "pending"
+        return f"<collectives.c10d.Work {self._operation} {state}>"
+
+
+# -- the process group ------------------------------------------------------------------------
+
+
+def _then(run, finish, *args):
+    def run_and_finish():
+        run()
+        finish(*args)
+    return run_and_finish
+
+
+def _in_order(runs):
+    def run_all():
+        for run in runs:
+            run()
+    return run_all
+
+
+class ProcessGroupCollectives(dist.ProcessGroup):
+    """A torch process group whose collectives run on our algorithms (see the module
+    docstring). Made by torch through :func:`create_backend`; ``group`` is ours."""
+
+    def __init__(self, store, rank: int, size: int, timeout: timedelta, *, group_name: str = "",
+                 global_ranks=None):
+        super().__init__(rank, size)      # (store, rank, size) makes no Python subclass in torch 2.13
+        limit = _seconds(timeout)
+        transport = transports.create(TRANSPORT, rank=rank, world_size=size,
+                                      store=_TorchStore(store, limit), timeout=limit)
+        self.group = ProcessGroup(transport, backend=BACKEND, timeout=limit,
+                                  group_id=next(_group_ids), ranks=global_ranks or None,
+                                  name=group_name)
+
+    def getBackendName(self) -> str:        # noqa: N802  (torch's name)
+        return BACKEND
+
+    def __repr__(self):
+        return f"ProcessGroupCollectives(rank={self.group.rank}, size={self.group.size})"
+
+    # -- validation ---------------------------------------------------------------------------
+
+    def _where(self, operation) -> str:
+        return f"{operation} on rank {self.group.rank}"
+
+    def _flat(self, tensor, operation, name="tensor"):
+        """A flat numpy view of a CPU tensor (zero copy); anything else raises first."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{self._where(operation)}: {name} must be a torch.Tensor, got "
+                            f"{type(tensor).__name__}")
+        if tensor.device.type != "cpu":
+            raise TypeError(f"{self._where(operation)}: {name} is on {tensor.device}; the "
+                            f"{BACKEND} torch backend takes CPU tensors (use nccl for GPUs, "
+                            f"e.g. init_process_group('cpu:{BACKEND},cuda:nccl'))")
+        if tensor.layout != torch.strided:
+            raise TypeError(f"{self._where(operation)}: {name} has layout {tensor.layout}; "
+                            f"only dense tensors are supported")
+        return tensors.flat(tensor, operation, self.group.rank, name)
+
+    def _flats(self, items, operation, name, length=None):
+        if not isinstance(items, (list, tuple)):
+            raise TypeError(f"{self._where(operation)}: {name} must be a list of tensors, got "
+                            f"{type(items).__name__}")
+        if length is not None and len(items) != length:
+            raise ValueError(f"{self._where(operation)}: {name} must hold {length} tensors (one "
+                             f"per rank of the group), got {len(items)}")
+        return [self._flat(t, operation, f"{name}[{i}]") for i, t in enumerate(items)]
+
+    def _single(self, items, operation, name="tensors"):
+        """torch passes a list of one tensor per device; this backend has one device."""
+        if not isinstance(items, (list, tuple)) or len(items) != 1:
+            got = len(items) if isinstance(items, (list, tuple)) else type(items).__name__
+            raise ValueError(f"{self._where(operation)}: {name} must be a list of exactly one "
+                             f"tensor (the {BACKEND} backend has one device per rank), got {got}")
+        return items[0]
+
+    def _same_dtype(self, operation, like, views, name):
+        for i, view in enumerate(views):
+            if view.dtype != like.dtype:
+                raise TypeError(f"{self._where(operation)}: {name}[{i}] has dtype {view.dtype}, "
+                                f"the tensor {like.dtype}; they must match")
+
+    def _root(self, opts, operation):
+        root = int(opts.rootRank)
+        if not 0 <= root < self.group.size:
+            raise ValueError(f"{self._where(operation)}: root rank {root} is out of range for a "
+                             f"group of size {self.group.size}")
+        if getattr(opts, "rootTensor", 0) != 0:
+            raise ValueError(f"{self._where(operation)}: rootTensor must be 0 (one tensor per "
+                             f"rank), got {opts.rootTensor}")
+        return root
+
+    def _op(self, opts, operation):
+        kind = getattr(opts.reduceOp, "op", opts.reduceOp)
+        if kind == dist.ReduceOp.PREMUL_SUM:
+            raise ValueError(f"{self._where(operation)}: ReduceOp.PREMUL_SUM is not supported "
+                             f"by the {BACKEND} backend; scale the tensor and use SUM")
+        return ReduceOp.parse(kind)
+
+    @staticmethod
+    def _timeout(opts):
+        """The call's own timeout (torch's opts.timeout), else None: the group's."""
+        limit = _seconds(getattr(opts, "timeout", None))
+        return limit if limit is not None and limit > 0 else None
+
+    # -- running ------------------------------------------------------------------------------
+
+    def _launch(self, operation, run, result, opts=None) -> Work:
+        """The end of every collective: run now when torch waits at once (errors raise
+        here), else queue it on the group's worker and hand back a Work."""
+        if opts is not None and not getattr(opts, "asyncOp", True):
+            _work.call(self.group, run, False, result)
+            return Work(operation, result)
+        return Work(operation, result, _work.call(self.group, run, True, result))
+
+    # -- collectives --------------------------------------------------------------------------
+
+    def broadcast(self, tensors_, opts=_c10d.BroadcastOptions()):
+        """Args: tensors_ (one tensor: the data on the root, the output elsewhere), opts
+        (rootRank: a group rank). Returns: Work of ``tensors_``."""
+        buf = self._flat(self._single(tensors_, "broadcast"), "broadcast")
+        run = self.group.prepare("broadcast", output=buf, root=self._root(opts, "broadcast"),
+                                 timeout=self._timeout(opts))
+        return self._launch("broadcast", run, tensors_, opts)
+
+    def allreduce(self, tensors_, opts=_c10d.AllreduceOptions()):
+        """Args: tensors_ (one tensor, reduced in place), opts (reduceOp). Returns: Work of
+        ``tensors_``."""
+        if isinstance(tensors_, torch.Tensor):
+            tensors_ = [tensors_]
+        if getattr(opts, "sparseIndices", None) is not None:
+            raise TypeError(f"{self._where('allreduce')}: sparse all_reduce is not supported")
+        buf = self._flat(self._single(tensors_, "allreduce"), "allreduce")
+        run = self.group.prepare("all_reduce", output=buf, op=self._op(opts, "allreduce"),
+                                 timeout=self._timeout(opts))
+        return self._launch("allreduce", run, tensors_, opts)
+
+    def allreduce_coalesced(self, tensors_, opts=_c10d.AllreduceCoalescedOptions()):
+        """Args: tensors_ (any number, reduced in place; one all_reduce per dtype over their
+        concatenation), opts (reduceOp). Returns: Work of ``tensors_``."""
+        views = self._flats(tensors_, "allreduce_coalesced", "tensors")
+        op, limit = self._op(opts, "allreduce_coalesced"), self._timeout(opts)
+        runs = []
+        for dtype in dict.fromkeys(v.dtype for v in views):
+            same = [v for v in views if v.dtype == dtype]
+            whole = tensors.concatenate(same, same[0])
+            run = self.group.prepare("all_reduce", output=whole, op=op, timeout=limit)
+            runs.append(_then(run, tensors.split_into, whole, same))
+        return self._launch("allreduce_coalesced", _in_order(runs), tensors_, opts)
+
+    def reduce(self, tensors_, opts=_c10d.ReduceOptions()):
+        """Args: tensors_ (one tensor; the result lands in it on the root only), opts
+        (rootRank, reduceOp). Returns: Work of ``tensors_``."""
+        buf = self._flat(self._single(tensors_, "reduce"), "reduce")
+        root = self._root(opts, "reduce")
+        run = self.group.prepare("reduce", input=buf,
+                                 output=buf if self.group.rank == root else None, root=root,
+                                 op=self._op(opts, "reduce"), timeout=self._timeout(opts))
+        return self._launch("reduce", run, tensors_, opts)
+
+    def _all_gather_run(self, outs, inp, opts, operation):
+        """One all_gather into the list ``outs`` (sizes may differ: all-gather-v)."""
+        views = self._flats(outs, operation, "output_tensors", self.group.size)
+        buf = self._flat(inp, operation, "input_tensor")
+        self._same_dtype(operation, buf, views, "output_tensors")
+        sizes = [v.size for v in views]
+        whole = tensors.empty(buf, sum(sizes))
+        counts = None if all(s == buf.size for s in sizes) else sizes
+        run = self.group.prepare("all_gather", input=buf, output=whole, counts=counts,
+                                 timeout=self._timeout(opts))
+        return _then(run, tensors.split_into, whole, views)
+
+    def allgather(self, output_tensors, input_tensors, opts=_c10d.AllgatherOptions()):
+        """Args: output_tensors ([[one tensor per rank]]), input_tensors ([this rank's]).
+        Returns: Work of ``output_tensors``."""
+        outs = self._single(output_tensors, "allgather", "output_tensors")
+        inp = self._single(input_tensors, "allgather", "input_tensors")
+        run = self._all_gather_run(outs, inp, opts, "allgather")
+        return self._launch("allgather", run, output_tensors, opts)
+
+    def allgather_coalesced(self, output_lists, input_tensors, opts=_c10d.AllgatherOptions()):
+        """Args: output_lists (one list per input, one tensor per rank in each), input_tensors.
+        Returns: Work of ``output_lists``."""
+        if len(output_lists) != len(input_tensors):
+            raise ValueError(f"{self._where('allgather_coalesced')}: {len(output_lists)} output "
+                             f"lists for {len(input_tensors)} inputs")
+        runs = [self._all_gather_run(outs, inp, opts, "allgather_coalesced")
+                for outs, inp in zip(output_lists, input_tensors)]
+        return self._launch("allgather_coalesced", _in_order(runs), output_lists, opts)
+
+    def _gather_into_run(self, output, input, opts, operation):
+        out = self._flat(output, operation, "output")
+        buf = self._flat(input, operation, "input")
+        return self.group.prepare("all_gather", input=buf, output=out,
+                                  timeout=self._timeout(opts))
+
+    def all_gather_single(self, output, input, opts=_c10d.AllgatherOptions()):
+        """Args: output (size x the input's elements, rank r's block at r), input.
+        Returns: Work of ``[output]``."""
+        run = self._gather_into_run(output, input, opts, "all_gather_single")
+        return self._launch("all_gather_single", run, [output], opts)
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=_c10d.AllgatherOptions()):
+        """Args: outputs, inputs (pairs, as all_gather_single's). Returns: Work of
+        ``outputs``."""
+        self._pairs(outputs, inputs, "all_gather_single_coalesced")
+        runs = [self._gather_into_run(o, i, opts, "all_gather_single_coalesced")
+                for o, i in zip(outputs, inputs)]
+        return self._launch("all_gather_single_coalesced", _in_order(runs), list(outputs), opts)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def _pairs(self, outputs, inputs, operation):
+        if not isinstance(outputs, (list, tuple)) or not isinstance(inputs, (list, tuple)) \
+                or len(outputs) != len(inputs):
+            raise ValueError(f"{self._where(operation)}: outputs and inputs must be lists of "
+                             f"equal length")
+
+    def gather(self, output_tensors, input_tensors, opts=_c10d.GatherOptions()):
+        """Args: output_tensors ([[one tensor per rank]] on the root, [] elsewhere),
+        input_tensors ([this rank's]), opts (rootRank). Returns: Work of
+        ``output_tensors``."""
+        root = self._root(opts, "gather")
+        buf = self._flat(self._single(input_tensors, "gather", "input_tensors"), "gather")
+        views = self._rooted(output_tensors, root, buf, "gather", "output_tensors")
+        whole = tensors.empty(buf, buf.size * self.group.size) if views is not None else None
+        run = self.group.prepare("gather", input=buf, output=whole, root=root,
+                                 timeout=self._timeout(opts))
+        if whole is not None:
+            run = _then(run, tensors.split_into, whole, views)
+        return self._launch("gather", run, output_tensors, opts)
+
+    def scatter(self, output_tensors, input_tensors, opts=_c10d.ScatterOptions()):
+        """Args: output_tensors ([this rank's block]), input_tensors ([[one tensor per rank]]
+        on the root, [] elsewhere), opts (rootRank). Returns: Work of ``output_tensors``."""
+        root = self._root(opts, "scatter")
+        out = self._flat(self._single(output_tensors, "scatter", "output_tensors"), "scatter")
+        views = self._rooted(input_tensors, root, out, "scatter", "input_tensors")
+        whole = tensors.concatenate(views, out) if views is not None else None
+        run = self.group.prepare("scatter", input=whole, output=out, root=root,
+                                 timeout=self._timeout(opts))
+        return self._launch("scatter", run, output_tensors, opts)
+
+    def _rooted(self, lists, root, like, operation, name):
+        """gather's outputs / scatter's inputs: one list of one tensor per rank on the root,
+        each like ``like``; nothing elsewhere. Returns the root's views, else None."""
+        if self.group.rank != root:
+            if lists and any(len(entry) for entry in lists):
+                raise ValueError(f"{self._where(operation)}: {name} must be empty on ranks "
+                                 f"other than the root ({root})")
+            return None
+        views = self._flats(self._single(lists, operation, name), operation, name,
+                            self.group.size)
+        for i, view in enumerate(views):
+            if view.size != like.size or view.dtype != like.dtype:
+                raise ValueError(f"{self._where(operation)}: {name}[{i}] has {view.size} "
+                                 f"{view.dtype} elements; each must match the tensor "
+                                 f"({like.size} {like.dtype})")
+        return views
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=_c10d.ReduceScatterOptions()):
+        """Args: output_tensors ([this rank's block]), input_tensors ([[one tensor per rank]];
+        sizes may differ), opts (reduceOp). Returns: Work of ``output_tensors``."""
+        out = self._flat(self._single(output_tensors, "reduce_scatter", "output_tensors"),
+                         "reduce_scatter")
+        views = self._flats(self._single(input_tensors, "reduce_scatter", "input_tensors"),
+                            "reduce_scatter", "input_tensors", self.group.size)
+        self._same_dtype("reduce_scatter", out, views, "input_tensors")
+        sizes = [v.size for v in views]
+        whole = tensors.concatenate(views, out)
+        run = self.group.prepare("reduce_scatter", input=whole, output=out,
+                                 counts=None if all(s == out.size for s in sizes) else sizes,
+                                 op=self._op(opts, "reduce_scatter"),
+                                 timeout=self._timeout(opts))
+        return self._launch("reduce_scatter", run, output_tensors, opts)
+
+    def _scatter_from_run(self, output, input, opts, operation):
+        out = self._flat(output, operation, "output")
+        buf = self._flat(input, operation, "input")
+        return self.group.prepare("reduce_scatter", input=buf, output=out,
+                                  op=self._op(opts, operation), timeout=self._timeout(opts))
+
+    def reduce_scatter_single(self, output, input, opts=_c10d.ReduceScatterOptions()):
+        """Args: output (this rank's block), input (size blocks), opts (reduceOp).
+        Returns: Work of ``[output]``."""
+        run = self._scatter_from_run(output, input, opts, "reduce_scatter_single")
+        return self._launch("reduce_scatter_single", run, [output], opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs,
+                                        opts=_c10d.ReduceScatterOptions()):
+        """Args: outputs, inputs (pairs, as reduce_scatter_single's). Returns: Work of
+        ``outputs``."""
+        self._pairs(outputs, inputs, "reduce_scatter_single_coalesced")
+        runs = [self._scatter_from_run(o, i, opts, "reduce_scatter_single_coalesced")
+                for o, i in zip(outputs, inputs)]
+        return self._launch("reduce_scatter_single_coalesced", _in_order(runs), list(outputs),
+                            opts)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def alltoall(self, output_tensors, input_tensors, opts=_c10d.AllToAllOptions()):
+        """Args: output_tensors (block j comes from rank j), input_tensors (block j goes to
+        rank j); sizes may differ (all-to-all-v). Returns: Work of ``output_tensors``."""
+        p = self.group.size
+        outs = self._flats(output_tensors, "alltoall", "output_tensors", p)
+        ins = self._flats(input_tensors, "alltoall", "input_tensors", p)
+        self._same_dtype("alltoall", outs[0], ins, "input_tensors")
+        self._same_dtype("alltoall", outs[0], outs, "output_tensors")
+        sends, recvs = [v.size for v in ins], [v.size for v in outs]
+        counts = None
+        if len(set(sends + recvs)) > 1:
+            counts = self._all_to_all_counts(sends, recvs, "alltoall")
+        whole_in = tensors.concatenate(ins, outs[0])
+        whole_out = tensors.empty(outs[0], sum(recvs))
+        run = self.group.prepare("all_to_all", input=whole_in, output=whole_out, counts=counts,
+                                 timeout=self._timeout(opts))
+        return self._launch("alltoall", _then(run, tensors.split_into, whole_out, outs),
+                            output_tensors, opts)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
+                          opts=_c10d.AllToAllOptions()):
+        """Args: output, input, output_split_sizes / input_split_sizes (rows of dim 0 per
+        rank; empty: an even split). Returns: Work of ``[output]``."""
+        operation = "all_to_all_single"
+        out = self._flat(output, operation, "output")
+        buf = self._flat(input, operation, "input")
+        counts = None
+        if len(output_split_sizes) or len(input_split_sizes):
+            sends = self._splits(input_split_sizes, buf.size, tensors.rows(input),
+                                 "input_split_sizes")
+            recvs = self._splits(output_split_sizes, out.size, tensors.rows(output),
+                                 "output_split_sizes")
+            counts = self._all_to_all_counts(sends, recvs, operation)
+        run = self.group.prepare("all_to_all", input=buf, output=out, counts=counts,
+                                 timeout=self._timeout(opts))
+        return self._launch(operation, run, [output], opts)
+
+    alltoall_base = all_to_all_single
+
+    def _splits(self, sizes, total, per_row, name):
+        p = self.group.size
+        if not len(sizes):
+            if total % p:
+                raise ValueError(f"{self._where('all_to_all_single')}: {total} elements do not "
+                                 f"split evenly over {p} ranks; give {name}")
+            return [total // p] * p
+        sizes = [int(s) for s in sizes]
+        if len(sizes) != p or any(s < 0 for s in sizes) or sum(sizes) * per_row != total:
+            raise ValueError(f"{self._where('all_to_all_single')}: {name} {sizes} must be {p} "
+                             f"non-negative row counts adding up to the tensor's rows")
+        return [s * per_row for s in sizes]
+
+    def _all_to_all_counts(self, sends, recvs, operation):
+        """The full matrix counts[i][j] (i sends to j), which our schedules need on every
+        rank: every rank's row and column are all-gathered (one small collective, run now)
+        and checked, so a size mismatch is the same ValueError on every rank before any data
+        moves."""
+        p, me = self.group.size, self.group.rank
+        table = np.empty(2 * p * p, dtype=np.int64)
+        mine = np.asarray(list(sends) + list(recvs), dtype=np.int64)
+        _work.call(self.group, self.group.prepare("all_gather", input=mine, output=table),
+                   False, [])
+        table = table.reshape(p, 2, p).tolist()
+        matrix = [table[i][0] for i in range(p)]
+        for j in range(p):
+            column = [matrix[i][j] for i in range(p)]
+            if column != table[j][1]:
+                raise ValueError(f"{self._where(operation)}: rank {j} expects {table[j][1]} "
+                                 f"elements from the ranks, but they send it {column}")
+        return matrix
+
+    def barrier(self, opts=_c10d.BarrierOptions()):
+        """Args: opts (device_ids are ignored: CPU only). Returns: Work of ``[]``."""
+        run = self.group.prepare("barrier", timeout=self._timeout(opts))
+        return self._launch("barrier", run, [], opts)
+
+    # -- point-to-point -----------------------------------------------------------------------
+    # Straight onto the transport in the group's user-tag space, without draining queued
+    # collectives first: torch's p2p is independent of pending async collectives, and a rank
+    # whose send waited for its own queued all_reduce could deadlock with a peer that receives
+    # before it reduces.
+
+    def _p2p(self, kind, tensors_, peer, tag):
+        operation = kind
+        buf = self._flat(self._single(tensors_, operation), operation)
+        if peer is not None:
+            peer = int(peer)
+            if not 0 <= peer < self.group.size or peer == self.group.rank:
+                raise ValueError(f"{self._where(operation)}: peer {peer} must be another rank "
+                                 f"of the group (0..{self.group.size - 1})")
+        wire_tag = self.group.p2p_tag(tag, operation)
+        transport = self.group.transport
+        if kind == "send":
+            request = transport.isend(buf, peer, wire_tag)
+        else:
+            request = transport.irecv(buf, -1 if peer is None else peer, wire_tag)
+        work = Work(operation, list(tensors_),
+                    _work.Work(list(tensors_), requests=[request], transport=transport))
+        if kind == "recv":
+            def record():
+                source = getattr(request, "source", None) if peer is None else peer
+                work.source_rank_value = None if source is None or source < 0 else source
+            work._ours._on_done = record
+        return work
+
+    def send(self, tensors_, dstRank, tag=0):       # noqa: N803  (torch's names)
+        """Args: tensors_ (one tensor), dstRank (a group rank), tag. Returns: Work."""
+        return self._p2p("send", tensors_, dstRank, tag)
+
+    def recv(self, tensors_, srcRank, tag=0):       # noqa: N803
+        """Args: tensors_ (one tensor, written), srcRank (a group rank), tag. Returns:
+        Work."""
+        return self._p2p("recv", tensors_, srcRank, tag)
+
+    def recv_anysource(self, tensors_, tag=0):
+        """Args: tensors_ (one tensor, written), tag. Returns: Work whose
+        ``_source_rank()`` is the sender's group rank once complete."""
+        return self._p2p("recv", tensors_, None, tag)
+
+    # -- life ---------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Finish queued work and close the connections (destroy_process_group)."""
+        _work.stop(self.group)
+        self.group.transport.close()
+
+    def abort(self) -> None:
+        """Fail every pending and later operation of the group, on every rank."""
+        abort = getattr(self.group.transport, "abort", None)
+        if abort is not None:
+            abort(f"{BACKEND} process group aborted on rank {self.group.rank}")
+
+
+def create_backend(options, backend_options=None) -> ProcessGroupCollectives:
+    """torch's creator of the backend (the extended API): one of our groups per torch
+    process group, meeting through ``options.store``."""
+    return ProcessGroupCollectives(options.store, options.group_rank, options.group_size,
+                                   options.timeout, group_name=str(options.group_id),
+                                   global_ranks=list(options.global_ranks_in_group) or None)
+
+
+def _register() -> None:
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, create_backend, extended_api=True,
+                                      devices=["cpu"])
+    _torch_rendezvous._rendezvous_handlers["env"] = _env_rendezvous
+
+
+_register()

@@ -1,0 +1,78 @@
+"""DDP on a torch backend, the same training for every backend: ``c10d_ddp.py BACKEND OUT``.
+
+A small model trained a few steps under DistributedDataParallel, with several buckets
+(``bucket_cap_mb`` tiny), in four variants: plain; torch's ``allreduce_hook``; a custom comm
+hook built on ``Work.get_future()``; and gradient accumulation under ``no_sync``. Seeds are
+fixed and each rank's data depends only on its rank, so every backend should reach the same
+parameters (bitwise across ranks, within rounding across backends). Each rank saves its final
+parameters per variant to ``OUT/rank<R>.pt``. Run under any launcher that sets torch's
+environment (``collectives.run``, torchrun); ``collectives.c10d`` is imported whatever the
+backend, so gloo under our launcher finds its store too.
+"""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import collectives.c10d  # noqa: F401  (registers the "collectives" backend)
+
+STEPS = 4
+
+
+def model():
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 32),
+                               torch.nn.Tanh(), torch.nn.Linear(32, 4))
+
+
+def batches(rank, count):
+    g = torch.Generator().manual_seed(100 + rank)
+    return [(torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g))
+            for _ in range(count)]
+
+
+def mean_hook(state, bucket):
+    """A custom comm hook on Work.get_future(): sum, then divide in a callback."""
+    size = dist.get_world_size()
+    work = dist.all_reduce(bucket.buffer(), async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0].div_(size))
+
+
+def train(variant, rank):
+    ddp = DDP(model(), bucket_cap_mb=0.002)     # several buckets for this model
+    if variant == "allreduce_hook":
+        ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+    elif variant == "custom_hook":
+        ddp.register_comm_hook(None, mean_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    data = batches(rank, 2 * STEPS)
+    for step in range(STEPS):
+        opt.zero_grad()
+        if variant == "no_sync":
+            x, y = data[2 * step]
+            with ddp.no_sync():                 # accumulate locally, no communication
+                torch.nn.functional.mse_loss(ddp(x), y).backward()
+            x, y = data[2 * step + 1]
+        else:
+            x, y = data[step]
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in ddp.module.parameters()]
+
+
+def main():
+    backend, out = sys.argv[1], sys.argv[2]
+    dist.init_process_group(backend)
+    rank = dist.get_rank()
+    assert dist.get_backend() == backend, dist.get_backend()
+    result = {v: train(v, rank) for v in ("plain", "allreduce_hook", "custom_hook", "no_sync")}
+    torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+    print(f"OK rank {rank}")
+
+
+if __name__ == "__main__":
+    main()
