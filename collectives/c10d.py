@@ -316,6 +316,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: timedelta, *, group_name: str = "",
                  global_ranks=None):
         super().__init__(rank, size)      # (store, rank, size) makes no Python subclass in torch 2.13
+        self._group_name, self._group_desc = group_name, ""
         limit = _seconds(timeout)
         transport = transports.create(TRANSPORT, rank=rank, world_size=size,
                                       store=_TorchStore(store, limit), timeout=limit)
@@ -323,8 +324,23 @@ class ProcessGroupCollectives(dist.ProcessGroup):
                                   group_id=next(_group_ids), ranks=global_ranks or None,
                                   name=group_name)
 
-    def getBackendName(self) -> str:        # noqa: N802  (torch's name)
+    def getBackendName(self) -> str:        # noqa: N802  (torch's names, called from C++)
         return BACKEND
+
+    # torch's ProcessGroup keeps its name in its C++ backends, which a Python group has none
+    # of: without these, resolving the group by name (functional collectives, DTensor, FSDP2)
+    # fails with "ProcessGroup name not set".
+    def setGroupName(self, name: str) -> None:     # noqa: N802
+        self._group_name = name
+
+    def getGroupName(self) -> str:                 # noqa: N802
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:     # noqa: N802
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:                 # noqa: N802
+        return self._group_desc
 
     def __repr__(self):
         return f"ProcessGroupCollectives(rank={self.group.rank}, size={self.group.size})"

@@ -1,8 +1,11 @@
-"""DDP on a torch backend, the same training for every backend: ``c10d_ddp.py BACKEND OUT``.
+"""Data-parallel training on a torch backend, the same for every backend:
+``c10d_training.py BACKEND OUT``.
 
 A small model trained a few steps under DistributedDataParallel, with several buckets
 (``bucket_cap_mb`` tiny), in four variants: plain; torch's ``allreduce_hook``; a custom comm
-hook built on ``Work.get_future()``; and gradient accumulation under ``no_sync``. Seeds are
+hook built on ``Work.get_future()``; and gradient accumulation under ``no_sync``; then the
+same training as the plain one under FSDP2 (``fully_shard`` per layer and on the model; its
+parameters gathered with ``full_tensor()``). Seeds are
 fixed and each rank's data depends only on its rank, so every backend should reach the same
 parameters (bitwise across ranks, within rounding across backends). Each rank saves its final
 parameters per variant to ``OUT/rank<R>.pt``. Run under any launcher that sets torch's
@@ -15,6 +18,7 @@ import sys
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import collectives.c10d  # noqa: F401  (registers the "collectives" backend)
@@ -63,12 +67,27 @@ def train(variant, rank):
     return [p.detach().clone() for p in ddp.module.parameters()]
 
 
+def train_fsdp2(rank):
+    net = model()
+    for layer in net:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    for x, y in batches(rank, 2 * STEPS)[:STEPS]:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        opt.step()
+    return [p.full_tensor().detach().clone() for p in net.parameters()]
+
+
 def main():
     backend, out = sys.argv[1], sys.argv[2]
     dist.init_process_group(backend)
     rank = dist.get_rank()
     assert dist.get_backend() == backend, dist.get_backend()
     result = {v: train(v, rank) for v in ("plain", "allreduce_hook", "custom_hook", "no_sync")}
+    result["fsdp2"] = train_fsdp2(rank)
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
     dist.destroy_process_group()
     print(f"OK rank {rank}")
