@@ -124,10 +124,10 @@ class _TorchStore(Store):
 class _LauncherStore(dist.Store):
     """torch's store interface over our launcher's store server (``collectives.store``)."""
 
-    def __init__(self, store: TCPStore):
+    def __init__(self, store: Store):
         super().__init__()
         self._store = store
-        self.host = store.host
+        self.host = getattr(store, "host", None)     # where the transport should listen
 
     def set(self, key, value):
         self._store.set(key, value)
@@ -152,6 +152,10 @@ class _LauncherStore(dist.Store):
 
     def num_keys(self):
         return self._store.num_keys()
+
+    # the names torch's C++ side looks these up by
+    deleteKey = delete_key          # noqa: N815
+    getNumKeys = num_keys           # noqa: N815
 
 
 _torch_env_handler = _torch_rendezvous._rendezvous_handlers["env"]
@@ -436,24 +440,24 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         if isinstance(tensors_, torch.Tensor):
             tensors_ = [tensors_]
         if getattr(opts, "sparseIndices", None) is not None:
-            raise TypeError(f"{self._where('allreduce')}: sparse all_reduce is not supported")
-        buf = self._flat(self._single(tensors_, "allreduce"), "allreduce")
-        run = self.group.prepare("all_reduce", output=buf, op=self._op(opts, "allreduce"),
+            raise TypeError(f"{self._where('all_reduce')}: sparse all_reduce is not supported")
+        buf = self._flat(self._single(tensors_, "all_reduce"), "all_reduce")
+        run = self.group.prepare("all_reduce", output=buf, op=self._op(opts, "all_reduce"),
                                  timeout=self._timeout(opts))
-        return self._launch("allreduce", run, tensors_, opts)
+        return self._launch("all_reduce", run, tensors_, opts)
 
     def allreduce_coalesced(self, tensors_, opts=_c10d.AllreduceCoalescedOptions()):
         """Args: tensors_ (any number, reduced in place; one all_reduce per dtype over their
         concatenation), opts (reduceOp). Returns: Work of ``tensors_``."""
-        views = self._flats(tensors_, "allreduce_coalesced", "tensors")
-        op, limit = self._op(opts, "allreduce_coalesced"), self._timeout(opts)
+        views = self._flats(tensors_, "all_reduce_coalesced", "tensors")
+        op, limit = self._op(opts, "all_reduce_coalesced"), self._timeout(opts)
         runs = []
         for dtype in dict.fromkeys(v.dtype for v in views):
             same = [v for v in views if v.dtype == dtype]
             whole = tensors.concatenate(same, same[0])
             run = self.group.prepare("all_reduce", output=whole, op=op, timeout=limit)
             runs.append(_then(run, tensors.split_into, whole, same))
-        return self._launch("allreduce_coalesced", _in_order(runs), tensors_, opts)
+        return self._launch("all_reduce_coalesced", _in_order(runs), tensors_, opts)
 
     def reduce(self, tensors_, opts=_c10d.ReduceOptions()):
         """Args: tensors_ (one tensor; the result lands in it on the root only), opts
@@ -480,20 +484,20 @@ class ProcessGroupCollectives(dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=_c10d.AllgatherOptions()):
         """Args: output_tensors ([[one tensor per rank]]), input_tensors ([this rank's]).
         Returns: Work of ``output_tensors``."""
-        outs = self._single(output_tensors, "allgather", "output_tensors")
-        inp = self._single(input_tensors, "allgather", "input_tensors")
-        run = self._all_gather_run(outs, inp, opts, "allgather")
-        return self._launch("allgather", run, output_tensors, opts)
+        outs = self._single(output_tensors, "all_gather", "output_tensors")
+        inp = self._single(input_tensors, "all_gather", "input_tensors")
+        run = self._all_gather_run(outs, inp, opts, "all_gather")
+        return self._launch("all_gather", run, output_tensors, opts)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=_c10d.AllgatherOptions()):
         """Args: output_lists (one list per input, one tensor per rank in each), input_tensors.
         Returns: Work of ``output_lists``."""
         if len(output_lists) != len(input_tensors):
-            raise ValueError(f"{self._where('allgather_coalesced')}: {len(output_lists)} output "
+            raise ValueError(f"{self._where('all_gather_coalesced')}: {len(output_lists)} output "
                              f"lists for {len(input_tensors)} inputs")
-        runs = [self._all_gather_run(outs, inp, opts, "allgather_coalesced")
+        runs = [self._all_gather_run(outs, inp, opts, "all_gather_coalesced")
                 for outs, inp in zip(output_lists, input_tensors)]
-        return self._launch("allgather_coalesced", _in_order(runs), output_lists, opts)
+        return self._launch("all_gather_coalesced", _in_order(runs), output_lists, opts)
 
     def _gather_into_run(self, output, input, opts, operation):
         out = self._flat(output, operation, "output")
@@ -613,19 +617,19 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         """Args: output_tensors (block j comes from rank j), input_tensors (block j goes to
         rank j); sizes may differ (all-to-all-v). Returns: Work of ``output_tensors``."""
         p = self.group.size
-        outs = self._flats(output_tensors, "alltoall", "output_tensors", p)
-        ins = self._flats(input_tensors, "alltoall", "input_tensors", p)
-        self._same_dtype("alltoall", outs[0], ins, "input_tensors")
-        self._same_dtype("alltoall", outs[0], outs, "output_tensors")
+        outs = self._flats(output_tensors, "all_to_all", "output_tensors", p)
+        ins = self._flats(input_tensors, "all_to_all", "input_tensors", p)
+        self._same_dtype("all_to_all", outs[0], ins, "input_tensors")
+        self._same_dtype("all_to_all", outs[0], outs, "output_tensors")
         sends, recvs = [v.size for v in ins], [v.size for v in outs]
         counts = None
         if len(set(sends + recvs)) > 1:
-            counts = self._all_to_all_counts(sends, recvs, "alltoall")
+            counts = self._all_to_all_counts(sends, recvs, "all_to_all")
         whole_in = tensors.concatenate(ins, outs[0])
         whole_out = tensors.empty(outs[0], sum(recvs))
         run = self.group.prepare("all_to_all", input=whole_in, output=whole_out, counts=counts,
                                  timeout=self._timeout(opts))
-        return self._launch("alltoall", _then(run, tensors.split_into, whole_out, outs),
+        return self._launch("all_to_all", _then(run, tensors.split_into, whole_out, outs),
                             output_tensors, opts)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,

@@ -292,9 +292,9 @@ def main():
     # bad input: the same error on every rank, before any data moves; the group goes on
     raises("non-contiguous", ValueError, "not contiguous",
            lambda: dist.all_reduce(torch.zeros(4, 4).t()))
-    raises("all_gather list length", ValueError, "allgather",
+    raises("all_gather list length", ValueError, "all_gather",
            lambda: dist.all_gather([torch.empty(2)] * (size + 1), torch.ones(2)))
-    raises("all_gather dtype", TypeError, "allgather",
+    raises("all_gather dtype", TypeError, "all_gather",
            lambda: pg.allgather([[torch.empty(2, dtype=torch.int64)] * size], [torch.ones(2)]).wait())
     raises("all_gather_into_tensor size", ValueError, "all_gather",
            lambda: dist.all_gather_into_tensor(torch.empty(size * 2 + 1), torch.ones(2)))

@@ -1,0 +1,289 @@
+"""The torch backend "collectives" (collectives/c10d.py): torch.distributed, DDP, FSDP2 and
+DTensor on our algorithms.
+
+In this process (one rank): registration, the stores between torch and us, Work, errors.
+In real processes (jobs under tests/jobs/, each killed at a limit so a hang fails): every
+collective through torch.distributed against exact values on 2 ranks under our launcher and
+on 3 ranks under torchrun's environment variables set by hand (rank 0 hosting torch's own
+TCPStore); and the same DDP / FSDP2 training on our backend and on gloo, whose parameters
+must be bitwise identical across ranks and equal to gloo's within float rounding.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+import collectives.c10d as c10d  # noqa: E402
+from collectives.errors import CollectiveTimeout  # noqa: E402
+from collectives.store import HashStore, TCPStore  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOBS = os.path.join(ROOT, "tests", "jobs")
+JOB_LIMIT = 90          # seconds; a job past it is killed and the test fails
+VARIANTS = ("plain", "allreduce_hook", "custom_hook", "no_sync", "fsdp2")
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _env(**extra):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    for name in ("COLLECTIVES_SECRET", "COLLECTIVES_USE_AGENT_STORE", "TORCHELASTIC_USE_AGENT_STORE",
+                 "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+def _finish(procs, what):
+    """Wait for every process; past JOB_LIMIT kill them all (their sessions) and fail."""
+    outputs = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=JOB_LIMIT)
+            outputs.append(out)
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for proc in procs:
+            proc.wait()
+        pytest.fail(f"{what} hung: killed after {JOB_LIMIT} s")
+    return [proc.returncode for proc in procs], "".join(outputs)
+
+
+def launch(nproc, script, *args, cwd):
+    """Our launcher: ``python -m collectives.run --standalone --nproc-per-node N``."""
+    proc = subprocess.Popen([sys.executable, "-m", "collectives.run", "--standalone",
+                             "--nproc-per-node", str(nproc), script, *args],
+                            env=_env(), cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    codes, output = _finish([proc], f"collectives.run {os.path.basename(script)}")
+    return codes[0], output
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def by_hand(nproc, script, *args, cwd):
+    """torchrun's environment set by hand: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (rank 0
+    runs torch's TCPStore), one process per rank."""
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, script, *args],
+                              env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nproc),
+                                       LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=str(port)),
+                              cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True)
+             for r in range(nproc)]
+    codes, output = _finish(procs, f"{os.path.basename(script)} by hand")
+    return max(codes, key=abs), output
+
+
+@pytest.fixture
+def one_rank():
+    """A one-rank default group on our backend, in this process."""
+    dist.init_process_group("collectives", store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=timedelta(seconds=20))
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+# -- in this process ---------------------------------------------------------------------------
+
+
+def test_registered_for_cpu():
+    assert "collectives" in dist.Backend.backend_list
+    assert dist.Backend.COLLECTIVES == "collectives"
+    assert dist.Backend.backend_capability["collectives"] == ["cpu"]
+    assert dist.is_backend_available("collectives")
+
+
+def test_one_rank_group_runs_every_call(one_rank):
+    pg = one_rank
+    assert isinstance(pg, c10d.ProcessGroupCollectives) and pg.name() == "collectives"
+    assert dist.get_backend() == "collectives" and (pg.rank(), pg.size()) == (0, 1)
+    t = torch.arange(4.0)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    assert torch.equal(t, torch.arange(4.0))
+    work = dist.all_reduce(t, async_op=True)
+    assert isinstance(work, c10d.Work) and work.wait() is True and work.is_success()
+    assert work.get_future().value()[0] is t and work.exception() is None
+    out = torch.empty(4)
+    dist.all_gather_into_tensor(out, t)
+    dist.reduce_scatter_tensor(out, t)
+    dist.all_to_all_single(out, t)
+    assert torch.equal(out, t)
+    lst = [torch.empty(4)]
+    dist.all_gather(lst, t)
+    dist.gather(t, lst, dst=0)
+    dist.scatter(out, [t], src=0)
+    dist.broadcast(t, src=0)
+    dist.reduce(t, dst=0)
+    dist.barrier()
+    assert torch.equal(lst[0], t) and torch.equal(out, t)
+
+
+def test_bad_input_names_the_call_and_rank(one_rank):
+    pg = one_rank
+    with pytest.raises(ValueError, match=r"all_reduce on rank 0: tensor is not contiguous"):
+        dist.all_reduce(torch.zeros(3, 3).t())
+    with pytest.raises(TypeError, match=r"all_reduce on rank 0: tensor is on meta"):
+        dist.all_reduce(torch.zeros(3, device="meta"))
+    with pytest.raises(ValueError, match=r"all_reduce on rank 0: .*PREMUL_SUM"):
+        dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0))
+    with pytest.raises(TypeError, match=r"all_reduce on rank 0: ReduceOp.BAND .* float32"):
+        dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND)
+    with pytest.raises(ValueError, match=r"all_reduce on rank 0: tensors must be a list of "
+                                         r"exactly one tensor"):
+        pg.allreduce([torch.ones(1), torch.ones(1)])
+    with pytest.raises(ValueError, match=r"all_gather on rank 0: output_tensors must hold 1"):
+        pg.allgather([[torch.ones(1), torch.ones(1)]], [torch.ones(1)])
+    with pytest.raises(TypeError, match=r"all_gather on rank 0: output_tensors\[0\] has dtype "
+                                        r"int64"):
+        pg.allgather([[torch.ones(1, dtype=torch.int64)]], [torch.ones(1)])
+    with pytest.raises(ValueError, match=r"all_gather on rank 0: output has 3 elements"):
+        dist.all_gather_into_tensor(torch.empty(3), torch.ones(2))
+    with pytest.raises(ValueError, match=r"all_to_all_single on rank 0: output_split_sizes"):
+        dist.all_to_all_single(torch.empty(2), torch.ones(2), [3], [2])
+    with pytest.raises(ValueError, match=r"send on rank 0: peer 0 must be another rank"):
+        pg.send([torch.ones(1)], 0, 0)
+    with pytest.raises(ValueError, match=r"broadcast on rank 0: root rank 3 is out of range"):
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 3
+        pg.broadcast([torch.ones(1)], opts)
+    t = torch.ones(2)                      # the group goes on after refused calls
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.ones(2))
+
+
+def test_work_wait_timeout_then_completes(one_rank):
+    """A receive that nobody sends to times out in wait() and stays pending; a matching
+    message later completes it (here from this rank's own transport, as a peer would)."""
+    pg = one_rank
+    got = torch.empty(2)
+    work = pg.recv_anysource([got], 3)
+    with pytest.raises(CollectiveTimeout):
+        work.wait(timedelta(seconds=0.1))
+    assert not work.is_completed()
+    transport = pg.group.transport
+    transport.isend(torch.tensor([1.0, 2.0]).numpy(), 0, pg.group.p2p_tag(3))
+    assert work.wait() and torch.equal(got, torch.tensor([1.0, 2.0]))
+    assert work.get_future().value()[0] is got
+
+
+def test_torch_store_under_our_store_interface():
+    """What the socket transport's rendezvous needs from the store torch hands the backend."""
+    inner = dist.HashStore()
+    store = c10d._TorchStore(dist.PrefixStore("pg", inner), 5.0)
+    store.set("a", b"1")
+    assert store.get("a") == b"1" and store.add("n", 2) == 2 and store.add("n", 3) == 5
+    assert store.check(["a"]) and not store.check(["b"]) and store.num_keys() >= 2
+    store.set_timeout(0.1)
+    with pytest.raises(CollectiveTimeout, match="missing keys"):
+        store.get("never")
+    assert store.delete_key("a") and not store.check(["a"])
+
+
+def test_our_store_under_torch_store_interface():
+    """The launcher's store as a torch.distributed.Store (env:// under collectives.run)."""
+    ours = c10d._LauncherStore(HashStore(timeout=5))    # torch holds only its C++ half
+    store = dist.PrefixStore("default", ours)
+    store.set("k", "v")
+    assert store.get("k") == b"v" and store.add("c", 4) == 4
+    store.wait(["k"])
+    assert store.check(["k"]) and store.compare_set("k", "v", "w") == b"w"
+    assert store.get("k") == b"w" and store.delete_key("k")
+
+
+@pytest.mark.parametrize("backend", ["collectives", "gloo"])
+def test_env_rendezvous_uses_our_launchers_store(monkeypatch, backend):
+    """Under collectives.run the launcher's store holds MASTER_PORT and speaks our protocol:
+    torch's env:// gets that store instead of starting a TCPStore of its own there."""
+    server = TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=10)
+    try:
+        for name, value in dict(COLLECTIVES_USE_AGENT_STORE="1", MASTER_ADDR="127.0.0.1",
+                                MASTER_PORT=str(server.port), RANK="0",
+                                WORLD_SIZE="1").items():
+            monkeypatch.setenv(name, value)
+        made = len(c10d._launcher_stores)
+        dist.init_process_group(backend, timeout=timedelta(seconds=20))
+        assert len(c10d._launcher_stores) == made + 1    # torch was handed our store
+        try:
+            t = torch.ones(3)
+            dist.all_reduce(t)
+            assert torch.equal(t, torch.ones(3)) and dist.get_backend() == backend
+        finally:
+            dist.destroy_process_group()
+    finally:
+        server.close()
+
+
+# -- in real processes -------------------------------------------------------------------------
+
+
+def _suite_ok(code, output, nproc):
+    assert code == 0 and "FAIL" not in output, output[-6000:]
+    assert output.count("OK rank") == nproc, output[-6000:]
+
+
+def test_every_collective_2_ranks_under_our_launcher(tmp_path):
+    code, output = launch(2, os.path.join(JOBS, "c10d_suite.py"), cwd=tmp_path)
+    _suite_ok(code, output, 2)
+
+
+def test_every_collective_3_ranks_under_torchrun_environment(tmp_path):
+    code, output = by_hand(3, os.path.join(JOBS, "c10d_suite.py"), cwd=tmp_path)
+    _suite_ok(code, output, 3)
+
+
+def _trained(out, nproc):
+    return [torch.load(out / f"rank{r}.pt") for r in range(nproc)]
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_ddp_and_fsdp2_match_gloo(tmp_path, nproc):
+    """Our backend under our launcher, gloo under torchrun's variables, same seeds: DDP
+    (buckets, allreduce_hook, a get_future hook, no_sync) and FSDP2."""
+    ours, gloo = tmp_path / "ours", tmp_path / "gloo"
+    ours.mkdir()
+    gloo.mkdir()
+    script = os.path.join(JOBS, "c10d_training.py")
+    code, output = launch(nproc, script, "collectives", str(ours), cwd=tmp_path)
+    assert code == 0 and output.count("OK rank") == nproc, output[-6000:]
+    code, output = by_hand(nproc, script, "gloo", str(gloo), cwd=tmp_path)
+    assert code == 0 and output.count("OK rank") == nproc, output[-6000:]
+    ours, gloo = _trained(ours, nproc), _trained(gloo, nproc)
+    start = c10d_training_start()
+    for variant in VARIANTS:
+        for rank in range(1, nproc):            # bitwise identical on every rank
+            for a, b in zip(ours[0][variant], ours[rank][variant]):
+                assert torch.equal(a, b), (variant, rank)
+        for a, b, s in zip(ours[0][variant], gloo[0][variant], start):
+            assert not torch.equal(a, s), variant             # training moved it
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=variant)
+    for a, b in zip(ours[0]["fsdp2"], ours[0]["plain"]):       # FSDP2 computes what DDP does
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def c10d_training_start():
+    """The job's initial parameters (its model() with its seed), in this process."""
+    sys.path.insert(0, JOBS)
+    try:
+        import c10d_training
+    finally:
+        sys.path.remove(JOBS)
+    return [p.detach() for p in c10d_training.model().parameters()]
