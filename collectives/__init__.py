@@ -113,34 +113,64 @@ def init_process_group(backend=None, init_method=None, timeout=timedelta(minutes
                        world_size=-1, rank=-1, store=None, group_name="", pg_options=None,
                        device_id=None):
     """Join the job. ``local``: ``store`` is the LocalWorld; mpi: rank and size come from MPI;
-    socket/nccl: rendezvous through ``init_method`` / ``store`` / the environment."""
+    socket/nccl: rendezvous through ``init_method`` / ``store`` / the environment, except
+    nccl under mpiexec with none of them (no MASTER_ADDR): then rank and size come from MPI
+    and the NCCL unique id travels through MPI.COMM_WORLD. A store the rendezvous made is
+    closed by destroy_process_group, so a job may init again on the same MASTER_PORT."""
     if state.current() is not None:
         raise ValueError("trying to initialize the default process group twice!")
     name, limit = _backend_name(backend, init_method, store), _seconds(timeout)
+    made = None
     if name == LOCAL:
         transport = _local_transport(store, rank, world_size)
     elif name == Backend.MPI:
         transport = transports.create("mpi", rank=rank, world_size=world_size, timeout=limit)
         _abort_job_on_uncaught_exception(transport)
         _end_job_when_a_rank_leaves(transport)
+    elif name == Backend.NCCL and init_method is None and store is None and _mpi_rendezvous():
+        from .transports.mpi import world_rank_and_size
+        rank, world_size = world_rank_and_size(rank, world_size, "init_process_group('nccl')")
+        transport = transports.create(name, rank=rank, world_size=world_size, timeout=limit)
     else:
-        from .rendezvous import rendezvous
+        from .rendezvous import arrive, rendezvous
+        made = store is None
         store, rank, world_size = rendezvous(init_method, rank, world_size, limit, store)
-        transport = transports.create(name, rank=rank, world_size=world_size, store=store,
-                                      timeout=limit)
+        try:
+            arrive(store, rank, world_size, limit)
+            transport = transports.create(name, rank=rank, world_size=world_size, store=store,
+                                          timeout=limit)
+        except BaseException:
+            if made:
+                store.close()
+            raise
+    if name == Backend.NCCL:
+        _abort_job_on_uncaught_exception(transport, "its NCCL communicator")
+        _abort_communicator_at_failed_exit(transport)
     pg = ProcessGroup(transport, backend=name, timeout=limit, group_id=0, name=group_name)
-    state.install(state.World(name, transport, pg, thread_local=name == LOCAL, timeout=limit))
+    world = state.World(name, transport, pg, thread_local=name == LOCAL, timeout=limit)
+    world.store = store if made else None
+    state.install(world)
+
+
+def _mpi_rendezvous() -> bool:
+    """Started by mpiexec, and not told of a store server: under mpiexec nothing sets
+    MASTER_ADDR, and MPI knows rank and size (what README's Launching section promises)."""
+    return _launched_by_mpi() and not os.environ.get("MASTER_ADDR")
 
 
 _previous_excepthook = None
 _ABORT_GRACE_SECONDS = 0.2
 
 
-def _abort_job_on_uncaught_exception(transport):
+def _abort_job_on_uncaught_exception(transport, what="the MPI job"):
     """Under MPI a rank that dies of an exception would leave the others blocked (and
     MPI_Finalize waiting) until their timeouts: print the traceback, name the rank, and abort
-    the whole job at once (what ``python -m mpi4py`` does). Undone by destroy_process_group."""
+    the whole job at once (what ``python -m mpi4py`` does). On nccl the transport's abort is
+    ncclCommAbort (and MPI_Abort where MPI runs in this process): a communicator left alive
+    made the exiting process wait on peers blocked in NCCL calls, so a launcher never saw it
+    fail and never stopped the others. Undone by destroy_process_group."""
     global _previous_excepthook
+    _restore_excepthook()             # a second init replaces the hook, never stacks it
     previous = _previous_excepthook = sys.excepthook
 
     def hook(kind, value, tb):
@@ -151,8 +181,11 @@ def _abort_job_on_uncaught_exception(transport):
             report = "".join(_traceback.format_exception(kind, value, tb))
         # One write, then a moment for mpiexec to forward it: the abort kills every rank, and
         # output still in flight was lost at times (a traceback cut after its first line).
+        scope = what
+        if getattr(transport, "mpi_running", False):
+            scope += " and the MPI job"
         sys.stderr.write(report + f"collectives: rank {transport.rank} of {transport.size} "
-                         f"raised an uncaught {kind.__name__}; aborting the MPI job\n")
+                         f"raised an uncaught {kind.__name__}; aborting {scope}\n")
         sys.stderr.flush()
         _time.sleep(_ABORT_GRACE_SECONDS)
         transport.abort(f"uncaught {kind.__name__} on rank {transport.rank}")
@@ -163,6 +196,28 @@ def _restore_excepthook():
     global _previous_excepthook
     if _previous_excepthook is not None:
         sys.excepthook, _previous_excepthook = _previous_excepthook, None
+
+
+_nccl_at_exit = []                    # the nccl transport of the current world, if any
+
+
+def _abort_communicator_at_failed_exit(transport):
+    """A process leaving with a non-zero status (sys.exit(1) after an error) would otherwise
+    destroy its NCCL communicator at interpreter exit, which can wait for ever on peers
+    blocked in NCCL calls: abort it instead, so the launcher sees the exit and stops the
+    rest. A clean exit keeps the usual teardown."""
+    state.observe_exit()
+    if not _nccl_at_exit:
+        import atexit
+        atexit.register(_abort_nccl_if_failing)
+    _nccl_at_exit[:] = [transport]
+
+
+def _abort_nccl_if_failing():
+    code, _ = state.exit_status()
+    for transport in _nccl_at_exit:
+        if code not in (None, 0) and getattr(transport, "comm", None) is not None:
+            transport.abort(f"rank {transport.rank} is exiting with code {code}", code)
 
 
 def _end_job_when_a_rank_leaves(transport):
@@ -199,8 +254,11 @@ def destroy_process_group(group=None) -> None:
             if pg.transport is not world.transport:
                 pg.transport.close()
         world.transport.close()
+        if world.store is not None:
+            world.store.close()           # a store server releases its port
         state.uninstall(world)
         _restore_excepthook()
+        _nccl_at_exit.clear()
     elif group is not GroupMember.NON_GROUP_MEMBER and group in world.groups:
         _work.stop(group)
         world.groups.remove(group)
@@ -497,7 +555,7 @@ def _then(run, finish, *args):
 
 def _check_outputs(operation, pg, outs):
     for i, view in enumerate(outs):
-        if not getattr(view.flags, "writeable", True):   # cupy: no flag, always writeable
+        if not tensors.writeable(view):
             raise ValueError(f"{operation} on rank {pg.rank}: output tensor {i} is read-only")
 
 

@@ -9,7 +9,10 @@ CollectiveError naming the fields and the ranks that differ: never a hang, never
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import sys
+import time
 
 import numpy as np
 
@@ -23,6 +26,78 @@ _WIDTH = 8          # bytes of hash per field
 def level() -> str:
     value = os.environ.get(ENV_DEBUG, "OFF").upper()
     return value if value in ("OFF", "INFO", "DETAIL") else "OFF"
+
+
+def logger(name: str) -> logging.Logger:
+    """``logging.getLogger(name)``, whose INFO lines show when COLLECTIVES_DEBUG is INFO or
+    DETAIL: on stderr where nobody configured logging (Python's last resort shows warnings
+    only)."""
+    log = logging.getLogger(name)
+    if level() != "OFF":
+        if not log.isEnabledFor(logging.INFO):
+            log.setLevel(logging.INFO)
+        if not (log.handlers or logging.getLogger().handlers):
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s"))
+            log.addHandler(handler)
+    return log
+
+
+class Waiting:
+    """A bounded wait that says what it waits for. Set-up waits (the rendezvous, a transport's
+    connections) can last the whole init timeout, 30 minutes by default, and silence then
+    looks like a hang: every REPORT_SECONDS the caller's description goes out at INFO, and
+    from WARN_AFTER_SECONDS on once a minute at WARNING, which shows without any logging
+    set-up. ``step()`` is how long to wait before reporting again (or the timeout ends: None
+    means no timeout); ``expired()`` whether the timeout has passed; ``report(what)`` logs
+    what is awaited, when a report is due."""
+
+    REPORT_SECONDS = 5.0
+    WARN_AFTER_SECONDS = 30.0
+    WARN_EVERY_SECONDS = 60.0
+
+    def __init__(self, log: logging.Logger, timeout: float | None, grace: float = 0.0):
+        self.log, self.timeout, self.grace = log, timeout, grace    # grace: expire later
+        self.start = time.monotonic()
+        self._next_report = self.start + self.REPORT_SECONDS
+        self._next_warning = self.start + self.WARN_AFTER_SECONDS
+
+    def waited(self) -> float:
+        return time.monotonic() - self.start
+
+    def left(self) -> float | None:
+        return None if self.timeout is None else max(0.0, self.start + self.timeout +
+                                                      self.grace - time.monotonic())
+
+    def step(self) -> float:
+        until_report = max(0.0, self._next_report - time.monotonic())
+        left = self.left()
+        return until_report if left is None else min(until_report, left)
+
+    def expired(self) -> bool:
+        left = self.left()
+        return left is not None and left <= 0
+
+    def report(self, what: str) -> None:
+        now = time.monotonic()
+        if now < self._next_report:
+            return
+        self._next_report = now + self.REPORT_SECONDS
+        limit = "no timeout" if self.timeout is None else f"{self.timeout:.0f} s"
+        line = f"{what} ({self.waited():.0f} s of {limit})"
+        if now >= self._next_warning:
+            self._next_warning = now + self.WARN_EVERY_SECONDS
+            self.log.warning(line)
+        else:
+            self.log.info(line)
+
+
+def ranks_text(ranks, most: int = 16) -> str:
+    """``[2]``, ``[0, 3, 5]``, or the first ``most`` and how many in all."""
+    ranks = list(ranks)
+    if len(ranks) <= most:
+        return "[" + ", ".join(map(str, ranks)) + "]"
+    return "[" + ", ".join(map(str, ranks[:most])) + f", ...] ({len(ranks)} ranks)"
 
 
 def fingerprint(**fields) -> np.ndarray:

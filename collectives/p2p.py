@@ -33,7 +33,7 @@ def _post(kind, tensor, rank, group, tag, group_rank):
     peer = _peer(pg, rank, group_rank, operation, "dst" if kind == "send" else "src",
                  allow_any=kind == "recv")
     buf = tensors.flat(tensor, operation, pg.rank)
-    if kind == "recv" and not buf.flags.writeable:
+    if kind == "recv" and not tensors.writeable(buf):
         raise ValueError(f"recv on rank {pg.rank}: the tensor is read-only")
     wire_tag = pg.p2p_tag(tag, operation)
     _work.drain(pg)

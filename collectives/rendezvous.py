@@ -10,6 +10,20 @@
   refused; a file left by an earlier job that is over is started afresh: see FileStore).
 - an explicit ``store``: used as is; rank and world size must be given.
 
+Then every rank checks in (``arrive``, which init_process_group calls): it publishes its
+world size and returns once all ``world_size`` ranks have checked in. Ranks started with
+different world sizes all get a ValueError naming both sizes and a rank of each, within
+moments; a rank that never comes is named, in the log while the others wait
+(``debug.Waiting``: INFO every 5 s with COLLECTIVES_DEBUG=INFO, WARNING once a minute after
+30 s) and in the CollectiveTimeout at the end of the init timeout. So no transport starts its
+set-up (NCCL's has no timeout of its own) before every rank is known to be there. Cost: five
+store calls per rank, and one more per 5 s of waiting.
+
+Rank 0 starts a new store server for each init (destroy_process_group closes it, freeing
+the port). A rank that inits again can reach the previous server before rank 0 has closed
+it: that server holds this rank's earlier check-in, so the rank tries again until rank 0's
+new server answers.
+
 Authentication: the TCP store and the transports use the job secret (``collectives.auth``):
 $COLLECTIVES_SECRET, else this user's secret file, so ranks of one user on one host need no
 setting. A master that is not a local address with no $COLLECTIVES_SECRET is warned about
@@ -18,14 +32,24 @@ the variable. Cost: one TCP connection per rank.
 """
 from __future__ import annotations
 
+import errno
 import os
+import time
 from datetime import timedelta
 from urllib.parse import parse_qs, urlparse
 
+from . import debug
 from .auth import warn_if_remote
-from .store import FileStore, Store, TCPStore
+from .errors import CollectiveTimeout
+from .store import FileStore, Store, StoreError, StoreTimeout, TCPStore
 
 AGENT_STORE_ENV = ("COLLECTIVES_USE_AGENT_STORE", "TORCHELASTIC_USE_AGENT_STORE")
+_PREFIX = "collectives/rendezvous"
+_served: set = set()      # (host, port) of the store servers this process has run
+_joined: set = set()      # and of rank 0's servers it has checked in at
+_REBIND_SECONDS = 5.0
+_FOLLOW_SECONDS = 2.0
+LOGGER = "collectives.rendezvous"
 
 
 def _int_setting(value, env_name, init_method):
@@ -56,17 +80,153 @@ def _uses_agent_store() -> bool:
 
 def _tcp_store(host, port, rank, world_size, timeout):
     warn_if_remote(host, f"rendezvous on rank {rank}")
-    master = rank == 0 and not _uses_agent_store()
-    # The server does not wait for every worker: the transport's own exchange does that, and
-    # waiting here would only double the time a missing rank takes to report.
-    return TCPStore(host, port, world_size, is_master=master, timeout=timeout,
-                    wait_for_workers=False)
+    # The server does not wait for every worker: arrive() does, naming the ranks missing.
+    if _uses_agent_store():
+        return TCPStore(host, port, world_size, timeout=timeout, wait_for_workers=False)
+    if rank == 0:
+        return _serve(host, port, world_size, timeout)
+    return _join_server(host, port, rank, world_size, timeout)
+
+
+def _serve(host, port, world_size, timeout):
+    """Rank 0's store server. Where this process served one on that port before (init after
+    destroy_process_group), the port may stay bound a moment after that server's close
+    (until its accept loop wakes): retry briefly then, not on a port another process holds."""
+    pause, deadline = 0.01, time.monotonic() + min(_REBIND_SECONDS, timeout or _REBIND_SECONDS)
+    while True:
+        try:
+            store = TCPStore(host, port, world_size, is_master=True, timeout=timeout,
+                             wait_for_workers=False)
+            _served.add((host, port))
+            return store
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or (host, port) not in _served or \
+                    time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+
+
+def _join_server(host, port, rank, world_size, timeout):
+    """A client of rank 0's store server, once it answers (saying meanwhile what it waits
+    for). Rank 0 starts a new server for each init, so a server that already holds this
+    rank's check-in is the previous one, not yet closed: it waits for the new one then."""
+    waiting = debug.Waiting(debug.logger(LOGGER), timeout)
+    pause = 0.01
+    while True:
+        what = "does not answer"
+        try:
+            store = TCPStore(host, port, world_size, timeout=max(waiting.step(), 0.01),
+                             wait_for_workers=False)
+        except StoreTimeout:
+            store = None
+        if store is not None:
+            if not isinstance(store, Store):       # a stand-in for the class (tests)
+                return store
+            store.set_timeout(timeout)
+            if (host, port) not in _joined or not store.check(_generation_key(rank)):
+                return store
+            store.close()
+            what = ("is still the one of the previous init_process_group: rank 0 has not "
+                    "called destroy_process_group and init_process_group again")
+        if waiting.expired():
+            raise CollectiveTimeout(f"init_process_group on rank {rank}: rank 0's store "
+                                    f"server at {host}:{port} {what}, after "
+                                    f"{waiting.waited():.3g} s")
+        waiting.report(f"init_process_group on rank {rank}: waiting for rank 0's store server "
+                       f"at {host}:{port}, which {what}")
+        if store is not None:                       # the old one answers at once: pace it
+            time.sleep(min(pause, waiting.step()))
+            pause = min(pause * 2, 0.2)
+
+
+def _generation_key(rank) -> str:
+    return f"{_PREFIX}/generation/{rank}"
+
+
+def arrive(store, rank: int, world_size: int, timeout: float | None) -> None:
+    """Check in and wait until every rank has, all with one world size (module notes).
+    init_process_group calls it after ``rendezvous``."""
+    if isinstance(store, TCPStore) and not store.is_master and not _uses_agent_store():
+        _joined.add((store.host, store.port))
+    generation = store.add(_generation_key(rank), 1)   # each init on one store
+    ns = f"{_PREFIX}/{generation}"
+    store.set(f"{ns}/rank/{rank}", str(world_size))
+    mine = f"{world_size} {rank}".encode()
+    first = store.compare_set(f"{ns}/world_size", b"", mine)
+    outcome = f"{ns}/outcome"           # "ok", or why every rank fails: one value, one read
+    if first != mine and int(first.split()[0]) != world_size:
+        other_size, other_rank = map(int, first.split())
+        store.compare_set(outcome, b"", f"mismatch {rank} {world_size} {other_rank} "
+                                        f"{other_size}".encode())
+        raise ValueError(_mismatch(rank, world_size, rank, world_size, other_rank, other_size))
+    if store.add(f"{ns}/arrived", 1) == world_size:
+        store.compare_set(outcome, b"", b"ok")
+    # Rank 0 (whose process holds the store server, where there is one) times out first and
+    # tells the others through the store, before its exit takes the server away.
+    waiting = debug.Waiting(debug.logger(LOGGER), timeout,
+                            grace=0.0 if rank == 0 else _FOLLOW_SECONDS)
+    missing = None
+    try:
+        while (value := _get(store, outcome, waiting.step())) is None:
+            missing = _missing(store, ns, world_size)
+            if waiting.expired():
+                # the others learn it from the store at once, even if this rank (the
+                # server's, perhaps) leaves before their own timeouts
+                store.compare_set(outcome, b"", ("timeout " + ",".join(map(str, missing)))
+                                  .encode())
+                continue
+            waiting.report(f"init_process_group on rank {rank}: waiting for ranks "
+                           f"{debug.ranks_text(missing)} to arrive at the rendezvous, "
+                           f"{world_size - len(missing)} of {world_size} are there")
+    except StoreError as exc:
+        awaited = "every rank" if missing is None else f"ranks {debug.ranks_text(missing)}"
+        raise StoreError(f"init_process_group on rank {rank}: the store failed while waiting "
+                         f"for {awaited} to arrive at the rendezvous: {exc}") from None
+    what, *fields = value.decode().split(" ")
+    if what == "mismatch":
+        raise ValueError(_mismatch(rank, world_size, *map(int, fields)))
+    if what == "timeout":
+        missing = [int(r) for r in fields[0].split(",") if r] if fields else []
+        limit = "the init timeout" if timeout is None else f"{timeout:.3g} s"
+        raise CollectiveTimeout(
+            f"init_process_group on rank {rank}: ranks {debug.ranks_text(missing)} did not "
+            f"arrive at the rendezvous within {limit} ({world_size - len(missing)} of "
+            f"{world_size} ranks did)")
+
+
+def _mismatch(rank, world_size, a, size_a, b, size_b) -> str:
+    return (f"init_process_group on rank {rank} (world_size {world_size}): the ranks were "
+            f"started with different world sizes: rank {a} with {size_a}, rank {b} with "
+            f"{size_b}; give every rank the same WORLD_SIZE (or world_size=)")
+
+
+def _get(store, key, seconds):
+    """``key``'s value once it exists, or None after ``seconds`` (None: no limit)."""
+    if isinstance(store, Store):
+        return store._get(key, seconds)
+    try:                                  # a store of another kind (torch's): public methods
+        store.wait([key], timedelta(seconds=seconds if seconds is not None else 1e9))
+    except Exception:
+        if not store.check([key]):
+            return None
+    return store.get(key)
+
+
+def _missing(store, ns, world_size) -> list[int]:
+    keys = [f"{ns}/rank/{r}" for r in range(world_size)]
+    if isinstance(store, Store):
+        absent = set(store._wait(keys, 0.0))
+    else:
+        absent = {k for k in keys if not store.check([k])}
+    return [r for r, k in enumerate(keys) if k in absent]
 
 
 def rendezvous(init_method: str | None = None, rank: int | None = None,
                world_size: int | None = None, timeout=timedelta(minutes=30),
                store: Store | None = None):
     """Return ``(store, rank, world_size)``; the store is shared by every rank of the job."""
+    timeout = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
     if store is not None:
         if init_method is not None:
             raise ValueError("rendezvous: give either init_method or store, not both")
@@ -86,7 +246,9 @@ def rendezvous(init_method: str | None = None, rank: int | None = None,
     if url.scheme == "env":
         host = os.environ.get("MASTER_ADDR")
         if not host:
-            raise ValueError("rendezvous 'env://': environment variable MASTER_ADDR is not set")
+            raise ValueError("rendezvous 'env://': environment variable MASTER_ADDR is not set "
+                             "(start the job with `python -m collectives.run` or torchrun, "
+                             "which set it; under mpiexec the mpi and nccl backends need none)")
         port_raw = os.environ.get("MASTER_PORT")
         if not port_raw:
             raise ValueError("rendezvous 'env://': environment variable MASTER_PORT is not set")

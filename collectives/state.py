@@ -29,6 +29,7 @@ class World:
         self.default = default
         self.thread_local = thread_local
         self.timeout = timeout
+        self.store = None                 # the store the rendezvous made: destroy closes it
         self.groups = [default]           # groups this rank is a member of
         self.next_group_id = 1            # every rank calls new_group in the same order
 

@@ -55,6 +55,12 @@ def flat(x, operation: str, rank: int, name: str = "tensor"):
     return array.reshape(-1)
 
 
+def writeable(array) -> bool:
+    """Whether results may be written into ``array``: numpy says so in its flags; CuPy's flags
+    have no such field (device arrays are always writeable)."""
+    return getattr(array.flags, "writeable", True)
+
+
 def flat_list(items, operation: str, rank: int, name: str, length: int | None = None):
     """Flat views of a list of tensors, all of one dtype; ``length`` checks the list size."""
     if not isinstance(items, (list, tuple)):

@@ -78,16 +78,22 @@ def library_name(MPI=None) -> str:
 
 
 def create(rank=None, world_size=None, store=None, timeout: float = 1800.0) -> "MPITransport":
-    """The world transport. ``rank``/``world_size`` may be None or -1 (take MPI's); when
-    given they must agree with MPI's, since mpiexec, not the caller, decides them."""
-    MPI = _mpi()
-    comm = MPI.COMM_WORLD
+    """The world transport. ``rank``/``world_size`` as for world_rank_and_size."""
+    world_rank_and_size(rank, world_size)
+    return MPITransport(_mpi().COMM_WORLD, timeout=timeout)
+
+
+def world_rank_and_size(rank=None, world_size=None, who="mpi transport") -> tuple[int, int]:
+    """MPI.COMM_WORLD's rank and size. ``rank``/``world_size`` may be None or -1 (take
+    MPI's); when given they must agree with MPI's, since mpiexec, not the caller, decides
+    them."""
+    comm = _mpi().COMM_WORLD
     for name, given, actual in (("rank", rank, comm.Get_rank()),
                                 ("world_size", world_size, comm.Get_size())):
         if given is not None and given != -1 and int(given) != actual:
-            raise ValueError(f"mpi transport: {name}={given} was given but MPI says {actual} "
+            raise ValueError(f"{who}: {name}={given} was given but MPI says {actual} "
                              f"(under mpiexec the launcher decides rank and size)")
-    return MPITransport(comm, timeout=timeout)
+    return comm.Get_rank(), comm.Get_size()
 
 
 class MPIRequest(Request):

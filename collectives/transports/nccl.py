@@ -22,7 +22,8 @@ call returns as soon as it is enqueued. So:
 The device of a rank: ``LOCAL_RANK`` (our launcher, torchrun) or the local rank under
 mpiexec (``OMPI_COMM_WORLD_LOCAL_RANK``, ``MPI_LOCALRANKID``, ``PMI_LOCAL_RANK``), modulo the
 visible device count; else the global rank modulo it. The NCCL unique id travels through the
-store, or through MPI (mpi4py ``bcast``) when there is no store. The store must belong to this
+store, or through MPI (mpi4py ``bcast``) when there is no store (``init_process_group("nccl")``
+under mpiexec). The store must belong to this
 job alone (a fresh file or port per launch): nothing in a store tells one job's id from an
 earlier job's. Two guards make a reused store less dangerous: the key names the world size
 (a 2-rank job never reads a 4-rank job's id), and rank 0 deletes the id once the
@@ -328,11 +329,33 @@ class NcclTransport(Transport):
             req.issued = True
 
     def wait_all(self, requests, timeout=None):
+        """A timeout aborts the communicator (NCCL cannot withdraw a posted receive, and the
+        stream would wait behind it for ever): every later wait raises, none succeeds
+        without its data."""
+        if self._aborted and requests:
+            raise TransportError(f"{requests[0].kind} with rank {requests[0].peer} on rank "
+                                 f"{self.rank}: the NCCL communicator was aborted (after a "
+                                 f"timeout or an error); this transfer will never complete")
         self.flush()
         if requests:
             self.synchronize(timeout, operation=f"{requests[0].kind} with rank {requests[0].peer}")
         for req in requests:
             req.completed = True
+
+    @property
+    def mpi_running(self) -> bool:
+        """Whether MPI is initialized in this process (mpiexec, the unique id through MPI, or
+        the program's own mpi4py): then MPI_Finalize at exit waits for every rank."""
+        MPI = sys.modules.get("mpi4py.MPI")
+        return MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized()
+
+    def abort(self, reason: str, code: int = 1) -> None:
+        """End this rank's part of the job now: ncclCommAbort (peers blocked on this rank in
+        NCCL calls are left to the launcher, which stops them once this process exits), and
+        MPI_Abort where MPI runs, since MPI_Finalize would wait for those peers."""
+        self._abort()
+        if self.mpi_running:
+            sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(code)
 
     def _abort(self):
         """ncclCommAbort, after the graphs that hold the communicator (NCCL waits for them)."""
