@@ -202,3 +202,14 @@ def test_a_port_held_by_another_process_is_not_retried():
         assert time.monotonic() - t0 < 2.0
     finally:
         holder.close()
+
+
+def test_the_socket_transport_says_which_ranks_it_waits_for(monkeypatch, caplog):
+    from collectives.transports.socket import SocketTransport
+    monkeypatch.setattr(debug.Waiting, "REPORT_SECONDS", 0.1)
+    caplog.set_level(logging.INFO, logger="collectives.transports.socket")
+    with pytest.raises(CollectiveTimeout, match=r"rank 0: ranks \[1, 2\] did not connect"):
+        SocketTransport(0, 3, HashStore(), timeout=0.5)       # ranks 1 and 2 never come
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("socket transport rank 0: waiting for ranks [1, 2] to connect" in line
+               for line in lines), lines

@@ -77,6 +77,7 @@ import time
 
 import numpy as np
 
+from .. import debug
 from ..auth import AuthenticationError, client_handshake, job_secret, serve_handshake
 from ..errors import CollectiveError, CollectiveTimeout, TransportError
 from ..signature import NONE as NO_SIGNATURE, mismatch
@@ -336,7 +337,8 @@ class SocketTransport(Transport):
         else:
             done.set()
         store.set(f"{ns}/addr/{self.rank}", f"{host}:{listener.getsockname()[1]}")
-        deadline = time.monotonic() + self.timeout
+        started = time.monotonic()
+        deadline = started + self.timeout
         try:
             for peer in range(self.rank):
                 addr = self._store_get(store, f"{ns}/addr/{peer}").decode()
@@ -352,10 +354,16 @@ class SocketTransport(Transport):
                     raise TransportError(f"socket transport rank {self.rank}: {addr} answered as "
                                          f"rank {who}, expected {peer}")
                 self._peers[peer] = _Peer(peer, sock)
-            if not done.wait(max(0.0, deadline - time.monotonic())):
-                missing = sorted(expected - set(accepted))
-                raise CollectiveTimeout(f"socket transport rank {self.rank}: ranks {missing} did not "
-                                        f"connect within {self.timeout:.3g} s")
+            waiting = debug.Waiting(debug.logger(log.name), self.timeout - (time.monotonic() -
+                                                                            started))
+            while not done.wait(waiting.step()):
+                with self._lock:
+                    missing = sorted(expected - set(accepted))
+                if waiting.expired():
+                    raise CollectiveTimeout(f"socket transport rank {self.rank}: ranks {missing} "
+                                            f"did not connect within {self.timeout:.3g} s")
+                waiting.report(f"socket transport rank {self.rank}: waiting for ranks "
+                               f"{debug.ranks_text(missing)} to connect")
         finally:
             done.set()
             listener.close()
