@@ -23,11 +23,19 @@ Graph capture: ``begin_capture``/``end_capture`` record a stream's operations; `
 replays them. Like NCCL >= 2.26, ``Comm.destroy``/``abort`` refuse (here: raise instead of
 hanging) while a graph captured on that rank is still alive.
 Limits: one process, no real concurrency inside a kernel (each kernel or copy is atomic).
+
+``ThreadedWorld``: the same, for ranks that are threads (the facade over thread-local
+worlds): each thread has its own rank and open NCCL group, and execution is serialized.
+Arrays look like CuPy's to the facade (``flags`` without ``writeable``, ``reshape(-1)``);
+``cupy.asnumpy`` waits for the current stream, as CuPy's synchronous copy does.
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import random
+import threading
+import time
 import types
 import weakref
 
@@ -64,12 +72,30 @@ class _Data:
         self.ptr = ptr
 
 
+class _Flags:
+    """CuPy's flags: no ``writeable`` (device arrays always are)."""
+    c_contiguous = True
+    f_contiguous = True
+    owndata = True
+
+
 class FakeArray:
     """A flat device array: numpy memory, a device address, slicing as views."""
+    ndim = 1
+    flags = _Flags()
 
     def __init__(self, np_view, ptr):
         self.np = np_view
         self.data = _Data(ptr)
+
+    @property
+    def shape(self):
+        return (self.np.size,)
+
+    def reshape(self, *shape):
+        if shape not in ((-1,), ((-1,),), (self.np.size,)):
+            raise TypeError("fake arrays are flat")
+        return self
 
     @property
     def size(self):
@@ -259,6 +285,13 @@ class World:
         out.np[...] = host
         return out
 
+    def asnumpy(self, array, stream=None):
+        """A host copy once the current stream has run up to here (CuPy's synchronous get)."""
+        event = self.current_stream().record()
+        while not event.done:
+            time.sleep(1e-4)
+        return array.np.copy()
+
     def memcpy_async(self, dst, src, nbytes, kind, stream_ptr):
         memory = self.memory
 
@@ -311,12 +344,14 @@ class World:
         cuda.runtime = runtime
         cuda.get_current_stream = world.current_stream
         cuda.Stream = lambda non_blocking=False: world._stream(world.rank)
+        cuda.Device = _Device
         cupy = types.ModuleType("cupy")
         cupy.cuda = cuda
         cupy.ndarray = FakeArray
         cupy.empty = lambda count, dtype=np.float64: world.empty(count, dtype)
         cupy.zeros = lambda count, dtype=np.float64: world.empty(count, dtype)
         cupy.asarray = world.asarray
+        cupy.asnumpy = world.asnumpy
         cupy.__version__ = "fake"
         return {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.nccl": nccl}
 
@@ -376,3 +411,48 @@ class World:
             self.memory.bytes_at(spart[2], spart[3]).copy()
         sgroup.left -= 1
         rgroup.left -= 1
+
+
+class _Device(contextlib.nullcontext):
+    """``cupy.cuda.Device(i)``: one device per rank here, so making it current does nothing."""
+
+    def __init__(self, device=0):
+        super().__init__()
+        self.id = device
+
+    def use(self):
+        pass
+
+
+class ThreadedWorld(World):
+    """A World whose ranks are threads (see the module notes)."""
+
+    def __init__(self, size):
+        self._local = threading.local()
+        self._lock = threading.RLock()
+        super().__init__(size)
+
+    def _mine(name, default):         # noqa: N805  (a property factory, used below)
+        return property(lambda self: getattr(self._local, name, default),
+                        lambda self, value: setattr(self._local, name, value))
+
+    rank = _mine("rank", 0)
+    group = _mine("group", None)
+    depth = _mine("depth", 0)
+    del _mine
+
+    def drain(self, *args, **kwargs):
+        with self._lock:
+            return super().drain(*args, **kwargs)
+
+    def empty(self, count, dtype):
+        with self._lock:
+            return super().empty(count, dtype)
+
+    def _stream(self, rank, ptr=None):
+        with self._lock:
+            return super()._stream(rank, ptr)
+
+    def group_end(self):
+        with self._lock:
+            super().group_end()
