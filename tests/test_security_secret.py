@@ -196,7 +196,7 @@ def _intruder(port, secret_path, queue):
             except (AuthenticationError, OSError) as exc:
                 report[name] = type(exc).__name__
         try:
-            TCPStore("127.0.0.1", port, timeout=3, secret="guess").get("collectives/socket/1/addr/0")
+            TCPStore("127.0.0.1", port, timeout=3, secret="guess").get("collectives/socket/1")
             report["store"] = "joined"
         except StoreError as exc:
             report["store"] = str(exc)
