@@ -1,7 +1,7 @@
 """Per-job authentication for TCP connections: a mutual HMAC challenge-response.
 
-Every store and transport connection opens with this handshake before any other byte is
-trusted. The listener sends a magic word and a random nonce; the connector answers with its
+Every TCPStore connection and every socket-transport connection opens with this handshake
+before any other byte is trusted. The listener sends a magic word and a random nonce; the connector answers with its
 own nonce, an 8-byte identity (its rank, or -1) and HMAC-SHA256(secret, "client" | context |
 both nonces | identity); the listener checks it and answers with its own identity and
 HMAC(secret, "server" | ...). Both sides therefore prove they hold the secret without sending
@@ -11,16 +11,22 @@ connection, once.
 
 Where the secret comes from (``job_secret``): an explicit value (``TCPStore(secret=...)``),
 else $COLLECTIVES_SECRET (``collectives.run`` generates one per job), else the per-user
-secret file ``$XDG_CONFIG_HOME/collectives/secret`` (``~/.config/collectives/secret``):
+secret file ``$XDG_CONFIG_HOME/collectives/secret`` (``~/.config/collectives/secret``; where
+that cannot be made, as in a container with a read-only home, ``$XDG_RUNTIME_DIR/collectives/
+secret`` or ``$TMPDIR/collectives-<uid>/secret``, which serve this host only):
 64 random hex digits, created on first use with mode 0600 in a directory of mode 0700, and
-refused (``SecretFileError``) if it is a symbolic link, belongs to another user, or group or
-others may read or write it or its directory. So with no configuration at all, every process
+refused (``SecretFileError``) if it is a symbolic link or not a plain file, belongs to another
+user, group or others may read it, or they may write its directory. So with no configuration at all, every process
 of one user on one host (or on hosts sharing the home directory) holds the same secret and
 nobody else can: ranks started by hand with env:// authenticate each other, and another user
 who reaches the port cannot join. Across hosts that share no home directory, set
 $COLLECTIVES_SECRET to one value on every host (or copy the file); ``warn_if_remote`` says so
 once when the master is not a local address and no secret is set, and every handshake
 failure names that fix.
+
+Elsewhere: a FileStore is protected by its file's permissions (0600, see ``store.FileStore``);
+MPI by the MPI launcher (no handshake of ours); NCCL's unique id travels through the store,
+but NCCL's own bootstrap and data connections are NCCL's and not authenticated here.
 
 What is trusted: a peer that completes the handshake is a rank of the job. The object
 collectives (``all_gather_object``, ``broadcast_object_list``, ...) unpickle what ranks send,
@@ -42,6 +48,7 @@ import secrets
 import socket
 import stat
 import struct
+import tempfile
 import time
 import warnings
 
@@ -63,6 +70,10 @@ class SecretFileError(RuntimeError):
     or cannot be created. Not an OSError, so no connection-retry loop swallows it."""
 
 
+class _CannotCreate(SecretFileError):
+    """The secret's directory cannot be made here (not: it is unsafe)."""
+
+
 _SECRET_DIR_NAME = "collectives"
 _SECRET_FILE_NAME = "secret"
 _warned_remote = False
@@ -82,13 +93,32 @@ def job_secret(explicit: bytes | str | None = None) -> bytes:
     return _user_secret()
 
 
-def secret_file_path() -> str:
-    """Where the per-user secret lives: $XDG_CONFIG_HOME/collectives/secret, else
-    ~/.config/collectives/secret (the XDG rule: a relative XDG_CONFIG_HOME is ignored)."""
+def _config_secret_path() -> str:
     base = os.environ.get("XDG_CONFIG_HOME", "")
-    if not os.path.isabs(base):
+    if not os.path.isabs(base):              # the XDG rule: a relative value is ignored
         base = os.path.join(os.path.expanduser("~"), ".config")
     return os.path.join(base, _SECRET_DIR_NAME, _SECRET_FILE_NAME)
+
+
+def _runtime_secret_path() -> str:
+    """Where the secret goes when the config directory cannot be made (a read-only or missing
+    home, as in some containers): this host only."""
+    base = os.environ.get("XDG_RUNTIME_DIR", "")
+    if os.path.isabs(base) and os.path.isdir(base):
+        return os.path.join(base, _SECRET_DIR_NAME, _SECRET_FILE_NAME)
+    return os.path.join(tempfile.gettempdir(), f"{_SECRET_DIR_NAME}-{os.geteuid()}",
+                        _SECRET_FILE_NAME)
+
+
+_path_in_use: tuple[str, str] | None = None      # (config path, the path used instead)
+
+
+def secret_file_path() -> str:
+    """Where the per-user secret lives: $XDG_CONFIG_HOME/collectives/secret, else
+    ~/.config/collectives/secret; where neither can be made, $XDG_RUNTIME_DIR/collectives/
+    secret or $TMPDIR/collectives-<uid>/secret (the one this process used, once it has)."""
+    config = _config_secret_path()
+    return _path_in_use[1] if _path_in_use and _path_in_use[0] == config else config
 
 
 def secret_source() -> str:
@@ -141,9 +171,9 @@ def _secret_dir(directory: str) -> None:
     except FileExistsError:
         pass
     except OSError as exc:
-        raise SecretFileError(f"job secret: cannot create {directory} for the per-user secret "
-                              f"({exc}); set {SECRET_ENV}, or XDG_CONFIG_HOME to a writable "
-                              f"directory") from None
+        raise _CannotCreate(f"job secret: cannot create {directory} for the per-user secret "
+                            f"({exc}); set {SECRET_ENV}, or XDG_CONFIG_HOME to a writable "
+                            f"directory") from None
     try:
         st = os.stat(directory)          # a symlinked ~/.config/collectives is fine if it is ours
     except OSError as exc:
@@ -186,8 +216,18 @@ def _read_secret(path: str) -> bytes | None:
 
 
 def _user_secret() -> bytes:
-    path = secret_file_path()
-    _secret_dir(os.path.dirname(path))
+    global _path_in_use
+    path = config = _config_secret_path()
+    try:
+        _secret_dir(os.path.dirname(path))
+    except _CannotCreate as first:
+        # Only a directory that cannot be made falls back; an unsafe one is an error.
+        path = _runtime_secret_path()
+        try:
+            _secret_dir(os.path.dirname(path))
+        except _CannotCreate as second:
+            raise SecretFileError(f"{first}; and {second}") from None
+    _path_in_use = (config, path)
     value = _read_secret(path)
     if value is not None:
         return value

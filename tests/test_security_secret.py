@@ -308,3 +308,20 @@ def test_launcher_nodes_without_secret_share_the_user_file(fresh_home, tmp_path)
         assert proc.returncode == 0, (node, out, err)
         assert f"[rank {node}]:sum 3.0" in out, (out, err)
         assert _secret_path(fresh_home) in err and auth.SECRET_ENV in err, err
+
+
+def test_unwritable_home_falls_back_to_a_private_runtime_dir(fresh_home, monkeypatch, tmp_path):
+    """A container with a read-only (here: impossible) home still gets a private secret."""
+    monkeypatch.setenv("HOME", "/dev/null/home")
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    secret = job_secret()
+    path = runtime / "collectives" / "secret"
+    assert len(secret) >= 32 and job_secret() == secret and path.read_bytes().strip() == secret
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert auth.secret_file_path() == str(path)
+    # An unsafe fallback is refused like the first choice, never skipped.
+    os.chmod(path, 0o644)
+    with pytest.raises(auth.SecretFileError, match="readable by group or others"):
+        job_secret()
