@@ -14,19 +14,23 @@ unless ``COLLECTIVES_ALGORITHM=all_reduce=ring,...`` names one.
 
 How torch reaches the methods: ``torch.distributed``'s Python functions call them by name
 (``allreduce``, ``all_gather_single``, ``reduce_scatter_single``, ``all_to_all_single``,
-``reduce``, ``gather``, ``scatter``, ``recv_anysource`` ...); C++ callers (DDP's reducer,
-``_broadcast_coalesced``, the parameter check, functional collectives) reach only the methods
-torch's trampoline (``PyProcessGroup``) forwards to Python: allreduce, allreduce_coalesced,
-allgather, all_gather_single_coalesced, all_to_all_single, broadcast, reduce_scatter,
-reduce_scatter_single_coalesced, barrier, send and recv. The older names
+``reduce``, ``gather``, ``scatter``, ``recv_anysource`` ...; FSDP2 on CPU goes this way);
+C++ callers (DDP's reducer, ``_broadcast_coalesced``, the parameter check, the functional
+collectives under DTensor) reach only what torch 2.13's trampoline (``PyProcessGroup``)
+forwards to Python: allreduce, allreduce_coalesced, allgather, all_gather_single_coalesced,
+all_to_all_single, broadcast, reduce_scatter, reduce_scatter_single_coalesced, barrier, send,
+recv, and the group's name, which a Python group must keep itself. The older names
 (``_allgather_base``, ``_reduce_scatter_base``, ``alltoall_base``,
 ``allgather_into_tensor_coalesced``, ``reduce_scatter_tensor_coalesced``) are aliases.
 
 Work: a synchronous call (torch's ``async_op=False``) runs in the caller's thread and raises
 there; an asynchronous one runs on the group's worker thread in call order
-(``collectives.work``). Its torch Future is completed on a small pool of threads, not on the
-worker: DDP comm hooks such as PowerSGD wait for a second collective inside a Future
-callback, which on the worker thread would wait for itself.
+(``collectives.work``). Its torch Future (``Future``) is completed by one thread per group,
+in that order, not by the worker: DDP comm hooks such as PowerSGD wait for a second
+collective inside a Future callback, which on the worker thread would wait for itself.
+Collectives called inside such callbacks run at once, on a lane of the group with tags of its
+own: callbacks run in the same order on every rank, but not at the same place among the
+rank's other calls (see ``ProcessGroupCollectives.group``).
 
 Rendezvous under our launcher (``python -m collectives.run``): its store server holds
 MASTER_PORT and speaks our authenticated protocol, which torch's TCPStore cannot, so torch's
@@ -40,10 +44,10 @@ dense (strided) tensors only; ``monitored_barrier`` is gloo's alone in torch.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import importlib
 import itertools
 import os
+import queue
 import threading
 from datetime import timedelta
 from urllib.parse import urlparse
@@ -55,12 +59,12 @@ from torch._C import _distributed_c10d as _c10d
 from torch.futures import Future as _TorchFuture
 
 from . import tensors, transports, work as _work
-from .errors import CollectiveTimeout
 from .group import ProcessGroup
 from .ops import ReduceOp
 from .rendezvous import AGENT_STORE_ENV
 from .state import seconds as _seconds
 from .store import Store, TCPStore
+from .transports.subgroup import SubgroupTransport
 
 # torch.distributed.rendezvous is also the name of a function there: take the module itself
 _torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")
@@ -69,9 +73,8 @@ __all__ = ["BACKEND", "ProcessGroupCollectives", "Work", "create_backend"]
 
 BACKEND = "collectives"
 TRANSPORT = "socket"
-# Future callbacks run here; a callback that waits for another collective holds its thread,
-# so the pool grows (up to this many) rather than stall the completions behind it.
-COMPLETION_THREADS = 16
+# the callback lane's tags: a group id of the socket mesh's own (subgroup.GROUP_SHIFT above)
+LANE_ID = 1
 # torch's "no deadline" for a store wait (its waits take a timedelta, never None)
 _NO_DEADLINE = timedelta(days=365)
 _group_ids = itertools.count(1)
@@ -191,17 +194,71 @@ def _env_rendezvous(url, timeout=timedelta(minutes=30), **kwargs):
 # -- Work -------------------------------------------------------------------------------------
 
 
-_pool = None
-_pool_lock = threading.Lock()
+_callbacks = threading.local()      # .depth: how many Future callbacks this thread is inside
 
 
-def _completions() -> concurrent.futures.ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(
-                COMPLETION_THREADS, thread_name_prefix="collectives-c10d-future")
-        return _pool
+def in_callback() -> bool:
+    """Whether this thread is running a callback of one of our Futures (``Future``)."""
+    return getattr(_callbacks, "depth", 0) > 0
+
+
+def _run_callback(callback, future):
+    _callbacks.depth = getattr(_callbacks, "depth", 0) + 1
+    try:
+        return callback(future)
+    finally:
+        _callbacks.depth -= 1
+
+
+class Future(_TorchFuture):
+    """The torch Future of our Works, whose callbacks (``then``, ``add_done_callback``, and
+    theirs in turn: ``then`` returns one of these) run marked as callbacks, so that the
+    collectives they call go to the group's callback lane (ProcessGroupCollectives.group)."""
+
+    def then(self, callback):
+        chained = Future()
+
+        def run(done):
+            try:
+                value = _run_callback(callback, done)
+            except BaseException as exc:      # the callback's error belongs to ``chained``
+                chained.set_exception(exc)
+                return
+            chained.set_result(value)
+        super().add_done_callback(run)
+        return chained
+
+    def add_done_callback(self, callback):
+        super().add_done_callback(lambda done: _run_callback(callback, done))
+
+
+class _Completions:
+    """The thread that completes one group's torch Futures, in the order its operations
+    finished: the group's call order, the same on every rank, so that callbacks registered
+    before completion run in the same order on every rank."""
+
+    def __init__(self, name):
+        self._jobs = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            job()
+
+    def submit(self, job) -> None:
+        self._jobs.put(job)
+
+    def is_current(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
 
 
 def _wait_limit(timeout):
@@ -214,57 +271,70 @@ class Work(dist._Work):
     """torch's Work over one of our operations: ``wait`` (raising the operation's error),
     ``get_future`` (a ``torch.futures.Future`` of ``result()``, as gloo's), ``is_completed``,
     ``is_success``, ``exception``, ``result``, ``synchronize``, ``source_rank`` (any-source
-    receives: the sender's group rank)."""
+    receives: the sender's group rank).
 
-    def __init__(self, operation: str, result, ours=None):
+    ``ours`` is our Work (collectives.work), None for an operation done at the call; a
+    collective's Future is completed by its group's completion thread (``completions``), a
+    receive's or send's by whoever waits for it (or, once ``get_future`` is asked for, by a
+    thread of its own: nothing else would drive the transfer)."""
+
+    def __init__(self, operation: str, result, ours=None, completions=None):
         super().__init__()
         self._operation = operation
         self._result = result
-        self._ours = ours                   # collectives.work.Work; None: done at the call
-        self._future = _TorchFuture()
+        self._ours = ours
+        self._completions = completions
+        self._future = Future()
         self._lock = threading.Lock()
+        self._claimed = False               # whoever sets the Future claims it first
         self._driven = False
         self.source_rank_value = None
         if ours is None:
+            self._claimed = True
             self._future.set_result(result)
-        elif ours._requests is None:        # a collective: the group's worker finishes it
-            ours.get_future().add_done_callback(
-                lambda _: _completions().submit(self._complete))
+        elif ours._requests is None:
+            ours.get_future().add_done_callback(lambda _: completions.submit(self._complete))
 
     def _complete(self):
+        """Set the Future from our Work's outcome, once (its callbacks run here)."""
         with self._lock:
-            if self._future.done() or not self._ours.get_future().done():
+            if self._claimed or not self._ours.get_future().done():
                 return
-            error = self._ours.exception()
-            if error is None:
-                self._future.set_result(self._result)
-            else:
-                self._future.set_exception(error)
+            self._claimed = True
+        error = self._ours.exception()
+        if error is None:
+            self._future.set_result(self._result)
+        else:
+            self._future.set_exception(error)
 
     def _drive(self):
-        """Point-to-point: nothing completes the transfer unless someone waits for it."""
         try:
             self._ours.wait()
-        except Exception:       # noqa: BLE001  (delivered through the future)
+        except Exception:       # noqa: BLE001  (delivered through the Future)
             pass
         self._complete()
 
     def wait(self, timeout=timedelta(0)) -> bool:
-        if self._ours is not None:
-            self._ours.wait(_wait_limit(timeout))
-            if self._ours._requests is not None:
-                self._complete()
-            # Future.value() is valid once wait() returns, so wait for it to be marked
-            # (callbacks may still run: they are not part of the operation).
-            self._future.wait()
+        if self._ours is None:
+            return True
+        self._ours.wait(_wait_limit(timeout))
+        if self._ours._requests is not None or (self._completions is not None
+                                                and self._completions.is_current()):
+            # p2p, or a Future callback waiting for another operation whose completion is
+            # queued behind it on this very thread: complete it now
+            self._complete()
+        # Future.value() is valid once wait() returns, so wait until it is set (its
+        # callbacks may still be running: they are not part of the operation).
+        self._future.wait()
         return True
 
-    def get_future(self) -> _TorchFuture:
+    def get_future(self) -> Future:
         if self._ours is not None and self._ours._requests is not None:
             with self._lock:
-                drive, self._driven = not self._driven and not self._future.done(), True
+                drive, self._driven = not self._driven and not self._claimed, True
             if drive:
-                _completions().submit(self._drive)
+                threading.Thread(target=self._drive, daemon=True,
+                                 name=f"collectives-c10d-{self._operation}").start()
         return self._future
 
     def is_completed(self) -> bool:
@@ -324,9 +394,26 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         limit = _seconds(timeout)
         transport = transports.create(TRANSPORT, rank=rank, world_size=size,
                                       store=_TorchStore(store, limit), timeout=limit)
-        self.group = ProcessGroup(transport, backend=BACKEND, timeout=limit,
-                                  group_id=next(_group_ids), ranks=global_ranks or None,
-                                  name=group_name)
+        group_id = next(_group_ids)
+        ranks = list(global_ranks) if global_ranks else None
+        self._main = ProcessGroup(transport, backend=BACKEND, timeout=limit, group_id=group_id,
+                                  ranks=ranks, name=group_name)
+        # Collectives called from Future callbacks (PowerSGD's) run on this lane: the same
+        # ranks and connections, tags of their own. Callbacks run in the same order on every
+        # rank, but where they run (in the thread that registers one on a finished Future,
+        # else on the completion thread) and so when, relative to this rank's other calls,
+        # differs from rank to rank: on the main group's one sequence of calls they would
+        # pair with other calls.
+        self._lane = ProcessGroup(SubgroupTransport(transport, range(size), LANE_ID),
+                                  backend=BACKEND, timeout=limit, group_id=group_id,
+                                  ranks=ranks, name=f"{group_name} callbacks")
+        self._completions = _Completions(f"collectives-c10d-rank{rank}-group{group_id}")
+
+    @property
+    def group(self) -> ProcessGroup:
+        """Our group that this thread's calls run on: the callback lane inside a callback
+        of one of our Futures, else the main group."""
+        return self._lane if in_callback() else self._main
 
     def getBackendName(self) -> str:        # noqa: N802  (torch's names, called from C++)
         return BACKEND
@@ -418,11 +505,13 @@ class ProcessGroupCollectives(dist.ProcessGroup):
 
     def _launch(self, operation, run, result, opts=None) -> Work:
         """The end of every collective: run now when torch waits at once (errors raise
-        here), else queue it on the group's worker and hand back a Work."""
-        if opts is not None and not getattr(opts, "asyncOp", True):
-            _work.call(self.group, run, False, result)
+        here) or when a Future callback calls it (its lane has no worker: callbacks run one
+        at a time), else queue it on the group's worker and hand back a Work."""
+        group = self.group
+        if group is self._lane or (opts is not None and not getattr(opts, "asyncOp", True)):
+            _work.call(group, run, False, result)
             return Work(operation, result)
-        return Work(operation, result, _work.call(self.group, run, True, result))
+        return Work(operation, result, _work.call(group, run, True, result), self._completions)
 
     # -- collectives --------------------------------------------------------------------------
 
@@ -696,15 +785,15 @@ class ProcessGroupCollectives(dist.ProcessGroup):
     # before it reduces.
 
     def _p2p(self, kind, tensors_, peer, tag):
-        operation = kind
+        group, operation = self._main, kind     # matched by tag, never by order: no lane
         buf = self._flat(self._single(tensors_, operation), operation)
         if peer is not None:
             peer = int(peer)
-            if not 0 <= peer < self.group.size or peer == self.group.rank:
+            if not 0 <= peer < group.size or peer == group.rank:
                 raise ValueError(f"{self._where(operation)}: peer {peer} must be another rank "
-                                 f"of the group (0..{self.group.size - 1})")
-        wire_tag = self.group.p2p_tag(tag, operation)
-        transport = self.group.transport
+                                 f"of the group (0..{group.size - 1})")
+        wire_tag = group.p2p_tag(tag, operation)
+        transport = group.transport
         if kind == "send":
             request = transport.isend(buf, peer, wire_tag)
         else:
@@ -735,13 +824,15 @@ class ProcessGroupCollectives(dist.ProcessGroup):
     # -- life ---------------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Finish queued work and close the connections (destroy_process_group)."""
-        _work.stop(self.group)
-        self.group.transport.close()
+        """Finish queued work and its Futures, then close the connections
+        (destroy_process_group)."""
+        _work.stop(self._main)
+        self._completions.stop()
+        self._main.transport.close()
 
     def abort(self) -> None:
         """Fail every pending and later operation of the group, on every rank."""
-        abort = getattr(self.group.transport, "abort", None)
+        abort = getattr(self._main.transport, "abort", None)
         if abort is not None:
             abort(f"{BACKEND} process group aborted on rank {self.group.rank}")
 

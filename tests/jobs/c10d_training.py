@@ -2,10 +2,13 @@
 ``c10d_training.py BACKEND OUT``.
 
 A small model trained a few steps under DistributedDataParallel, with several buckets
-(``bucket_cap_mb`` tiny), in four variants: plain; torch's ``allreduce_hook``; a custom comm
-hook built on ``Work.get_future()``; and gradient accumulation under ``no_sync``; then the
+(``bucket_cap_mb`` tiny), in five variants: plain; torch's ``allreduce_hook``; a custom comm
+hook built on ``Work.get_future()``; torch's PowerSGD hook (it waits for a second collective
+inside a Future callback), in one bucket; and gradient accumulation under ``no_sync``; then the
 same training as the plain one under FSDP2 (``fully_shard`` per layer and on the model; its
-parameters gathered with ``full_tensor()``). Seeds are
+parameters gathered with ``full_tensor()``). Not on gloo, whose order of collectives then
+depends on timing (its callbacks call collectives from its worker threads while the main
+thread launches buckets; on 3 ranks it hangs): PowerSGD over several buckets. Seeds are
 fixed and each rank's data depends only on its rank, so every backend should reach the same
 parameters (bitwise across ranks, within rounding across backends). Each rank saves its final
 parameters per variant to ``OUT/rank<R>.pt``. Run under any launcher that sets torch's
@@ -17,7 +20,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -46,11 +49,16 @@ def mean_hook(state, bucket):
 
 
 def train(variant, rank):
-    ddp = DDP(model(), bucket_cap_mb=0.002)     # several buckets for this model
+    one_bucket = variant == "powersgd"
+    ddp = DDP(model(), bucket_cap_mb=25 if one_bucket else 0.002)   # else several buckets
     if variant == "allreduce_hook":
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
     elif variant == "custom_hook":
         ddp.register_comm_hook(None, mean_hook)
+    elif variant.startswith("powersgd"):
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                            start_powerSGD_iter=2, min_compression_rate=0.5)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     data = batches(rank, 2 * STEPS)
     for step in range(STEPS):
@@ -86,7 +94,10 @@ def main():
     dist.init_process_group(backend)
     rank = dist.get_rank()
     assert dist.get_backend() == backend, dist.get_backend()
-    result = {v: train(v, rank) for v in ("plain", "allreduce_hook", "custom_hook", "no_sync")}
+    variants = ["plain", "allreduce_hook", "custom_hook", "powersgd", "no_sync"]
+    if backend != "gloo":
+        variants.append("powersgd_buckets")
+    result = {v: train(v, rank) for v in variants}
     result["fsdp2"] = train_fsdp2(rank)
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
     dist.destroy_process_group()
