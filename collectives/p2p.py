@@ -46,10 +46,21 @@ def _source(pg, request, peer):
     return None if source is None or source < 0 else pg.ranks[source]
 
 
+def _finish(pg, request, tensor) -> None:
+    """Complete a blocking send/recv inside the transport's call scope (nccl: on the stream
+    the caller's tensor is ordered on, as the collectives do)."""
+    scope = pg.transport.call_scope([tensor])
+    if scope is None:
+        finish(pg.transport, [request], pg.timeout)
+        return
+    with scope():
+        finish(pg.transport, [request], pg.timeout)
+
+
 def send(tensor, dst=None, group=None, tag=0, group_dst=None) -> None:
     pg, request, _ = _post("send", tensor, dst, group, tag, group_dst)
     if pg is not None:
-        finish(pg.transport, [request], pg.timeout)
+        _finish(pg, request, tensor)
 
 
 def recv(tensor, src=None, group=None, tag=0, group_src=None):
@@ -57,7 +68,7 @@ def recv(tensor, src=None, group=None, tag=0, group_src=None):
     pg, request, peer = _post("recv", tensor, src, group, tag, group_src)
     if pg is None:
         return -1
-    finish(pg.transport, [request], pg.timeout)
+    _finish(pg, request, tensor)
     return _source(pg, request, peer)
 
 
