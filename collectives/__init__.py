@@ -116,7 +116,9 @@ def init_process_group(backend=None, init_method=None, timeout=timedelta(minutes
     socket/nccl: rendezvous through ``init_method`` / ``store`` / the environment, except
     nccl under mpiexec with none of them (no MASTER_ADDR): then rank and size come from MPI
     and the NCCL unique id travels through MPI.COMM_WORLD. A store the rendezvous made is
-    closed by destroy_process_group, so a job may init again on the same MASTER_PORT."""
+    closed by destroy_process_group, so a job may init again on the same MASTER_PORT.
+    ``timeout`` (30 minutes by default, as in torch) bounds the wait for every rank to arrive
+    (logged meanwhile: see rendezvous) and each collective of the default group."""
     if state.current() is not None:
         raise ValueError("trying to initialize the default process group twice!")
     name, limit = _backend_name(backend, init_method, store), _seconds(timeout)

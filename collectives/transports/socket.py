@@ -349,7 +349,10 @@ class SocketTransport(Transport):
                 except (AuthenticationError, OSError) as exc:
                     sock.close()
                     raise TransportError(f"socket transport rank {self.rank}: handshake with rank "
-                                         f"{peer} at {addr} failed: {exc}") from None
+                                         f"{peer} at {addr} failed: {exc}; it also fails where "
+                                         f"the ranks disagree on the world size ({self.size} "
+                                         f"here) or on how many times they have joined this "
+                                         f"store ({generation} here)") from None
                 if who != peer:
                     raise TransportError(f"socket transport rank {self.rank}: {addr} answered as "
                                          f"rank {who}, expected {peer}")
