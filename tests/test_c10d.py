@@ -3,10 +3,10 @@ DTensor on our algorithms.
 
 In this process (one rank): registration, the stores between torch and us, Work, errors.
 In real processes (jobs under tests/jobs/, each killed at a limit so a hang fails): every
-collective through torch.distributed against exact values on 2 ranks under our launcher and
-on 3 ranks under torchrun's environment variables set by hand (rank 0 hosting torch's own
-TCPStore); and the same DDP / FSDP2 training on our backend and on gloo, whose parameters
-must be bitwise identical across ranks and equal to gloo's within float rounding.
+collective through torch.distributed against exact values, then DDP / FSDP2 training, on 2
+ranks under our launcher and on 3 ranks under torchrun's environment variables set by hand
+(rank 0 hosting torch's own TCPStore); parameters bitwise identical across ranks, equal to
+gloo's (2 ranks, same seeds) and to one process's training within float rounding.
 """
 import os
 import signal
@@ -28,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOBS = os.path.join(ROOT, "tests", "jobs")
 JOB_LIMIT = 90          # seconds; a job past it is killed and the test fails
 VARIANTS = ("plain", "allreduce_hook", "custom_hook", "powersgd", "no_sync", "fsdp2")
+TRAINING = os.path.join(JOBS, "c10d_training.py")
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -78,14 +79,14 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def by_hand(nproc, script, *args, cwd):
+def by_hand(nproc, script, *args, cwd, env=None):
     """torchrun's environment set by hand: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (rank 0
     runs torch's TCPStore), one process per rank."""
     port = _free_port()
     procs = [subprocess.Popen([sys.executable, script, *args],
                               env=_env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nproc),
                                        LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
-                                       MASTER_PORT=str(port)),
+                                       MASTER_PORT=str(port), **(env or {})),
                               cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, start_new_session=True)
              for r in range(nproc)]
@@ -233,68 +234,98 @@ def test_env_rendezvous_uses_our_launchers_store(monkeypatch, backend):
 
 
 # -- in real processes -------------------------------------------------------------------------
+# One job per world size runs c10d_suite.py's checks and then the training (each start of
+# torch costs seconds per rank on a small machine): 2 ranks under our launcher, 3 under
+# torchrun's variables set by hand with COLLECTIVES_ALGORITHM forcing ring for all_reduce;
+# gloo trains on 2 ranks for the comparison.
 
 
-def _suite_ok(code, output, nproc):
-    assert code == 0 and "FAIL" not in output, output[-6000:]
-    assert output.count("OK rank") == nproc, output[-6000:]
-
-
-def test_every_collective_2_ranks_under_our_launcher(tmp_path):
-    code, output = launch(2, os.path.join(JOBS, "c10d_suite.py"), cwd=tmp_path)
-    _suite_ok(code, output, 2)
-
-
-def test_every_collective_3_ranks_under_torchrun_environment(tmp_path):
-    code, output = by_hand(3, os.path.join(JOBS, "c10d_suite.py"), cwd=tmp_path)
-    _suite_ok(code, output, 3)
-
-
-def _trained(out, nproc):
+def _load(out, nproc):
     return [torch.load(out / f"rank{r}.pt") for r in range(nproc)]
 
 
-@pytest.mark.parametrize("nproc", [2, 3])
-def test_ddp_and_fsdp2_match_gloo(tmp_path, nproc):
-    """Our backend under our launcher, gloo under torchrun's variables, same seeds: DDP
-    (buckets, allreduce_hook, a get_future hook, PowerSGD, no_sync) and FSDP2; PowerSGD over
-    several buckets on ours alone (gloo's order of calls from callbacks depends on timing:
-    it hangs there on 3 ranks), bitwise identical across ranks. On 3 ranks
-    COLLECTIVES_ALGORITHM forces ring for all_reduce: the backend chooses as the facade does
-    (the INFO log shows auto's choices, and none for all_reduce)."""
-    ours, gloo = tmp_path / "ours", tmp_path / "gloo"
+def _job_ok(code, output, nproc):
+    assert code == 0 and "FAIL" not in output, output[-6000:]
+    assert output.count("OK rank") == nproc and output.count("TRAINED rank") == nproc, \
+        output[-6000:]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """(our parameters per rank, gloo's, our job's output): our backend under collectives.run,
+    gloo under torchrun's variables."""
+    tmp = tmp_path_factory.mktemp("c10d_two")
+    ours, gloo = tmp / "ours", tmp / "gloo"
     ours.mkdir()
     gloo.mkdir()
-    script = os.path.join(JOBS, "c10d_training.py")
-    forced = dict(COLLECTIVES_ALGORITHM="all_reduce=ring", COLLECTIVES_DEBUG="INFO") \
-        if nproc == 3 else {}
-    code, output = launch(nproc, script, "collectives", str(ours), cwd=tmp_path, env=forced)
-    assert code == 0 and output.count("OK rank") == nproc, output[-6000:]
-    if forced:
-        assert "auto: reduce_scatter" in output and "auto: all_reduce" not in output
-    code, output = by_hand(nproc, script, "gloo", str(gloo), cwd=tmp_path)
-    assert code == 0 and output.count("OK rank") == nproc, output[-6000:]
-    ours, gloo = _trained(ours, nproc), _trained(gloo, nproc)
-    start = c10d_training_start()
-    for variant in VARIANTS:
-        for rank in range(1, nproc):            # bitwise identical on every rank
-            for a, b in zip(ours[0][variant], ours[rank][variant]):
-                assert torch.equal(a, b), (variant, rank)
-        for a, b, s in zip(ours[0][variant], gloo[0][variant], start):
-            assert not torch.equal(a, s), variant             # training moved it
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=variant)
-    for a, b in zip(ours[0]["fsdp2"], ours[0]["plain"]):       # FSDP2 computes what DDP does
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    for rank in range(1, nproc):
-        for a, b, s in zip(ours[0]["powersgd_buckets"], ours[rank]["powersgd_buckets"], start):
-            assert torch.equal(a, b) and torch.isfinite(a).all() and not torch.equal(a, s)
+    code, output = launch(2, TRAINING, "collectives", str(ours), "--suite", cwd=tmp)
+    _job_ok(code, output, 2)
+    code, gloo_output = by_hand(2, TRAINING, "gloo", str(gloo), cwd=tmp)
+    assert code == 0 and gloo_output.count("TRAINED rank") == 2, gloo_output[-6000:]
+    return _load(ours, 2), _load(gloo, 2), output
 
 
-def c10d_training_start():
-    """The job's initial parameters (its model() with its seed), in this process."""
+@pytest.fixture(scope="module")
+def three_ranks(tmp_path_factory):
+    """(our parameters per rank, our job's output): torchrun's variables, ring all_reduce."""
+    tmp = tmp_path_factory.mktemp("c10d_three")
+    code, output = by_hand(3, TRAINING, "collectives", str(tmp), "--suite", cwd=tmp,
+                           env=dict(COLLECTIVES_ALGORITHM="all_reduce=ring",
+                                    COLLECTIVES_DEBUG="INFO"))
+    _job_ok(code, output, 3)
+    return _load(tmp, 3), output
+
+
+def _training():
     sys.path.insert(0, JOBS)
     try:
         import c10d_training
     finally:
         sys.path.remove(JOBS)
-    return [p.detach() for p in c10d_training.model().parameters()]
+    return c10d_training
+
+
+def _check_training(ours, nproc):
+    """Bitwise identical on every rank, moved by training, and (where the math is plain data
+    parallelism) equal to one process's training on every rank's data within rounding."""
+    job = _training()
+    start = [p.detach() for p in job.model().parameters()]
+    for variant in ours[0]:
+        for rank in range(1, nproc):
+            for a, b in zip(ours[0][variant], ours[rank][variant]):
+                assert torch.equal(a, b), (variant, rank)
+        for a, s in zip(ours[0][variant], start):
+            assert torch.isfinite(a).all() and not torch.equal(a, s), variant
+    for variant in ("plain", "allreduce_hook", "custom_hook", "no_sync", "fsdp2"):
+        want = job.reference("no_sync" if variant == "no_sync" else "plain", nproc)
+        for a, b in zip(ours[0][variant], want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=variant)
+
+
+def test_every_collective_2_ranks_under_our_launcher(two_ranks):
+    assert two_ranks[2].count("OK rank") == 2
+
+
+def test_every_collective_3_ranks_under_torchrun_environment(three_ranks):
+    assert three_ranks[1].count("OK rank") == 3
+
+
+def test_ddp_and_fsdp2_2_ranks_match_gloo(two_ranks):
+    """DDP (buckets, allreduce_hook, a get_future hook, PowerSGD, no_sync) and FSDP2 on our
+    backend and on gloo, same seeds."""
+    ours, gloo, _ = two_ranks
+    assert set(ours[0]) == set(VARIANTS) | {"powersgd_buckets"}
+    for variant in VARIANTS:
+        for a, b in zip(ours[0][variant], gloo[0][variant]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=variant)
+    _check_training(ours, 2)
+
+
+def test_ddp_and_fsdp2_3_ranks_forced_ring(three_ranks):
+    """On 3 ranks with COLLECTIVES_ALGORITHM=all_reduce=ring: the backend chooses as the
+    facade does (the INFO log shows auto's other choices and none for all_reduce); PowerSGD
+    over several buckets is bitwise identical across ranks (gloo, whose order of calls from
+    callbacks depends on timing, hangs there)."""
+    ours, output = three_ranks
+    assert "auto: reduce_scatter" in output and "auto: all_reduce" not in output
+    _check_training(ours, 3)

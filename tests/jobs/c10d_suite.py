@@ -12,7 +12,8 @@ and leave the group usable.
 
 A wrong value prints ``FAIL <what>: <detail>`` and the script goes on (every rank still makes
 the same calls); an exception prints ``FAIL`` with its traceback and exits 1 at once. At the
-end: ``OK rank R checks N`` and exit 0.
+end: ``OK rank R checks N`` and exit 0. ``check_all()`` runs the checks in a job of its own
+(c10d_training.py ``--suite``: one start of torch per rank instead of two).
 """
 import sys
 import traceback
@@ -61,8 +62,9 @@ def raises(what, kind, pattern, fn):
     print(f"FAIL {what}: no error", flush=True)
 
 
-def main():
-    dist.init_process_group("collectives")
+def check_all():
+    """Every check, on the default group (initialized on the "collectives" backend). Returns
+    the number of failed checks."""
     rank, size = dist.get_rank(), dist.get_world_size()
     assert size >= 2, "run on 2 ranks or more"
     expect("backend", dist.get_backend(), "collectives")
@@ -315,9 +317,15 @@ def main():
     dist.all_reduce(t)
     expect("usable after errors", t, torch.full((2,), float(size)))
 
-    dist.destroy_process_group()
     print(f"OK rank {rank} checks {checks}", flush=True)
-    return 1 if failures else 0
+    return failures
+
+
+def main():
+    dist.init_process_group("collectives")
+    failed = check_all()
+    dist.destroy_process_group()
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Data-parallel training on a torch backend, the same for every backend:
-``c10d_training.py BACKEND OUT``.
+``c10d_training.py BACKEND OUT [--suite]`` (``--suite``: c10d_suite.py's checks first).
 
 A small model trained a few steps under DistributedDataParallel, with several buckets
 (``bucket_cap_mb`` tiny), in five variants: plain; torch's ``allreduce_hook``; a custom comm
@@ -13,7 +13,9 @@ fixed and each rank's data depends only on its rank, so every backend should rea
 parameters (bitwise across ranks, within rounding across backends). Each rank saves its final
 parameters per variant to ``OUT/rank<R>.pt``. Run under any launcher that sets torch's
 environment (``collectives.run``, torchrun); ``collectives.c10d`` is imported whatever the
-backend, so gloo under our launcher finds its store too.
+backend, so gloo under our launcher finds its store too. ``reference(variant, size)``
+computes in one process what data parallelism on ``size`` ranks computes (the gradient of
+the mean of the ranks' losses).
 """
 import os
 import sys
@@ -89,11 +91,33 @@ def train_fsdp2(rank):
     return [p.full_tensor().detach().clone() for p in net.parameters()]
 
 
+def reference(variant, size):
+    """The parameters ``train(variant, r)`` reaches on ``size`` ranks, from one process: each
+    step descends the mean over ranks of their losses (DDP averages the ranks' gradients)."""
+    net = model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    data = [batches(r, 2 * STEPS) for r in range(size)]
+    for step in range(STEPS):
+        opt.zero_grad()
+        if variant == "no_sync":
+            pairs = [(d[2 * step], d[2 * step + 1]) for d in data]
+            loss = sum(torch.nn.functional.mse_loss(net(x), y) for pair in pairs for x, y in pair)
+        else:
+            loss = sum(torch.nn.functional.mse_loss(net(x), y) for x, y in (d[step] for d in data))
+        (loss / size).backward()
+        opt.step()
+    return [p.detach().clone() for p in net.parameters()]
+
+
 def main():
     backend, out = sys.argv[1], sys.argv[2]
     dist.init_process_group(backend)
     rank = dist.get_rank()
     assert dist.get_backend() == backend, dist.get_backend()
+    if "--suite" in sys.argv[3:]:
+        import c10d_suite                   # beside this script
+        if c10d_suite.check_all():
+            sys.exit(1)
     variants = ["plain", "allreduce_hook", "custom_hook", "powersgd", "no_sync"]
     if backend != "gloo":
         variants.append("powersgd_buckets")
@@ -101,7 +125,7 @@ def main():
     result["fsdp2"] = train_fsdp2(rank)
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
     dist.destroy_process_group()
-    print(f"OK rank {rank}")
+    print(f"TRAINED rank {rank}")
 
 
 if __name__ == "__main__":
