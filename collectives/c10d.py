@@ -448,8 +448,8 @@ class ProcessGroupCollectives(dist.ProcessGroup):
                             f"{type(tensor).__name__}")
         if tensor.device.type != "cpu":
             raise TypeError(f"{self._where(operation)}: {name} is on {tensor.device}; the "
-                            f"{BACKEND} torch backend takes CPU tensors (use nccl for GPUs, "
-                            f"e.g. init_process_group('cpu:{BACKEND},cuda:nccl'))")
+                            f"{BACKEND} torch backend takes CPU tensors (for GPU tensors use a "
+                            f"group on nccl: new_group(backend='nccl'))")
         if tensor.layout != torch.strided:
             raise TypeError(f"{self._where(operation)}: {name} has layout {tensor.layout}; "
                             f"only dense tensors are supported")
