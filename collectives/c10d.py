@@ -759,11 +759,11 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         rank: every rank's row and column are all-gathered (one small collective, run now)
         and checked, so a size mismatch is the same ValueError on every rank before any data
         moves."""
-        p, me = self.group.size, self.group.rank
+        group = self.group
+        p = group.size
         table = np.empty(2 * p * p, dtype=np.int64)
         mine = np.asarray(list(sends) + list(recvs), dtype=np.int64)
-        _work.call(self.group, self.group.prepare("all_gather", input=mine, output=table),
-                   False, [])
+        _work.call(group, group.prepare("all_gather", input=mine, output=table), False, [])
         table = table.reshape(p, 2, p).tolist()
         matrix = [table[i][0] for i in range(p)]
         for j in range(p):
