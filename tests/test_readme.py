@@ -102,6 +102,8 @@ BLOCKS = {
     # Use it
     "# demo.py, run with: python -m collectives.run --standalone --nproc-per-node 2 demo.py":
         Python(expect=[r"rank 0: 8 == 8", r"rank 1: 8 == 8"]),
+    "# train.py, run with: python -m collectives.run --standalone --nproc-per-node 2 train.py":
+        Python(expect=[r"rank 0: collectives -?\d", r"rank 1: collectives -?\d"]),
     "from collectives.algorithms.schedule import algorithm, partition, sendrecv": Python(),
     "# in the same Python session as the block above, which registered my_ring": Python(
         continues="from collectives.algorithms.schedule import algorithm, partition, "

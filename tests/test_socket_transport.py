@@ -267,3 +267,16 @@ def _slow_second_rank(monkeypatch):
             time.sleep(float(os.environ["DELAY"]))
         return original(self, store)
     monkeypatch.setattr(sock_mod.SocketTransport, "_connect_mesh", delayed)
+
+
+def _any_source_from_self(transport):
+    buf = np.zeros(3)
+    req = transport.irecv(buf, ANY_SOURCE, 9)          # posted first: the send matches it
+    transport.isend(np.full(3, 5.0), transport.rank, 9)
+    transport.wait_all([req], 10)
+    return req.source, buf.tolist()
+
+
+def test_any_source_receive_matched_by_a_send_to_self_names_this_rank():
+    got = run_ranks(2, _any_source_from_self)
+    assert got == {0: ("ok", (0, [5.0] * 3)), 1: ("ok", (1, [5.0] * 3))}, got

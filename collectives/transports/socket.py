@@ -586,6 +586,7 @@ class SocketTransport(Transport):
                 entry.done = True
                 self._unexpected[tag].append(entry)
         if target is not None:
+            target.source = self.rank         # an any-source receive learns its sender
             entry = _Unexpected(self.rank, tag, data, signature)
             self._fill_from(target, entry)
         req.done = True
