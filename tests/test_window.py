@@ -358,7 +358,7 @@ def _worker():
         problems.append(f"rank {rank}: widest merged step has only {widest} requests")
     data = (np.arange(n * size, dtype=np.float64) + 1000 * rank)
     outs = []
-    for execute, p in ((world.execute, wide), (host.execute, plan)):
+    for execute, p in ((group.execute, wide), (host.execute, plan)):
         out = np.zeros(n * size)
         execute(p, world, {"input": data, "output": out}, reducer(ReduceOp.SUM, out.dtype),
                 tag=(1 << 20) + 3, timeout=30, operation="all_to_all", dtype=out.dtype)
