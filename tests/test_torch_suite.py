@@ -17,6 +17,11 @@ CPU; about 45 s on gloo and 55 s on ours, 2 cores). The whole suite (every test 
     # torch's tests of [1, 2] subgroups (test_*_group_*) skip below 8 ranks:
     .venv/bin/python tests/torch_suite/compare.py --selection full --world-size 8
 
+Against the facade (torch's test bodies with ``dist`` = ``import collectives as dist``; an
+exploration, not asserted here):
+
+    .venv/bin/python tests/torch_suite/compare.py --selection ci --ours facade
+
 It prints passed/failed/skipped per backend, the known failures, and every test that passes
 on gloo and not on ours (exit status 1 if any); ``--keep DIR`` keeps the JSON reports and logs.
 torch's suite needs ``expecttest`` (a test dependency of torch: ``pip install expecttest``).
@@ -96,3 +101,36 @@ def test_known_failures_fail_as_described(reports):
         if head not in reason:
             other[name] = error
     assert not other, f"known failures failing for another reason:\n{_listing(other)}"
+
+
+# -- the comparison itself, on made-up reports (no processes) ---------------------------------
+
+
+def _report(backend, **outcomes):
+    tests = {name: {"outcome": outcome.split(":")[0], "error": outcome.partition(": ")[2],
+                    "seconds": 0.1} for name, outcome in outcomes.items()}
+    return {"backend": backend, "world_size": WORLD_SIZE, "torch": "x", "seconds": 1.0,
+            "tests": tests}
+
+
+def test_comparison_names_what_fails_on_ours_only():
+    known = next(iter(selection.KNOWN_FAILURES))
+    only = next(iter(selection.GLOO_ONLY))
+    gloo = _report("gloo", test_a="passed", test_b="passed", test_c="skipped", test_d="passed",
+                   **{known: "passed", only: "passed"})
+    ours = _report("collectives", test_a="passed", test_b="failed: ValueError: boom",
+                   test_c="failed: RuntimeError: gloo skipped it",
+                   **{known: "failed: X", only: "failed: Y"})
+    assert compare.regressions(gloo, ours) == {
+        "test_b": "failed: ValueError: boom", "test_d": "missing: not run"}
+    assert compare.fixed_known_failures(gloo, ours) == []
+    ours["tests"][known]["outcome"] = "passed"
+    assert compare.fixed_known_failures(gloo, ours) == [known]
+
+
+def test_first_error_line_is_the_ranks_exception():
+    import run
+    text = ("Traceback (most recent call last):\nRuntimeError: Process 1 exited with error code "
+            "10 and exception:\nTraceback (most recent call last):\n  File \"x.py\", line 3\n"
+            "    dist.all_gather_coalesced(out, inp)\nValueError: 3 output lists for 1 inputs\n")
+    assert run._first_error_line(text) == "ValueError: 3 output lists for 1 inputs"
