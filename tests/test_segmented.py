@@ -17,6 +17,7 @@ from collectives.algorithms.hazards import pieces_of_at_least as segment_pieces
 from collectives.algorithms.schedule import (Copy, Reduce, Region, build_plan, buffer_sizes,
                                              plan_args)
 from collectives.algorithms.transforms import segmented
+from collectives.algorithms.lowered import overlapped
 from collectives.algorithms.simulate import execute_all
 from collectives.executors import host
 from collectives.kernels.reduce import reducer
@@ -125,11 +126,16 @@ def test_simulated_results_equal_unsegmented(collective, algorithm):
         assert sum(p.messages for p in cut) >= sum(p.messages for p in plain)
         want = _buffers(collective, size, counts, plain, seed=size)
         got = _buffers(collective, size, counts, cut, seed=size)
+        overlapped_got = _buffers(collective, size, counts, cut, seed=size)
         execute_all(plain, want, reduce)
         execute_all(cut, got, reduce)
+        # the program the host executor runs on segmented plans, simulated
+        execute_all(cut, overlapped_got, reduce, lowering=overlapped)
         for rank in range(size):
             if collective != "barrier":
                 np.testing.assert_array_equal(got[rank]["output"], want[rank]["output"])
+                np.testing.assert_array_equal(overlapped_got[rank]["output"],
+                                              want[rank]["output"])
 
 
 # -- the overlapped executor on real threads ------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The simulator: every rank's plan run in one process, no threads, no transport.
+"""The simulator: every rank's plan run in one process, no threads, no transport, as the
+program the host executor runs (``lowered``: the step walk, or the overlapped walk).
 
 Matching is rendezvous: a send completes only when the receiver has posted the matching
 receive in its current step, so a schedule that could deadlock on a real transport deadlocks
@@ -18,73 +19,97 @@ import numpy as np
 from ..errors import CollectiveError
 from ..kernels.reduce import check_op, finish_average, reducer
 from ..ops import ReduceOp
+from .lowered import POST, WAIT, stepwise
 from .schedule import Copy, Matrix, buffer_sizes, build_plan, plan_args
 
-def execute_all(plans, buffers, reduce=None):
+
+def execute_all(plans, buffers, reduce=None, *, lowering=stepwise):
     """Run one plan per rank to completion over ``buffers`` (one dict of flat arrays per rank,
-    scratch included). Raises CollectiveError on a deadlock or a size mismatch."""
+    scratch included), each as the program an executor runs: ``lowering(plan)`` (the step walk
+    by default; ``lowered.overlapped`` for the overlapped one). Raises CollectiveError on a
+    deadlock or a size mismatch."""
     size = len(plans)
-    step_of = [0] * size
-    outstanding = [0] * size
-    sends = collections.defaultdict(collections.deque)   # (src, dst) -> posted send regions
-    recvs = collections.defaultdict(collections.deque)   # (src, dst) -> posted recv regions
-    ready = collections.deque()
+    programs = [lowering(plan) for plan in plans]
+    pc = [0] * size                           # the next instruction of each rank
+    done = [[] for _ in range(size)]          # per rank: request number -> completed
+    sends = collections.defaultdict(collections.deque)   # (src, dst) -> (region, number)
+    recvs = collections.defaultdict(collections.deque)
+    ready = collections.deque(range(size))
+    blocked = [None] * size                   # requests the WAIT a rank stopped at still needs
 
     def view(rank, region):
         return buffers[rank][region.buffer][region.offset:region.end]
 
+    def step_of(rank):
+        code = programs[rank].code
+        return code[min(pc[rank], len(code) - 1)][1] if code else 0
+
     def match(src, dst):
         s, r = sends[(src, dst)], recvs[(src, dst)]
         while s and r:
-            sent, into = s.popleft(), r.popleft()
+            (sent, n_send), (into, n_recv) = s.popleft(), r.popleft()
             if sent.count != into.count:
                 raise CollectiveError(
                     f"{plans[src].collective} ({plans[src].algorithm}): rank {src} step "
-                    f"{step_of[src] + 1} sends {sent.count} elements to rank {dst}, whose step "
-                    f"{step_of[dst] + 1} receives {into.count}")
+                    f"{step_of(src) + 1} sends {sent.count} elements to rank {dst}, whose step "
+                    f"{step_of(dst) + 1} receives {into.count}")
             view(dst, into)[...] = view(src, sent)
-            for rank in (src, dst):
-                outstanding[rank] -= 1
-                if outstanding[rank] == 0:
-                    ready.append(rank)
+            for rank, number in ((src, n_send), (dst, n_recv)):
+                done[rank][number] = True
+                waiting = blocked[rank]
+                if waiting is not None and number in waiting:
+                    waiting.discard(number)
+                    if not waiting:
+                        blocked[rank] = None
+                        pc[rank] += 1
+                        ready.append(rank)
 
-    def post(rank):
-        if step_of[rank] >= len(plans[rank].steps):
-            return
-        step = plans[rank].steps[step_of[rank]]
-        outstanding[rank] = len(step.sends) + len(step.recvs)
-        if outstanding[rank] == 0:
-            ready.append(rank)
-            return
-        for r in step.recvs:
-            recvs[(r.peer, rank)].append(r.region)
-        for s in step.sends:
-            sends[(rank, s.peer)].append(s.region)
-        for r in step.recvs:
-            match(r.peer, rank)
-        for s in step.sends:
-            match(rank, s.peer)
+    def run_until_blocked(rank):
+        code = programs[rank].code
+        while pc[rank] < len(code):
+            kind, _, what = code[pc[rank]]
+            if kind is POST:
+                for is_receive, transfers in ((True, what[0]), (False, what[1])):
+                    for t in transfers:
+                        number = len(done[rank])
+                        done[rank].append(False)
+                        if is_receive:
+                            recvs[(t.peer, rank)].append((t.region, number))
+                        else:
+                            sends[(rank, t.peer)].append((t.region, number))
+                pc[rank] += 1
+                for t in what[0]:
+                    match(t.peer, rank)
+                for t in what[1]:
+                    match(rank, t.peer)
+            elif kind is WAIT:
+                numbers = range(what.start, what.stop) if isinstance(what, slice) else what
+                waiting = {n for n in numbers if not done[rank][n]}
+                if waiting:
+                    blocked[rank] = waiting
+                    return
+                pc[rank] += 1
+            else:
+                for op in what:
+                    if isinstance(op, Copy):
+                        view(rank, op.dst)[...] = view(rank, op.src)
+                    else:
+                        reduce(view(rank, op.dst), view(rank, op.a), view(rank, op.b))
+                pc[rank] += 1
 
-    for rank in range(size):
-        post(rank)
     while ready:
         rank = ready.popleft()
-        for op in plans[rank].steps[step_of[rank]].local:
-            if isinstance(op, Copy):
-                view(rank, op.dst)[...] = view(rank, op.src)
-            else:
-                reduce(view(rank, op.dst), view(rank, op.a), view(rank, op.b))
-        step_of[rank] += 1
-        post(rank)
+        if blocked[rank] is None:
+            run_until_blocked(rank)
 
-    stuck = [r for r in range(size) if step_of[r] < len(plans[r].steps)]
+    stuck = [r for r in range(size) if pc[r] < len(programs[r].code)]
     if stuck:
         first = stuck[0]
-        step = plans[first].steps[step_of[first]]
+        step = plans[first].steps[step_of(first)]
         raise CollectiveError(
             f"{plans[first].collective} ({plans[first].algorithm}) deadlocks at world size "
             f"{size}: {len(stuck)} ranks never finish; rank {first} waits in step "
-            f"{step_of[first] + 1} (sends to {[s.peer for s in step.sends]}, receives from "
+            f"{step_of(first) + 1} (sends to {[s.peer for s in step.sends]}, receives from "
             f"{[r.peer for r in step.recvs]})")
 
 
