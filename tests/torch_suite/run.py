@@ -148,6 +148,14 @@ def load_suite(backend: str, world_size: int, timeout: int):
             super().setUp()
             self._start_processes(fork)
 
+        def tearDown(self):
+            super().tearDown()
+            # torch's harness makes a FileStore file per test (delete=False) and leaves it
+            try:
+                os.remove(self.file_name)
+            except OSError:
+                pass
+
         def run_test(self, test_name, parent_pipe):
             # in a rank, after init_process_group(BACKEND): a few bodies read BACKEND == "gloo"
             # as "a CPU backend" (selection.BODY_AS_GLOO); they see gloo's name, run on ours
