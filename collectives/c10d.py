@@ -579,13 +579,17 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         return self._launch("all_gather", run, output_tensors, opts)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=_c10d.AllgatherOptions()):
-        """Args: output_lists (one list per input, one tensor per rank in each), input_tensors.
-        Returns: Work of ``output_lists``."""
-        if len(output_lists) != len(input_tensors):
-            raise ValueError(f"{self._where('all_gather_coalesced')}: {len(output_lists)} output "
-                             f"lists for {len(input_tensors)} inputs")
-        runs = [self._all_gather_run(outs, inp, opts, "all_gather_coalesced")
-                for outs, inp in zip(output_lists, input_tensors)]
+        """Args: output_lists (one list per rank, each one tensor per input, as torch and
+        gloo take them), input_tensors. Returns: Work of ``output_lists``."""
+        size = self.size()
+        if len(output_lists) != size or any(len(outs) != len(input_tensors)
+                                            for outs in output_lists):
+            raise ValueError(f"{self._where('all_gather_coalesced')}: output_lists must hold "
+                             f"{size} lists (one per rank) of {len(input_tensors)} tensors "
+                             f"(one per input), got {[len(o) for o in output_lists]}")
+        runs = [self._all_gather_run([outs[i] for outs in output_lists], inp, opts,
+                                     "all_gather_coalesced")
+                for i, inp in enumerate(input_tensors)]
         return self._launch("all_gather_coalesced", _in_order(runs), output_lists, opts)
 
     def _gather_into_run(self, output, input, opts, operation):

@@ -81,12 +81,6 @@ KNOWN_FAILURES = {
     "test_sparse_all_reduce_sum":
         "sparse tensors: the backend takes dense (strided) tensors only (a documented limit); "
         "TypeError: all_reduce on rank 2: tensor has layout torch.sparse_coo",
-    **{name: "bug: ProcessGroupCollectives.allgather_coalesced takes output_lists as one list "
-             "per input; torch (and gloo) pass one list per rank, each of one tensor per "
-             "input: ValueError: all_gather_coalesced on rank 2: 3 output lists for 1 inputs"
-       for name in ("test_all_gather_coalesced_simple", "test_all_gather_coalesced_complex",
-                    "test_all_gather_coalesced_with_empty",
-                    "test_all_gather_coalesced_full_group", "test_all_gather_coalesced_group")},
     **{name: "the barrier does time out after the group's timeout, but our error message "
              "('... did not complete within 1 s') has none of the words torch matches: "
              "' (Timed out|closed|timeout) ' (AssertionError in torch's assertRaisesRegex)"
