@@ -19,6 +19,7 @@ come from any thread.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from threading import get_ident
 
@@ -99,7 +100,7 @@ class ProcessGroup:
             (1 << (min(TAG_BITS, limit.bit_length()) - 1)) - 1
         self.async_thread = None        # the ident of the thread running async collectives
         self._gate = threading.Lock()   # held by the thread inside a collective call
-        self._caller = None         # (thread id, name, operation) holding it
+        self._caller = None         # (thread id, operation) holding it
         self._broken = None         # why concurrent calls failed this group
         self.overrides = algorithm_overrides(os.environ.get(ENV_ALGORITHM))
         self.execute = executors.select(transport)      # what runs this group's plans
@@ -183,6 +184,9 @@ class ProcessGroup:
         if first:
             abort = getattr(self.transport, "abort", None)
             if abort is not None:
+                # said first: under MPI the abort ends this process too, before any raise
+                sys.stderr.write(f"collectives: {error}; aborting the transport\n")
+                sys.stderr.flush()
                 abort(str(error))
         raise error
 
