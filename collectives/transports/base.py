@@ -17,8 +17,9 @@ an object with ``supports(collective, dtype, op) -> bool`` and, on flat arrays,
 receive nothing. ``offers`` says what an executor may use beyond isend/irecv/wait_all
 ("mpi_comm": an mpi4py ``comm``; "stream": stream-ordered device work), from which the group
 picks its executor (``collectives.executors``); transports never import executors. A
-transport may provide ``subgroup(ranks) -> Transport`` for new_group (a real sub-communicator where the library has
-one; otherwise the facade wraps the parent transport and translates ranks).
+transport may provide ``subgroup(ranks) -> Transport`` for new_group (a real sub-communicator
+where the library has one; otherwise the facade wraps the parent transport and translates
+ranks).
 
 Tags are integers from 0 to ``max_tag``; a tag outside that range is an error, never wrapped.
 ``max_tag`` None means the transport carries no tags: messages between a pair match in the
