@@ -20,23 +20,28 @@ import traceback as _traceback
 from datetime import timedelta
 
 from . import state, tensors, transports, work as _work
+from . import tensors as _tensors     # for functions whose torch parameter is named "tensors"
+from .debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
 from .errors import CollectiveError, CollectiveTimeout, TransportError
 from .group import ProcessGroup
-from .ops import ReduceOp
+from .ops import ReduceOp, check_complex as _check_complex
 from .state import GroupMember, group, seconds as _seconds
 from .work import Future, Work
 
 __all__ = [
-    "Backend", "CollectiveError", "CollectiveTimeout", "Future", "GroupMember", "P2POp",
-    "ProcessGroup", "ReduceOp", "TransportError", "Work", "all_gather", "all_gather_into_tensor",
-    "all_gather_object", "all_reduce", "all_to_all", "all_to_all_single", "barrier",
+    "Backend", "CollectiveError", "CollectiveTimeout", "DebugLevel", "Future", "GroupMember",
+    "P2POp", "ProcessGroup", "ReduceOp", "TransportError", "Work", "all_gather",
+    "all_gather_coalesced", "all_gather_into_tensor", "all_gather_object", "all_reduce",
+    "all_reduce_coalesced", "all_to_all", "all_to_all_single", "barrier",
     "batch_isend_irecv", "broadcast", "broadcast_object_list", "destroy_process_group",
-    "gather", "gather_object", "get_backend", "get_global_rank", "get_group_rank",
-    "get_process_group_ranks", "get_rank", "get_world_size", "group", "init_process_group",
+    "gather", "gather_object", "get_backend", "get_debug_level", "get_global_rank",
+    "get_group_rank", "get_process_group_ranks", "get_rank", "get_world_size", "group",
+    "init_process_group",
     "irecv", "is_available", "is_gloo_available", "is_initialized", "is_mpi_available",
     "is_nccl_available", "is_torchelastic_launched", "isend", "monitored_barrier",
-    "new_group", "new_subgroups", "recv", "reduce", "reduce_op", "reduce_scatter",
-    "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "spawn_local",
+    "new_group", "new_subgroups", "new_subgroups_by_enumeration", "recv", "reduce",
+    "reduce_op", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list",
+    "send", "set_debug_level", "set_debug_level_from_env", "spawn_local",
 ]
 
 reduce_op = ReduceOp      # torch's deprecated alias
@@ -48,7 +53,8 @@ LOCAL = "local"
 
 
 class Backend(str):
-    """A backend name: ``Backend("GLOO") == "gloo"``; unknown names are a ValueError."""
+    """A backend name: ``Backend("GLOO") == "gloo"``; unknown names and non-strings (None
+    included) are a ValueError, as in torch."""
     UNDEFINED = "undefined"
     GLOO = "gloo"
     NCCL = "nccl"
@@ -58,7 +64,8 @@ class Backend(str):
 
     def __new__(cls, name):
         if not isinstance(name, str):
-            raise TypeError(f"Backend name must be a string, got {type(name).__name__}")
+            raise ValueError(f"Backend constructor parameter must be string-ish, got "
+                             f"{type(name).__name__}")
         value = name.lower()
         if value not in (cls.UNDEFINED, LOCAL):
             transports.canonical(value)          # raises, listing the known backends
@@ -267,10 +274,19 @@ def destroy_process_group(group=None) -> None:
 
 
 def get_backend(group=None) -> Backend:
+    """The backend of ``group`` (default: the default group).
+
+    Args:
+        group: a process group this rank is a member of.
+
+    Returns:
+        The backend's name, lower case (a ``Backend``).
+    """
     world = state.world()
     pg = state.resolve(group, "get_backend")
     if pg is None:
-        raise ValueError("get_backend: this rank is not a member of the group")
+        raise ValueError(f"get_backend on rank {world.default.rank}: Invalid process group "
+                         f"specified (this rank is not a member of the group)")
     return Backend(world.backend)
 
 
@@ -314,7 +330,12 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
     world = state.world()
     size = world.default.size
     ranks = list(range(size)) if ranks is None else sorted(int(r) for r in ranks)
-    if not ranks or len(set(ranks)) != len(ranks) or not all(0 <= r < size for r in ranks):
+    for r in ranks:
+        if not 0 <= r < size:
+            raise ValueError(f"new_group on rank {world.default.rank}: Rank {r} is out of "
+                             f"range: ranks {ranks} must be distinct ranks within "
+                             f"0..{size - 1}")
+    if not ranks or len(set(ranks)) != len(ranks):
         raise ValueError(f"new_group on rank {world.default.rank}: ranks {ranks} must be "
                          f"distinct ranks within 0..{size - 1}")
     group_id = world.next_group_id
@@ -337,17 +358,67 @@ def _subgroup_transport(parent, ranks, group_id):
 
 def new_subgroups(group_size=None, group=None, timeout=None, backend=None, pg_options=None,
                   group_desc=None):
-    """Split the world into consecutive groups of ``group_size`` ranks (default: the
-    launcher's LOCAL_WORLD_SIZE, else the whole world). Returns (this rank's group, all)."""
-    world_size = get_world_size()
+    """Split ``group``'s ranks (default: the world) into consecutive subgroups of
+    ``group_size`` ranks. Every rank of the world calls it, as for new_group; a rank outside
+    ``group`` cannot know its ranks, so it gets a ValueError (in torch it fails too).
+
+    Args:
+        group_size: ranks per subgroup; default the launcher's LOCAL_WORLD_SIZE, else the
+            size of ``group``. Must divide the size of ``group``.
+        group: the process group to split (default: the default group).
+        timeout, backend, pg_options, group_desc: as for new_group.
+
+    Returns:
+        (this rank's subgroup, every subgroup in order).
+    """
+    pg = state.resolve(group, "new_subgroups")
+    if pg is None:
+        raise ValueError(f"new_subgroups on rank {get_rank()}: this rank is not a member of "
+                         f"the group to split; only its members know its ranks")
+    ranks = list(pg.ranks)
     if group_size is None:
-        group_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    if group_size <= 0 or world_size % group_size:
-        raise ValueError(f"new_subgroups: group_size {group_size} must be positive and divide "
-                         f"the world size {world_size}")
+        group_size = int(os.environ.get("LOCAL_WORLD_SIZE", len(ranks)))
+    if group_size <= 0 or len(ranks) % group_size:
+        raise ValueError(f"new_subgroups on rank {get_rank()}: group_size {group_size} must be "
+                         f"positive and divide the group's size {len(ranks)}")
+    return new_subgroups_by_enumeration(
+        [ranks[start:start + group_size] for start in range(0, len(ranks), group_size)],
+        timeout=timeout, backend=backend, pg_options=pg_options, group_desc=group_desc)
+
+
+def new_subgroups_by_enumeration(ranks_per_subgroup_list, timeout=None, backend=None,
+                                 pg_options=None, group_desc=None):
+    """One subgroup per list of global ranks; the lists must not overlap, and need not cover
+    the world. Every rank of the world calls it with the same lists. Checked whole before any
+    subgroup is made, so a bad list is the same ValueError on every rank.
+
+    Args:
+        ranks_per_subgroup_list: a list of lists of global ranks.
+        timeout, backend, pg_options, group_desc: as for new_group.
+
+    Returns:
+        (this rank's subgroup, or None if it is in none; every subgroup in order, with
+        GroupMember.NON_GROUP_MEMBER for those this rank is not in).
+    """
+    world = state.world()
+    me, size = world.default.rank, world.default.size
+    if not ranks_per_subgroup_list:
+        raise ValueError(f"new_subgroups_by_enumeration on rank {me}: The arg "
+                         f"'ranks_per_subgroup_list' cannot be empty")
+    seen = {}
+    for ranks in ranks_per_subgroup_list:
+        for r in ranks:
+            if not 0 <= int(r) < size:
+                raise ValueError(f"new_subgroups_by_enumeration on rank {me}: Rank {r} is "
+                                 f"out of range of the world size {size}")
+            if r in seen:
+                raise ValueError(f"new_subgroups_by_enumeration on rank {me}: Rank {r} has "
+                                 f"appeared in both subgroup {seen[r]} and {list(ranks)}")
+            seen[r] = list(ranks)
     subgroups, mine = [], None
-    for start in range(0, world_size, group_size):
-        pg = new_group(list(range(start, start + group_size)), timeout=timeout)
+    for ranks in ranks_per_subgroup_list:
+        pg = new_group(list(ranks), timeout=timeout, backend=backend, pg_options=pg_options,
+                       group_desc=group_desc)
         subgroups.append(pg)
         if pg is not GroupMember.NON_GROUP_MEMBER:
             mine = pg
@@ -384,10 +455,85 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False,
     pg = _group(group, "all_reduce")
     if pg is None:
         return None
+    if tensors.is_sparse_coo(tensor):
+        return _sparse_all_reduce(pg, tensor, op, async_op, _call_timeout(timeout))
     buf = tensors.flat(tensor, "all_reduce", pg.rank)
+    _check_complex(op, buf.dtype, "all_reduce", pg.rank)
     run = pg.prepare("all_reduce", output=buf, op=op, algorithm=algorithm,
                      timeout=_call_timeout(timeout))
     return _work.call(pg, run, async_op, [tensor])
+
+
+def _sparse_all_reduce(pg, tensor, op, async_op, timeout):
+    """A sparse COO tensor's SUM, as gloo does it: every rank's indices and values are
+    all-gathered (all-gather-v: the ranks' nonzeros differ), then every rank adds them up
+    (coalesced) and copies the sum into ``tensor``."""
+    operation = "all_reduce"
+    if ReduceOp.parse(op) != ReduceOp.SUM:
+        raise ValueError(f"{operation} on rank {pg.rank}: sparse tensors reduce with "
+                         f"ReduceOp.SUM only, got ReduceOp.{ReduceOp.parse(op).name}")
+    torch = sys.modules["torch"]
+    local = tensor.detach().coalesce()
+    dense_shape = tuple(local.values().shape[1:])
+    # (nonzero, dimension) rows, so that the ranks' blocks concatenate into one index list
+    indices = tensors.flat(local.indices().t().contiguous(), operation, pg.rank, "indices")
+    values = tensors.flat(local.values().contiguous(), operation, pg.rank, "values")
+    counts = pg.xp.empty(2 * pg.size, dtype="int64")
+    mine = pg.xp.asarray([indices.size, values.size], dtype="int64")
+    _work.call(pg, pg.prepare("all_gather", input=mine, output=counts, timeout=timeout),
+               False, [])
+    counts = counts.reshape(pg.size, 2).tolist()
+    # torch owns the gathered buffers (any dtype, any device); the collectives fill them
+    # through flat views.
+    index_total = torch.empty(sum(c[0] for c in counts), dtype=torch.int64,
+                              device=local.device)
+    value_total = torch.empty(sum(c[1] for c in counts), dtype=local.dtype, device=local.device)
+    all_indices = tensors.flat(index_total, operation, pg.rank, "indices")
+    all_values = tensors.flat(value_total, operation, pg.rank, "values")
+    gather_indices = pg.prepare("all_gather", input=indices, output=all_indices,
+                                counts=[c[0] for c in counts], timeout=timeout)
+    gather_values = pg.prepare("all_gather", input=values, output=all_values,
+                               counts=[c[1] for c in counts], timeout=timeout)
+
+    def run():
+        gather_indices()
+        gather_values()
+        total = torch.sparse_coo_tensor(index_total.reshape(-1, local.sparse_dim()).t(),
+                                        value_total.reshape(-1, *dense_shape), local.shape)
+        with torch.no_grad():         # a sparse detach() would not share the nonzeros
+            tensor.copy_(total.coalesce())
+    return _work.call(pg, run, async_op, [tensor])
+
+
+def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False, *,
+                         algorithm=None, timeout=None):
+    """all_reduce of several tensors of one dtype as one collective over their concatenation
+    (deprecated in torch, still exported there).
+
+    Args:
+        tensors: a tensor or a list of tensors of one dtype, reduced in place.
+        op, group, async_op: as for all_reduce.
+
+    Returns:
+        A Work if ``async_op``, else None (None too on a rank outside ``group``).
+    """
+    pg = _group(group, "all_reduce_coalesced")
+    if pg is None:
+        return None
+    operation = "all_reduce_coalesced"
+    items = [tensors] if _tensors.is_torch(tensors) else tensors
+    if not isinstance(items, (list, tuple)) or not items:
+        raise TypeError(f"{operation} on rank {pg.rank}: tensors must be a tensor or a "
+                        f"non-empty list of tensors")
+    for i, t in enumerate(items):
+        _check_complex(op, _tensors.flat(t, operation, pg.rank, f"tensors[{i}]").dtype,
+                       operation, pg.rank)
+    views = _real_views(items, operation, pg, "tensors")
+    _check_outputs(operation, pg, views)
+    whole = _tensors.concatenate(views, views[0])
+    run = pg.prepare("all_reduce", output=whole, op=op, algorithm=algorithm,
+                     timeout=_call_timeout(timeout))
+    return _work.call(pg, _then(run, _tensors.split_into, whole, views), async_op, list(items))
 
 
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None, *,
@@ -416,6 +562,53 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm=Non
     run = pg.prepare("all_gather", input=buf, output=whole, counts=[o.size for o in outs],
                      algorithm=algorithm, timeout=_call_timeout(timeout))
     return _work.call(pg, _then(run, tensors.split_into, whole, outs), async_op, tensor_list)
+
+
+def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, async_op=False, *,
+                         algorithm=None, timeout=None):
+    """all_gather of several tensors as one collective over their concatenation (deprecated
+    in torch, still exported there).
+
+    Args:
+        output_tensor_lists: one list per rank of the group, each holding one tensor per
+            entry of ``input_tensor_list``, of that entry's size and dtype.
+        input_tensor_list: this rank's tensors, of one dtype.
+        group, async_op: as for all_gather.
+
+    Returns:
+        A Work if ``async_op``, else None (None too on a rank outside ``group``).
+    """
+    operation = "all_gather_coalesced"
+    pg = _group(group, operation)
+    if pg is None:
+        return None
+    ins = _real_views(input_tensor_list, operation, pg, "input_tensor_list")
+    if not isinstance(output_tensor_lists, (list, tuple)):
+        raise TypeError(f"{operation} on rank {pg.rank}: output_tensor_lists must be a list "
+                        f"of lists of tensors, got {type(output_tensor_lists).__name__}")
+    if len(output_tensor_lists) != pg.size:
+        raise ValueError(f"{operation} on rank {pg.rank}: output_tensor_lists must hold "
+                         f"{pg.size} lists (one per rank of the group), got "
+                         f"{len(output_tensor_lists)}")
+    outs = []
+    for r, items in enumerate(output_tensor_lists):
+        name = f"output_tensor_lists[{r}]"
+        views = _real_views(items, operation, pg, name, len(ins))
+        for i, (view, given) in enumerate(zip(views, ins)):
+            if view.size != given.size or view.dtype != given.dtype:
+                raise ValueError(f"{operation} on rank {pg.rank}: {name}[{i}] has {view.size} "
+                                 f"{view.dtype} elements; input_tensor_list[{i}] has "
+                                 f"{given.size} {given.dtype}")
+        outs.extend(views)
+    _check_outputs(operation, pg, outs)
+    if not ins:
+        return _work.call(pg, lambda: None, async_op, [])
+    whole_in = tensors.concatenate(ins, ins[0])
+    whole = tensors.empty(ins[0], whole_in.size * pg.size)
+    run = pg.prepare("all_gather", input=whole_in, output=whole, algorithm=algorithm,
+                     timeout=_call_timeout(timeout))
+    return _work.call(pg, _then(run, tensors.split_into, whole, outs), async_op,
+                      [t for items in output_tensor_lists for t in items])
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, *,
@@ -533,7 +726,7 @@ def barrier(group=None, async_op=False, device_ids=None, *, algorithm=None, time
     if pg is None:
         return None
     run = pg.prepare("barrier", algorithm=algorithm, timeout=_call_timeout(timeout))
-    return _work.call(pg, run, async_op, [])
+    return _work.call(pg, _timed_out_words(run, "barrier", pg), async_op, [])
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
@@ -542,7 +735,20 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     if pg is None:
         return None
     run = pg.prepare("barrier", timeout=_seconds(timeout))
-    return _work.call(pg, run, False, [])
+    return _work.call(pg, _timed_out_words(run, "monitored_barrier", pg), False, [])
+
+
+def _timed_out_words(run, operation, pg):
+    """A barrier's timeout says "Timed out", torch's words (gloo's "Timed out waiting ...",
+    which code and torch's tests match), before the executor's account of where it waited."""
+    def run_or_time_out():
+        started = _time.monotonic()
+        try:
+            run()
+        except CollectiveTimeout as exc:
+            raise CollectiveTimeout(f"{operation} on rank {pg.rank}: Timed out after "
+                                    f"{_time.monotonic() - started:.3g} s; {exc}") from exc
+    return run_or_time_out
 
 
 # -- helpers of the list-shaped collectives -----------------------------------------------
@@ -553,6 +759,25 @@ def _then(run, finish, *args):
         run()
         finish(*args)
     return run_and_finish
+
+
+def _real_views(items, operation, pg, name, length=None):
+    """Flat views of a list of tensors of one dtype, complex ones as (re, im) pairs of reals:
+    as in torch's coalesced collectives, a complex tensor and its element type (complex64
+    and float32) may be mixed."""
+    if not isinstance(items, (list, tuple)):
+        raise TypeError(f"{operation} on rank {pg.rank}: {name} must be a list of tensors, "
+                        f"got {type(items).__name__}")
+    if length is not None and len(items) != length:
+        raise ValueError(f"{operation} on rank {pg.rank}: {name} must hold {length} tensors, "
+                         f"got {len(items)}")
+    views = [tensors.as_real(tensors.flat(t, operation, pg.rank, f"{name}[{i}]"))
+             for i, t in enumerate(items)]
+    for i, view in enumerate(views[1:], 1):
+        if view.dtype != views[0].dtype:
+            raise TypeError(f"{operation} on rank {pg.rank}: {name} mixes dtypes "
+                            f"({items[0].dtype} and {items[i].dtype} at index {i})")
+    return views
 
 
 def _check_outputs(operation, pg, outs):

@@ -1,5 +1,6 @@
 """COLLECTIVES_DEBUG: OFF (default), INFO (log algorithm choices), DETAIL (also check, before
-every collective, that all ranks of the group are making the same call).
+every collective, that all ranks of the group are making the same call). torch's
+``get_debug_level`` / ``set_debug_level`` / ``DebugLevel`` read and write this one variable.
 
 The DETAIL check: every rank hashes each field of its call (operation, algorithm, dtype,
 counts, root, op) to 8 bytes, the ranks all-gather these fingerprints, and every rank compares
@@ -8,6 +9,7 @@ CollectiveError naming the fields and the ranks that differ: never a hang, never
 """
 from __future__ import annotations
 
+import enum
 import hashlib
 import logging
 import os
@@ -19,13 +21,68 @@ import numpy as np
 from .errors import CollectiveError
 
 ENV_DEBUG = "COLLECTIVES_DEBUG"
+ENV_TORCH_DEBUG = "TORCH_DISTRIBUTED_DEBUG"     # read by set_debug_level_from_env only
 FIELDS = ("operation", "algorithm", "dtype", "counts", "root", "op")
 _WIDTH = 8          # bytes of hash per field
 
 
+class DebugLevel(enum.IntEnum):
+    """torch.distributed's debug levels, by the same names; their one store is the
+    COLLECTIVES_DEBUG variable, which ``level()`` reads at every use."""
+    OFF = 0
+    INFO = 1
+    DETAIL = 2
+
+
 def level() -> str:
     value = os.environ.get(ENV_DEBUG, "OFF").upper()
-    return value if value in ("OFF", "INFO", "DETAIL") else "OFF"
+    return value if value in DebugLevel.__members__ else "OFF"
+
+
+def get_debug_level() -> DebugLevel:
+    """The current debug level (COLLECTIVES_DEBUG), as torch's ``get_debug_level``.
+
+    Returns:
+        A ``DebugLevel``; an unset or unknown COLLECTIVES_DEBUG is ``DebugLevel.OFF``.
+    """
+    return DebugLevel[level()]
+
+
+def set_debug_level(debug_level) -> None:
+    """Set the debug level of this process (writes COLLECTIVES_DEBUG, so that subprocesses and
+    every reader see the same level).
+
+    Args:
+        debug_level: a ``DebugLevel``, its integer value or its name in any case.
+    """
+    os.environ[ENV_DEBUG] = _parse_level(debug_level, "set_debug_level").name
+
+
+def set_debug_level_from_env() -> None:
+    """Set the debug level from the environment: COLLECTIVES_DEBUG if set, else torch's
+    TORCH_DISTRIBUTED_DEBUG (OFF when neither is). An unknown value is a ValueError, as in
+    torch, where ``level()`` alone would read it as OFF."""
+    for name in (ENV_DEBUG, ENV_TORCH_DEBUG):
+        value = os.environ.get(name)
+        if value is not None:
+            set_debug_level(_parse_level(value, f"set_debug_level_from_env ({name})"))
+            return
+    set_debug_level(DebugLevel.OFF)
+
+
+def _parse_level(value, where: str) -> DebugLevel:
+    if isinstance(value, str) and value.strip().upper() in DebugLevel.__members__:
+        return DebugLevel[value.strip().upper()]
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return DebugLevel(value)
+        except ValueError:
+            pass
+    name = getattr(value, "name", None)        # torch's own DebugLevel
+    if isinstance(name, str) and name.upper() in DebugLevel.__members__:
+        return DebugLevel[name.upper()]
+    raise ValueError(f"{where}: the debug level must be one of OFF, INFO, DETAIL, got "
+                     f"{value!r}")
 
 
 def logger(name: str) -> logging.Logger:

@@ -150,8 +150,8 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
         return
     root = state.group_rank(pg, src, group_src, "scatter_object_list", "src")
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
-        raise ValueError(f"scatter_object_list on rank {pg.rank}: scatter_object_output_list "
-                         f"must be a non-empty list")
+        raise ValueError(f"scatter_object_list on rank {pg.rank}: Expected argument "
+                         f"scatter_object_output_list to be a list of size at least 1.")
     if pg.rank == root and (scatter_object_input_list is None
                             or len(scatter_object_input_list) != pg.size):
         raise ValueError(f"scatter_object_list on rank {pg.rank}: scatter_object_input_list "

@@ -34,3 +34,19 @@ class ReduceOp(enum.IntEnum):
             if name.upper() in cls.__members__:
                 return cls[name.upper()]
         raise ValueError(f"unknown reduce op {op!r}; known: {', '.join(cls.__members__)}")
+
+
+# torch refuses these on complex tensors (it reduces complex as pairs of reals, where they
+# would give wrong answers silently); so does the facade, with torch's words.
+COMPLEX_REFUSED = frozenset({ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PRODUCT, ReduceOp.BAND,
+                             ReduceOp.BOR, ReduceOp.BXOR})
+
+
+def check_complex(op, dtype, operation: str, rank: int) -> None:
+    """Raise torch's ValueError if ``op`` is one torch refuses on a complex ``dtype``."""
+    if getattr(dtype, "kind", None) != "c":
+        return
+    parsed = ReduceOp.parse(op)
+    if parsed in COMPLEX_REFUSED:
+        raise ValueError(f"{operation} on rank {rank}: all_reduce does not support "
+                         f"ReduceOp.{parsed.name} on complex tensors")

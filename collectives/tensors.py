@@ -3,7 +3,7 @@
 numpy arrays and torch CPU tensors become numpy views, CuPy arrays and torch CUDA tensors
 become CuPy views: zero-copy, so results land in the caller's memory. Tensors of any shape
 are flattened (they must be contiguous: a non-contiguous tensor is a ValueError, never a
-silent copy). torch bfloat16 is viewed through ml_dtypes' bfloat16; tensors that require
+silent copy; a sparse tensor is a TypeError naming its layout). torch bfloat16 is viewed through ml_dtypes' bfloat16; tensors that require
 grad are detached (collectives are not differentiable here, as in torch.distributed).
 torch and cupy are optional: they are looked up in ``sys.modules`` (a tensor of theirs can
 only exist if they were imported) and never imported by this package.
@@ -39,6 +39,11 @@ def is_cupy(x) -> bool:
     return cupy is not None and isinstance(x, cupy.ndarray)
 
 
+def is_sparse_coo(x) -> bool:
+    torch = _torch()
+    return is_torch(x) and x.layout == torch.sparse_coo
+
+
 def flat(x, operation: str, rank: int, name: str = "tensor"):
     """A flat view of ``x``'s memory (numpy or cupy). Raises before anything moves."""
     if isinstance(x, np.ndarray) or is_cupy(x):
@@ -53,6 +58,13 @@ def flat(x, operation: str, rank: int, name: str = "tensor"):
                          f"{tuple(array.shape)}); pass a contiguous tensor, e.g. "
                          f"t.contiguous(), and copy the result back")
     return array.reshape(-1)
+
+
+def as_real(array):
+    """A complex flat view as its (re, im) pairs of reals; any other view unchanged."""
+    if array.dtype.kind != "c":
+        return array
+    return array.view(array.real.dtype)
 
 
 def writeable(array) -> bool:
@@ -79,6 +91,9 @@ def flat_list(items, operation: str, rank: int, name: str, length: int | None = 
 
 def _torch_view(t, operation, rank, name):
     torch = _torch()
+    if t.layout != torch.strided:
+        raise TypeError(f"{operation} on rank {rank}: {name} has layout {t.layout}; only dense "
+                        f"(torch.strided) tensors are supported: pass t.to_dense()")
     t = t.detach()
     if not t.is_contiguous():
         raise ValueError(f"{operation} on rank {rank}: {name} is not contiguous (shape "
