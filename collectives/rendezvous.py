@@ -41,7 +41,7 @@ from urllib.parse import parse_qs, urlparse
 from . import debug
 from .auth import warn_if_remote
 from .errors import CollectiveTimeout
-from .store import FileStore, Store, StoreError, StoreTimeout, TCPStore
+from .store import FileStore, Store, StoreError, StoreGone, StoreTimeout, TCPStore
 
 AGENT_STORE_ENV = ("COLLECTIVES_USE_AGENT_STORE", "TORCHELASTIC_USE_AGENT_STORE")
 _PREFIX = "collectives/rendezvous"
@@ -120,15 +120,21 @@ def _join_server(host, port, rank, world_size, timeout):
                              wait_for_workers=False)
         except StoreTimeout:
             store = None
+        except StoreGone:               # the previous init's server, closed while we joined
+            store, what = None, "was the previous init_process_group's, closing"
+            time.sleep(min(0.01, max(waiting.step(), 0.0)))
         if store is not None:
             if not isinstance(store, Store):       # a stand-in for the class (tests)
                 return store
             store.set_timeout(timeout)
-            if (host, port) not in _joined or not store.check(_generation_key(rank)):
-                return store
+            try:
+                if (host, port) not in _joined or not store.check(_generation_key(rank)):
+                    return store
+                what = ("is still the one of the previous init_process_group: rank 0 has not "
+                        "called destroy_process_group and init_process_group again")
+            except StoreGone:           # the previous server, closed while we asked it
+                what = "was the previous init_process_group's, closing"
             store.close()
-            what = ("is still the one of the previous init_process_group: rank 0 has not "
-                    "called destroy_process_group and init_process_group again")
         if waiting.expired():
             raise CollectiveTimeout(f"init_process_group on rank {rank}: rank 0's store "
                                     f"server at {host}:{port} {what}, after "

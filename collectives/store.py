@@ -47,6 +47,10 @@ class StoreError(CollectiveError):
     """The store failed: its server went away, or answered something unexpected."""
 
 
+class StoreGone(StoreError):
+    """The connection to the store server broke mid-request (the server closed or died)."""
+
+
 class StoreTimeout(CollectiveTimeout):
     """A blocking store call ran out of time; the message names the missing keys."""
 
@@ -1094,8 +1098,8 @@ class TCPStore(Store):
             sock.sendall(_pack(_OPS[op], fields))
             status, out = _read_frame(sock)
         except (OSError, ValueError) as exc:
-            raise StoreError(f"{self._describe()}: {op} failed, the store server is gone "
-                             f"or broken: {exc}") from None
+            raise StoreGone(f"{self._describe()}: {op} failed, the store server is gone "
+                            f"or broken: {exc}") from None
         if status == _ERROR:
             said = out[0].decode(errors="replace") if out else "an error without a message"
             raise StoreError(f"{self._describe()}: {said}")

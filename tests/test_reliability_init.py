@@ -102,7 +102,9 @@ def test_a_rank_that_never_arrives_is_named_while_waiting_and_at_the_timeout(tmp
         assert error["type"] == "CollectiveTimeout", error
         assert re.search(r"ranks \[2\] did not arrive", error["message"]), error
         assert f"on rank {rank}" in error["message"] and "2 of 3" in error["message"], error
-        assert 2 <= waited < 2 + CI_BOUND, waited
+        # rank 0 times out 2 s after its own start and tells the others, who may have
+        # started (and begun timing) a little after it
+        assert 2 - 0.5 <= waited < 2 + CI_BOUND, waited
         log = records[rank]["stderr"]
         assert re.search(rf"rank {rank}: waiting for ranks \[2\] to arrive at the rendezvous, "
                          rf"2 of 3 are there \(\d+ s of 2 s\)", log), log
