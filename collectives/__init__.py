@@ -828,10 +828,8 @@ def _splits(pg, sizes, total, per_row, name):
 
 
 def _all_to_all_counts(pg, sends, recvs, algorithm):
-    """The full matrix counts[i][j] (i sends to j). Our schedules need every rank's row, so
-    rows and columns are all-gathered first (one small collective) and every rank checks
-    them all: a size mismatch is then the same ValueError on every rank, before any data
-    moves. MPI's native all-to-all needs only this rank's row and column."""
+    """The full matrix counts[i][j] (i sends to j): ProcessGroup.all_to_all_matrix. MPI's
+    native all-to-all needs only this rank's row and column."""
     p, me = pg.size, pg.rank
     if (algorithm or pg.overrides.get("all_to_all")) == "native":
         matrix = [[0] * p for _ in range(p)]
@@ -839,17 +837,8 @@ def _all_to_all_counts(pg, sends, recvs, algorithm):
         for i in range(p):
             matrix[i][me] = recvs[i]
         return matrix
-    table = pg.xp.empty(2 * p * p, dtype="int64")
-    mine = pg.xp.asarray(list(sends) + list(recvs), dtype="int64")
-    _work.call(pg, pg.prepare("all_gather", input=mine, output=table), False, [])
-    table = table.reshape(p, 2, p).tolist()
-    matrix = [table[i][0] for i in range(p)]
-    for j in range(p):
-        column = [matrix[i][j] for i in range(p)]
-        if column != table[j][1]:
-            raise ValueError(f"all_to_all on rank {me}: rank {j} expects {table[j][1]} "
-                             f"elements from the ranks, but they send it {column}")
-    return matrix
+    return pg.all_to_all_matrix(sends, recvs, "all_to_all",
+                                lambda run: _work.call(pg, run, False, []))
 
 
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send  # noqa: E402

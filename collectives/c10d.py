@@ -52,7 +52,6 @@ import threading
 from datetime import timedelta
 from urllib.parse import urlparse
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
@@ -759,23 +758,11 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         return [s * per_row for s in sizes]
 
     def _all_to_all_counts(self, sends, recvs, operation):
-        """The full matrix counts[i][j] (i sends to j), which our schedules need on every
-        rank: every rank's row and column are all-gathered (one small collective, run now)
-        and checked, so a size mismatch is the same ValueError on every rank before any data
-        moves."""
+        """The full matrix counts[i][j] (i sends to j) our schedules need on every rank
+        (ProcessGroup.all_to_all_matrix: one small collective, run now)."""
         group = self.group
-        p = group.size
-        table = np.empty(2 * p * p, dtype=np.int64)
-        mine = np.asarray(list(sends) + list(recvs), dtype=np.int64)
-        _work.call(group, group.prepare("all_gather", input=mine, output=table), False, [])
-        table = table.reshape(p, 2, p).tolist()
-        matrix = [table[i][0] for i in range(p)]
-        for j in range(p):
-            column = [matrix[i][j] for i in range(p)]
-            if column != table[j][1]:
-                raise ValueError(f"{self._where(operation)}: rank {j} expects {table[j][1]} "
-                                 f"elements from the ranks, but they send it {column}")
-        return matrix
+        return group.all_to_all_matrix(sends, recvs, operation,
+                                       lambda run: _work.call(group, run, False, []))
 
     def barrier(self, opts=_c10d.BarrierOptions()):
         """Args: opts (device_ids are ignored: CPU only). Returns: Work of ``[]``."""

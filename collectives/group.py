@@ -190,6 +190,28 @@ class ProcessGroup:
                 abort(str(error))
         raise error
 
+    # -- all_to_all with split sizes --------------------------------------------------------
+
+    def all_to_all_matrix(self, sends, recvs, operation: str, call):
+        """The full matrix counts[i][j] (i sends to j) from this rank's split sizes. Our
+        schedules need every rank's row, so rows and columns are all-gathered (one small
+        collective, run now by ``call(run)``: the facade's, so it follows queued async work
+        on the caller's stream) and every rank checks them all: a size mismatch is then the
+        same ValueError on every rank, before any data moves."""
+        p = self.size
+        table = self.xp.empty(2 * p * p, dtype="int64")
+        mine = self.xp.asarray(list(sends) + list(recvs), dtype="int64")
+        call(self.prepare("all_gather", input=mine, output=table))
+        table = (table.get() if hasattr(table, "get") else table).reshape(p, 2, p).tolist()
+        matrix = [table[i][0] for i in range(p)]
+        for j in range(p):
+            column = [matrix[i][j] for i in range(p)]
+            if column != table[j][1]:
+                raise ValueError(f"{operation} on rank {self.rank}: rank {j} expects "
+                                 f"{table[j][1]} elements from the ranks, but they send it "
+                                 f"{column}")
+        return matrix
+
     # -- algorithms ------------------------------------------------------------------------
 
     def resolve_algorithm(self, collective: str, algorithm: str | None, nbytes: int) -> str:
