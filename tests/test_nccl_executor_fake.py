@@ -207,18 +207,22 @@ def test_point_to_point_chunk_size_is_set_before_nccl_starts(monkeypatch):
     the user chose one; 0 leaves NCCL's default; a bad value is a clear error."""
     from collectives.transports import nccl as transport
     monkeypatch.delenv("NCCL_P2P_NVL_CHUNKSIZE", raising=False)
-    monkeypatch.setattr(transport, "P2P_CHUNK_BYTES", "65536")
+    monkeypatch.delenv("COLLECTIVES_NCCL_P2P_CHUNKSIZE", raising=False)
     transport._tune_point_to_point()
     assert transport.os.environ["NCCL_P2P_NVL_CHUNKSIZE"] == "65536"
     monkeypatch.setenv("NCCL_P2P_NVL_CHUNKSIZE", "1048576")
     transport._tune_point_to_point()
     assert transport.os.environ["NCCL_P2P_NVL_CHUNKSIZE"] == "1048576"
     monkeypatch.delenv("NCCL_P2P_NVL_CHUNKSIZE")
-    monkeypatch.setattr(transport, "P2P_CHUNK_BYTES", "0")
+    monkeypatch.setenv("COLLECTIVES_NCCL_P2P_CHUNKSIZE", "0")
     transport._tune_point_to_point()
     assert "NCCL_P2P_NVL_CHUNKSIZE" not in transport.os.environ
-    monkeypatch.setattr(transport, "P2P_CHUNK_BYTES", "64k")
-    with pytest.raises(ValueError, match="COLLECTIVES_NCCL_P2P_CHUNKSIZE"):
+    monkeypatch.setenv("COLLECTIVES_NCCL_P2P_CHUNKSIZE", "128k")     # a byte size, as all
+    transport._tune_point_to_point()
+    assert transport.os.environ["NCCL_P2P_NVL_CHUNKSIZE"] == str(128 << 10)
+    monkeypatch.delenv("NCCL_P2P_NVL_CHUNKSIZE")
+    monkeypatch.setenv("COLLECTIVES_NCCL_P2P_CHUNKSIZE", "64 kilo")
+    with pytest.raises(ValueError, match="COLLECTIVES_NCCL_P2P_CHUNKSIZE='64 kilo'"):
         transport._tune_point_to_point()
 
 
@@ -235,9 +239,14 @@ def test_default_segments_only_for_plans_that_reduce(monkeypatch):
     leaf = build_plan("all_reduce", "tree", 3, 4, *plan_args("all_reduce", 4, 1 << 20))
     assert not any(step.local for step in leaf.steps)      # no reduction on this rank...
     assert executor.segment_bytes(leaf) == executor.DEFAULT_SEGMENT_BYTES   # ...cut alike
-    monkeypatch.setenv(executor.ENV_SEGMENT, "1M")
-    with pytest.raises(ValueError, match="COLLECTIVES_NCCL_SEGMENT_BYTES"):
+    monkeypatch.setenv(executor.ENV_SEGMENT, "1 meg")
+    with pytest.raises(ValueError, match="COLLECTIVES_NCCL_SEGMENT_BYTES='1 meg'"):
         executor.segment_bytes(moving)
+    monkeypatch.setenv(executor.ENV_SEGMENT, "-1")
+    with pytest.raises(ValueError, match="COLLECTIVES_NCCL_SEGMENT_BYTES='-1'"):
+        executor.segment_bytes(moving)
+    monkeypatch.setenv(executor.ENV_SEGMENT, "1M")
+    assert executor.segment_bytes(moving) == 1 << 20
     monkeypatch.setenv(executor.ENV_SEGMENT, str(1 << 20))
     assert executor.segment_bytes(moving) == executor.segment_bytes(reducing) == 1 << 20
 

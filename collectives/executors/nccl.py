@@ -67,17 +67,17 @@ here (nothing is waited for); ``NcclTransport.synchronize(timeout)`` enforces it
 """
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import numpy as np
 
+from .. import settings
 from ..algorithms import hazards
 from ..algorithms.schedule import Copy, Plan, Reduce, Send
 from ..errors import TransportError
 
-ENV_SEGMENT = "COLLECTIVES_NCCL_SEGMENT_BYTES"
-ENV_GRAPH = "COLLECTIVES_NCCL_GRAPH"
+ENV_SEGMENT = settings.NCCL_SEGMENT_BYTES.name
+ENV_GRAPH = settings.NCCL_GRAPH.name
 GRAPH_CACHE = 256                   # captured graphs kept per process
 DEFAULT_SEGMENT_BYTES = 64 << 20   # for plans that reduce (see above); measured on H200s
 _UINT8 = 1                          # ncclUint8: transfers move bytes, whatever the dtype
@@ -95,26 +95,15 @@ def segment_bytes(plan: Plan | None = None) -> int:
     """The segment size for ``plan``: $COLLECTIVES_NCCL_SEGMENT_BYTES for every plan when set,
     else DEFAULT_SEGMENT_BYTES for the collectives that reduce and 0 (whole messages) for the
     others; the same on every rank of a call."""
-    text = os.environ.get(ENV_SEGMENT)
-    if text is None:
+    value = settings.NCCL_SEGMENT_BYTES()
+    if value is None:
         reduces = plan is None or plan.collective in REDUCING
         return DEFAULT_SEGMENT_BYTES if reduces else 0
-    try:
-        value = int(float(text))
-    except ValueError:
-        raise ValueError(f"{ENV_SEGMENT}={text!r} is not a number of bytes") from None
-    if value < 0:
-        raise ValueError(f"{ENV_SEGMENT} must be >= 0, got {value}")
     return value
 
 
 def graphs_enabled() -> bool:
-    text = os.environ.get(ENV_GRAPH, "0").strip().lower()
-    if text in ("", "0", "false", "no", "off"):
-        return False
-    if text in ("1", "true", "yes", "on"):
-        return True
-    raise ValueError(f"{ENV_GRAPH}={text!r}: expected 0 or 1")
+    return settings.NCCL_GRAPH()
 
 
 class _Graphs:

@@ -38,8 +38,8 @@ then destroys the communicator, or aborts it when the GPU work did not finish.
 
 Point-to-point bandwidth: NCCL cuts each send/recv into chunks of ``NCCL_P2P_NVL_CHUNKSIZE``
 bytes (default 512 KiB) over NVLink, and with that default a 64 MiB send between two H200s
-moved 157 GB/s against 324 GB/s with 64 KiB chunks (``benchmarks/nccl_p2p_sweep.sh``,
-BENCHMARKS.md section 3): ring all_reduce of 256 MiB on 4 GPUs went from 0.42x to 0.80x of
+moved 157 GB/s against 324 GB/s with 64 KiB chunks (the p2p sweep of BENCHMARKS.md
+section 3): ring all_reduce of 256 MiB on 4 GPUs went from 0.42x to 0.80x of
 NCCL's own all_reduce. So ``create`` sets ``NCCL_P2P_NVL_CHUNKSIZE`` to
 $COLLECTIVES_NCCL_P2P_CHUNKSIZE (default 65536; ``0`` leaves NCCL's default) unless it is
 already set. NCCL reads it once per process, at its first communicator: a process that
@@ -59,12 +59,12 @@ import time
 
 import numpy as np
 
+from .. import settings
 from ..errors import CollectiveTimeout, TransportError
 from ..kernels.reduce import BFLOAT16
 from ..ops import ReduceOp
 from .base import Request, Transport
 
-P2P_CHUNK_BYTES = os.environ.get("COLLECTIVES_NCCL_P2P_CHUNKSIZE", "65536")
 LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                         "PMI_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
 _UID_KEY = "collectives/nccl/unique_id"
@@ -139,11 +139,7 @@ def create(rank: int, world_size: int, store=None, timeout: float = 1800.0) -> "
 
 def _tune_point_to_point() -> None:
     """Smaller NVLink p2p chunks before NCCL's first communicator (see the module notes)."""
-    try:
-        chunk = int(P2P_CHUNK_BYTES)
-    except ValueError:
-        raise ValueError(f"COLLECTIVES_NCCL_P2P_CHUNKSIZE={P2P_CHUNK_BYTES!r} is not an "
-                         f"integer number of bytes") from None
+    chunk = settings.NCCL_P2P_CHUNKSIZE()
     if chunk > 0:
         os.environ.setdefault("NCCL_P2P_NVL_CHUNKSIZE", str(chunk))
 

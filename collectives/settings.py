@@ -1,0 +1,279 @@
+"""Every COLLECTIVES_* environment variable, declared once (NCCL's ``NCCL_PARAM`` style).
+
+One line per setting: its name, its parser, its default, when it is read and what it does.
+Nothing else in the package reads a COLLECTIVES_* variable from ``os.environ``: modules call
+the setting (``settings.WINDOW()``), which parses the variable's current text (unset or empty:
+the default) and remembers the last text it parsed, so a setting read on every call costs one
+``os.environ.get`` and a comparison, as a bare read did. A value that does not parse is a
+ValueError naming the variable and the text, never a silent default.
+
+When a setting is read decides when a change takes effect:
+
+- ``import``: once, when the module that uses it is imported (module-level constants);
+- ``group``: when a group, transport, store or launcher is made (a running group keeps it);
+- ``call``: at every use (a test's ``monkeypatch.setenv`` takes effect at the next call);
+- ``build``: by setup.py when the compiled extension is built.
+
+``python -m collectives info`` lists every setting with its value here; the README's table is
+``markdown_table()`` (``python -m collectives info --settings-table``), and a test keeps the two
+equal.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+IMPORT, GROUP, CALL, BUILD = "import", "group", "call", "build"
+WHEN = (IMPORT, GROUP, CALL, BUILD)
+
+_environ_get = os.environ.get
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsers: text -> value; a ValueError's message says what was expected (``Setting`` adds the
+# variable's name and the text).
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_SCALES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def flag(text: str) -> bool:
+    """1/0, true/false, yes/no, on/off (any case)."""
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError("expected 1 or 0 (true/false, yes/no, on/off)")
+
+
+def byte_size(text: str) -> int:
+    """A number of bytes: ``4096``, ``64K``, ``8M``, ``1G``, ``1.5GiB`` (K/M/G/T are powers of
+    1024, with or without ``B``/``iB``), at least 0."""
+    value = text.strip().upper()
+    value = value[:-1] if value.endswith("B") else value
+    value = value[:-1] if value.endswith("I") else value
+    scale = _SCALES.get(value[-1:], None) if value[-1:].isalpha() else 1
+    number = value[:-1] if value[-1:].isalpha() else value
+    try:
+        if scale is None:
+            raise ValueError
+        amount = float(number.strip()) * scale
+    except ValueError:
+        raise ValueError("expected a number of bytes (e.g. 4096, 64K, 8M, 1G)") from None
+    if not amount >= 0 or amount == float("inf"):
+        raise ValueError("expected a number of bytes >= 0")
+    return int(amount)
+
+
+def integer(minimum: int | None = None) -> Callable[[str], int]:
+    """A whole number, at least ``minimum`` where one is given."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise ValueError("expected an integer") from None
+        if minimum is not None and value < minimum:
+            raise ValueError(f"expected an integer >= {minimum}")
+        return value
+    parse.__doc__ = "an integer" + (f" >= {minimum}" if minimum is not None else "")
+    return parse
+
+
+def positive_number(text: str) -> float:
+    """A finite number > 0."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("expected a number > 0") from None
+    if not 0 < value < float("inf"):
+        raise ValueError("expected a number > 0")
+    return value
+
+
+def positive_integer(text: str) -> int:
+    """A whole number > 0."""
+    return integer(1)(text)
+
+
+def choice(*options: str) -> Callable[[str], str]:
+    """One of ``options`` (any case); the value is the option as declared."""
+    def parse(text: str) -> str:
+        for option in options:
+            if text.strip().upper() == option.upper():
+                return option
+        raise ValueError(f"expected one of {', '.join(options)}")
+    parse.__doc__ = ", ".join(options)
+    return parse
+
+
+def text(value: str) -> str:
+    """Any text (surrounding spaces dropped)."""
+    return value.strip()
+
+
+def verbatim(value: str) -> str:
+    """Any text, exactly as given (a key)."""
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry
+
+
+@dataclass(eq=False)
+class Setting:
+    """One COLLECTIVES_* variable. Call it for its current value."""
+    name: str
+    parser: Callable[[str], Any]
+    default: Any
+    when: str
+    doc: str
+    kind: str = ""              # what the table says the value is (the parser's name if empty)
+    secret: bool = False        # info shows whether it is set, never its value
+    _last: tuple = field(default=(None, None), repr=False)   # (text parsed last, its value)
+
+    def __post_init__(self):
+        if self.when not in WHEN:
+            raise ValueError(f"settings: {self.name}: when must be one of {WHEN}")
+        if not self.kind:
+            self.kind = self.parser.__name__.replace("_", " ")
+        self._last = (None, self.default)
+
+    def __call__(self):
+        raw = _environ_get(self.name)
+        last = self._last
+        if raw == last[0]:
+            return last[1]
+        value = self.parse(raw)
+        self._last = (raw, value)
+        return value
+
+    def parse(self, raw: str | None):
+        """The value of text ``raw`` (None or blank: the default); a ValueError names the
+        variable and the text."""
+        if raw is None or not raw.strip():
+            return self.default
+        try:
+            return self.parser(raw)
+        except ValueError as exc:
+            raise ValueError(f"{self.name}={raw!r}: {exc}") from None
+
+    def raw(self) -> str | None:
+        """The variable's text, None where it is unset."""
+        return _environ_get(self.name)
+
+    def is_set(self) -> bool:
+        raw = _environ_get(self.name)
+        return raw is not None and bool(raw.strip())
+
+
+REGISTRY: dict[str, Setting] = {}
+
+
+def declare(name, parser, default, when, doc, **extra) -> Setting:
+    if not name.startswith("COLLECTIVES_") or name in REGISTRY:
+        raise ValueError(f"settings: {name!r} is not a new COLLECTIVES_* name")
+    setting = Setting(name, parser, default, when, doc, **extra)
+    REGISTRY[name] = setting
+    return setting
+
+
+_BYTES = "bytes"
+_LEVELS = ("OFF", "INFO", "DETAIL")
+
+# -- choosing and running algorithms ---------------------------------------------------------
+ALGORITHM = declare("COLLECTIVES_ALGORITHM", text, "", GROUP, "The algorithm per collective, over `auto` (`all_reduce=ring,all_gather=tree`); the call's `algorithm=` still wins", kind="collective=algorithm,...")
+TUNING = declare("COLLECTIVES_TUNING", text, "", GROUP, "Tuning file (`bench.py --calibrate/--tune`) the group's decision table reads; every rank must name the same content", kind="path")
+WINDOW = declare("COLLECTIVES_WINDOW", integer(1), 1, GROUP, "Steps in flight at once on host transports (local, mpi, socket); 1 = off", kind="integer >= 1")
+DEBUG = declare("COLLECTIVES_DEBUG", choice(*_LEVELS), "OFF", CALL, "OFF; INFO logs each group's decision table and each choice; DETAIL also checks, before every collective, that all ranks make the same call", kind="OFF, INFO or DETAIL")
+COMPILED = declare("COLLECTIVES_COMPILED", flag, True, IMPORT, "0: never use the compiled (Cython) MPI executor, run plans in Python", kind="0 or 1")
+SCRATCH_CACHE = declare("COLLECTIVES_SCRATCH_CACHE", byte_size, 256 << 20, IMPORT, "Scratch bytes the compiled executor keeps between calls (0: allocate per call)", kind=_BYTES)
+# -- kernels -----------------------------------------------------------------------------------
+KERNEL_THREADS = declare("COLLECTIVES_KERNEL_THREADS", integer(0), 0, CALL, "Threads of the parallel Numba reductions when their pool starts (0: one per core)", kind="integer >= 0")
+KERNEL_PARALLEL_MIN_BYTES = declare("COLLECTIVES_KERNEL_PARALLEL_MIN_BYTES", byte_size, 16 << 20, IMPORT, "Operands from this size on are reduced by the thread pool, smaller ones by one thread", kind=_BYTES)
+# -- socket transport --------------------------------------------------------------------------
+SOCKET_HOST = declare("COLLECTIVES_SOCKET_HOST", text, "", GROUP, "Address the socket transport listens on (default: the interface that routes to the master)", kind="address")
+SOCKET_SHM = declare("COLLECTIVES_SOCKET_SHM", flag, True, GROUP, "0: ranks of one host talk over TCP only, no shared-memory ring", kind="0 or 1")
+SOCKET_SHM_BYTES = declare("COLLECTIVES_SOCKET_SHM_BYTES", byte_size, 8 << 20, GROUP, "Shared-memory ring per direction of a same-host pair", kind=_BYTES)
+SOCKET_SHM_MIN = declare("COLLECTIVES_SOCKET_SHM_MIN", byte_size, 64 << 10, GROUP, "Payloads from this size on go through shared memory (or direct reads) to a same-host peer", kind=_BYTES)
+SOCKET_CMA = declare("COLLECTIVES_SOCKET_CMA", flag, True, GROUP, "0: no direct reads of a same-host peer's memory (process_vm_readv)", kind="0 or 1")
+SOCKET_CALLER_PROGRESS = declare("COLLECTIVES_SOCKET_CALLER_PROGRESS", flag, True, GROUP, "0: only the progress thread reads the sockets, never the waiting caller", kind="0 or 1")
+SOCKET_SEGMENT = declare("COLLECTIVES_SOCKET_SEGMENT", byte_size, 1 << 20, IMPORT, "Segment size of messages the host executor cuts (0: never); set, it applies also where every pair shares a host", kind=_BYTES)
+SOCKET_BUFFER = declare("COLLECTIVES_SOCKET_BUFFER", byte_size, 0, IMPORT, "SO_SNDBUF/SO_RCVBUF of the TCP sockets (0: the kernel's autotuning)", kind=_BYTES)
+SOCKET_MAX_MESSAGE = declare("COLLECTIVES_SOCKET_MAX_MESSAGE", byte_size, 4 << 30, IMPORT, "Largest frame the socket transport accepts", kind=_BYTES)
+# -- stores, launcher, security ----------------------------------------------------------------
+SECRET = declare("COLLECTIVES_SECRET", verbatim, "", CALL, "Key that authenticates store and transport connections (default: the per-user secret file); `collectives.run` sets one per job", kind="text", secret=True)
+USE_AGENT_STORE = declare("COLLECTIVES_USE_AGENT_STORE", flag, False, GROUP, "1: the launcher runs the store; ranks connect to it instead of starting one (set by `collectives.run`)", kind="0 or 1")
+STORE_HANDSHAKE_TIMEOUT = declare("COLLECTIVES_STORE_HANDSHAKE_TIMEOUT", positive_number, 10.0, GROUP, "Seconds the store server gives one connection's whole handshake", kind="seconds > 0")
+STORE_MAX_PENDING = declare("COLLECTIVES_STORE_MAX_PENDING", positive_integer, 64, GROUP, "Connections the store server holds before they authenticate", kind="integer > 0")
+STORE_MAX_CLIENTS = declare("COLLECTIVES_STORE_MAX_CLIENTS", positive_integer, None, GROUP, "Connections the store server accepts (default: 4 per rank + 64)", kind="integer > 0")
+# -- nccl --------------------------------------------------------------------------------------
+NCCL_GRAPH = declare("COLLECTIVES_NCCL_GRAPH", flag, False, CALL, "1: a repeated call on nccl is captured as a CUDA graph and replayed", kind="0 or 1")
+NCCL_SEGMENT_BYTES = declare("COLLECTIVES_NCCL_SEGMENT_BYTES", byte_size, None, CALL, "Segment size of every nccl plan (0: whole messages; default: 64 MiB for collectives that reduce, else whole)", kind=_BYTES)
+NCCL_P2P_CHUNKSIZE = declare("COLLECTIVES_NCCL_P2P_CHUNKSIZE", byte_size, 65536, GROUP, "NCCL_P2P_NVL_CHUNKSIZE set before the first communicator unless already set (0: NCCL's default)", kind=_BYTES)
+# -- building ----------------------------------------------------------------------------------
+MPI_INCLUDE = declare("COLLECTIVES_MPI_INCLUDE", text, "", BUILD, "Folder holding mpi.h for building the compiled executor (setup.py; `MPICC` or `mpicc -show` otherwise)", kind="path")
+
+
+def get(name: str):
+    """The current value of the setting called ``name``."""
+    try:
+        setting = REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown setting {name!r}; known: {', '.join(REGISTRY)}") from None
+    return setting()
+
+
+def _show(value, kind: str = "") -> str:
+    if kind == _BYTES and isinstance(value, int) and not isinstance(value, bool) and value:
+        for suffix, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+            if value % scale == 0:
+                return f"{value // scale}{suffix}"
+    if value is None:
+        return "(none)"
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if value == "":
+        return "(empty)"
+    return str(value)
+
+
+def describe() -> list[str]:
+    """One line per setting for ``python -m collectives info``: name, value here (the raw
+    text and, where it differs, what it means), and whether that is the default."""
+    lines, width = [], max(map(len, REGISTRY))
+    for name, setting in REGISTRY.items():
+        raw = setting.raw()
+        if setting.secret:
+            shown = "(set, not shown)" if setting.is_set() else "(unset)"
+        elif raw is None or not raw.strip():
+            shown = f"{_show(setting.default, setting.kind)} (default)"
+        else:
+            try:
+                value = setting.parse(raw)
+            except ValueError as exc:
+                shown = f"INVALID: {exc}"
+            else:
+                shown = raw.strip()
+                shown += " (default)" if value == setting.default else \
+                    f" (default {_show(setting.default, setting.kind)})"
+        lines.append(f"{name:{width}s} {shown:24s} [{setting.when}] {setting.doc}")
+    return lines
+
+
+def _default_cell(setting: Setting) -> str:
+    default = setting.default
+    return "–" if default in (None, "") else f"`{_show(default, setting.kind)}`"
+
+
+def markdown_table() -> str:
+    """The README's settings table (a test keeps README and this equal)."""
+    rows = ["| variable | value | default | read | what it does |", "|---|---|---|---|---|"]
+    for name, setting in REGISTRY.items():
+        rows.append(f"| `{name}` | {setting.kind} | {_default_cell(setting)} | "
+                    f"{setting.when} | {setting.doc} |")
+    return "\n".join(rows)
