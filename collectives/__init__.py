@@ -22,7 +22,7 @@ from datetime import timedelta
 from . import state, tensors, transports, work as _work
 from . import tensors as _tensors     # for functions whose torch parameter is named "tensors"
 from .debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
-from .errors import CollectiveError, CollectiveTimeout, TransportError
+from .errors import TIMED_OUT, CollectiveError, CollectiveTimeout, TransportError
 from .group import ProcessGroup
 from .ops import ReduceOp, check_complex as _check_complex
 from .state import GroupMember, group, seconds as _seconds
@@ -739,14 +739,17 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
 
 
 def _timed_out_words(run, operation, pg):
-    """A barrier's timeout says "Timed out", torch's words (gloo's "Timed out waiting ...",
-    which code and torch's tests match), before the executor's account of where it waited."""
+    """A barrier's timeout says TIMED_OUT, torch's words (gloo's "Timed out waiting ...",
+    which code and torch's tests match), before the executor's account of where it waited
+    (the host executor's says them already; the compiled and NCCL ones do not)."""
     def run_or_time_out():
         started = _time.monotonic()
         try:
             run()
         except CollectiveTimeout as exc:
-            raise CollectiveTimeout(f"{operation} on rank {pg.rank}: Timed out after "
+            if TIMED_OUT in str(exc):
+                raise
+            raise CollectiveTimeout(f"{operation} on rank {pg.rank}: {TIMED_OUT} after "
                                     f"{_time.monotonic() - started:.3g} s; {exc}") from exc
     return run_or_time_out
 

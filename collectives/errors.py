@@ -13,3 +13,8 @@ class CollectiveTimeout(CollectiveError, TimeoutError):
 
 class TransportError(CollectiveError):
     """The transport itself failed: a peer died, a connection broke, a frame was malformed."""
+
+
+# torch's words for a timeout: gloo's messages say "Timed out ...", and code and torch's own
+# tests match them (" (Timed out|closed|timeout) "), so every timeout of ours says them too.
+TIMED_OUT = "Timed out"

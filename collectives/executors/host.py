@@ -18,7 +18,7 @@ from ..algorithms import lowered
 from ..algorithms.lowered import POST, WAIT
 from ..algorithms.schedule import Copy, Plan
 from ..algorithms.transforms import segmented
-from ..errors import CollectiveError, CollectiveTimeout
+from ..errors import TIMED_OUT, CollectiveError, CollectiveTimeout
 
 
 _UNMARKED: dict = {}        # no keyword for transports that carry no signature (never mutated)
@@ -82,11 +82,12 @@ def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
 
 def _where(exc, plan, index, started, operation):
     """The transport's message names the peer and the tag; say where in the schedule and, for
-    a timeout, how long the whole collective waited (not just this step)."""
-    waited = (f", after {time.monotonic() - started:.3g} s"
+    a timeout, how long the whole collective waited (not just this step), in torch's words
+    (TIMED_OUT: gloo's messages say it, and code and torch's own tests match it)."""
+    waited = (f" {TIMED_OUT} after {time.monotonic() - started:.3g} s;"
               if isinstance(exc, CollectiveTimeout) else "")
     return type(exc)(f"{operation or plan.collective} ({plan.algorithm}) on rank "
-                     f"{plan.rank}, step {index + 1} of {len(plan.steps)}{waited}: {exc}")
+                     f"{plan.rank}, step {index + 1} of {len(plan.steps)}:{waited} {exc}")
 
 
 def _segmented_plan(plan: Plan, max_count: int) -> Plan:
