@@ -77,7 +77,7 @@ import time
 
 import numpy as np
 
-from .. import debug
+from .. import debug, settings
 from ..auth import AuthenticationError, client_handshake, job_secret, serve_handshake
 from ..errors import CollectiveError, CollectiveTimeout, TransportError
 from ..signature import NONE as NO_SIGNATURE, mismatch
@@ -102,17 +102,17 @@ SHM_KINDS = (SHM_MSG, SHM_CHUNK, SHM_CREDIT)
 CMA_MSG, CMA_ACK = 7, 8
 ADDRESS = struct.Struct("<Q")
 MAX_SETUP_FRAME = 4096
-MAX_MESSAGE = int(os.environ.get("COLLECTIVES_SOCKET_MAX_MESSAGE", 4 << 30))
+MAX_MESSAGE = settings.SOCKET_MAX_MESSAGE()
 MAX_ABORT_REASON = 4096
 STAGE_BYTES = 256 << 10
-SOCKET_BUFFER = int(os.environ.get("COLLECTIVES_SOCKET_BUFFER", 0))   # 0: kernel autotuning
+SOCKET_BUFFER = settings.SOCKET_BUFFER()   # 0: kernel autotuning
 # Messages of at least twice this many bytes are cut into segments by the host executor, so
 # reductions overlap the arrival of later segments (0: never cut). Over TCP that measured
 # 0.97-1.28x faster; between ranks of one host (shared memory, direct reads) whole messages
 # measured 1.1-1.3x faster than 1 MiB segments (4 ranks, 16-64 MiB all_reduce, 2-core VM), so
 # a job whose every pair shares a host does not cut unless $COLLECTIVES_SOCKET_SEGMENT says so.
-SEGMENT_BYTES = int(os.environ.get("COLLECTIVES_SOCKET_SEGMENT", 1 << 20))
-SEGMENT_SET = "COLLECTIVES_SOCKET_SEGMENT" in os.environ
+SEGMENT_BYTES = settings.SOCKET_SEGMENT()
+SEGMENT_SET = settings.SOCKET_SEGMENT.is_set()
 # Caller-driven progress (see "Who reads the sockets" above): the progress thread stays
 # parked until no caller has read the sockets for this long (back-to-back collectives come
 # far sooner; it bounds how long async work waits with nobody in wait_all).
@@ -254,7 +254,7 @@ class SocketTransport(Transport):
         # The progress token: only its holder reads sockets, parses frames or changes the
         # selector's registrations. The progress thread takes it when no caller wants it.
         self._token = threading.Lock()
-        self._caller_progress = _env_flag("COLLECTIVES_SOCKET_CALLER_PROGRESS", True)
+        self._caller_progress = settings.SOCKET_CALLER_PROGRESS()
         self._engine_cond = threading.Condition(self._lock)   # the parked progress thread
         self._engine_parked = False
         self._caller_at = 0.0         # when a caller last drove (or wanted to drive) progress
@@ -271,7 +271,7 @@ class SocketTransport(Transport):
         self.refused: list[str] = []      # connections refused during setup, for diagnosis
         self.shm_peers: list[int] = []    # peers reached through shared memory
         self.cma_peers: list[int] = []    # peers whose sends we read directly (cma.py)
-        self._shm_min = max(1, _env_bytes("COLLECTIVES_SOCKET_SHM_MIN", 64 << 10))
+        self._shm_min = max(1, settings.SOCKET_SHM_MIN())
         if world_size > 1:
             self._connect_mesh(store)
         self._selector = selectors.DefaultSelector()
@@ -394,8 +394,8 @@ class SocketTransport(Transport):
         every phase sends to all peers (a few hundred bytes, never blocks) and then reads from
         all, so no order of ranks can deadlock. A pair where anything fails stays on TCP."""
         peers = [self._peers[r] for r in sorted(self._peers)]
-        identity = _host_identity() if _env_flag("COLLECTIVES_SOCKET_SHM", True) else b""
-        capacity = _env_bytes("COLLECTIVES_SOCKET_SHM_BYTES", 8 << 20)
+        identity = _host_identity() if settings.SOCKET_SHM() else b""
+        capacity = settings.SOCKET_SHM_BYTES()
         try:
             for peer in peers:
                 peer.sock.settimeout(max(1.0, deadline - time.monotonic()))
@@ -447,7 +447,7 @@ class SocketTransport(Transport):
         offers its pid and the address of a random probe; each reads the other's probe with
         process_vm_readv and reports; the pair uses cross-memory attach only if both reads
         returned the probe (ptrace rights, no seccomp veto). Same phase discipline as above."""
-        wanted = bool(peers) and cma.available() and _env_flag("COLLECTIVES_SOCKET_CMA", True)
+        wanted = bool(peers) and cma.available() and settings.SOCKET_CMA()
         if wanted:
             cma.allow_same_user()
         probe = np.frombuffer(os.urandom(32), np.uint8).copy()
@@ -1271,25 +1271,6 @@ def _host_identity() -> bytes:
     return f"{boot}|{socket.gethostname()}|{netns}|{os.getuid()}".encode()
 
 
-def _env_flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None or value.strip() == "":
-        return default
-    return value.strip().lower() not in ("0", "false", "no", "off")
-
-
-def _env_bytes(name: str, default: int) -> int:
-    """A byte count from the environment: plain, or with a K/M/G suffix (powers of 1024)."""
-    value = os.environ.get(name, "").strip().upper().rstrip("IB")
-    if not value:
-        return default
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(value[-1], 1)
-    try:
-        return int(float(value[:-1] if scale > 1 else value) * scale)
-    except ValueError:
-        raise ValueError(f"socket transport: {name}={os.environ[name]!r} is not a byte count") from None
-
-
 def _tune(sock):
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -1304,7 +1285,7 @@ def _tune(sock):
 def _bind_host(store) -> str:
     """The address to listen on: $COLLECTIVES_SOCKET_HOST, else the local interface that routes
     to the master (the store's host or $MASTER_ADDR), loopback when the master is local."""
-    explicit = os.environ.get("COLLECTIVES_SOCKET_HOST")
+    explicit = settings.SOCKET_HOST()
     if explicit:
         return explicit
     master = os.environ.get("MASTER_ADDR")
