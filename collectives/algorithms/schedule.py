@@ -184,6 +184,9 @@ class Plan:
     size: int
     steps: tuple
     scratch: int          # elements of scratch the plan needs (derived from its regions)
+    args: tuple = ()      # build_plan's arguments after (rank, size): every rank's plan can be
+                          # rebuilt from them (the peer-memory lowering pairs sends with the
+                          # receiving rank's regions); () for a plan built by hand
 
     @property
     def messages(self) -> int:
@@ -256,4 +259,4 @@ def build_plan(collective: str, name: str, rank: int, size: int, *args) -> Plan:
     arguments after (rank, size): a count, a tuple of counts, a matrix of counts, a root."""
     fn = REGISTRY[collective][name]
     steps = tuple(s for s in map(_drop_empty, fn(rank, size, *args)) if s is not None)
-    return Plan(collective, name, rank, size, steps, _scratch_needed(steps))
+    return Plan(collective, name, rank, size, steps, _scratch_needed(steps), args)

@@ -1,0 +1,236 @@
+"""Plans lowered for peer memory: every rank writes its messages straight into the receiving
+rank's memory (a *push*), and ranks order themselves with flags instead of messages.
+
+Pure: the program is a table of integers that an executor runs; here it is only built (the
+peer-memory executor runs it on the GPU, ``tests`` run it on threads over host memory).
+
+The protocol, per call and rank (``epoch`` and ``delivered`` live in each rank's flag words,
+readable and writable by every rank of the group):
+
+* At the start of its step j a rank publishes ``epoch = (call << 24) | j``: everything of its
+  steps before j is done, so the regions its step-j receives land in are free.
+* A send of step j waits until the receiving rank's epoch reaches the step of the matching
+  receive (its k-th receive from this rank, as its k-th send to it: messages between a pair
+  match in order, as everywhere), writes the data into the receiver's region, and then
+  stores the message's number in the receiver's ``delivered`` word for this sender.
+* A receive waits until ``delivered`` from its peer reaches the message's number.
+* Local ops run after the step's receives have arrived (and after its sends have read what
+  the ops overwrite).
+
+A send completes when it is written, so this is message passing with rendezvous (a send
+waits for its receive to be posted); every registered plan is deadlock-free under rendezvous
+(``cost.replay`` matches that way and would report a deadlock). Call numbers and message
+numbers only grow, so flags are never reset between calls.
+
+Each rank's program runs on ``blocks`` workers at once (the GPU's thread blocks): each moves
+its share of every message and op (``share``), and ``BARRIER`` makes all of them finish what
+came before. The sender's workers each store their own ``delivered`` word, and a receive
+waits for all of them. Barriers go where one worker may depend on another's share: before
+each step (a send reads what earlier ops wrote), between a step's sends and local ops that
+overwrite what the sends read, and between two local ops that conflict (``hazards``).
+
+Where regions live: a receive writes into the receiver's memory, so every region any receive
+lands in must be in memory other ranks can write (the group's staging buffers). ``scratch``
+always lives there; ``output`` lives there on a rank where some receive lands in output (the
+``placement``), and then its values are copied in at the start where the plan reads output
+before writing it, and copied out to the caller's output at the end. ``input`` is never
+written by receives and stays the caller's buffer. Each rank works out every other rank's
+placement from its plan, so a sender knows where to write.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from . import hazards
+from .schedule import Copy, Plan, build_plan
+
+# Instruction kinds (column 0); column 1 is the plan step (-1: before the first, or after the
+# last) for error messages; the rest by kind:
+BARRIER = 0     # every worker of this rank has finished everything before it
+EPOCH = 1       # publish epoch (call, step)                    [2]: step
+PUSH = 2        # [2] peer [3] src buffer [4] src offset [5] dst buffer (peer's) [6] dst offset
+                # [7] count [8] the peer's step to wait for [9] message number to that peer
+ARRIVE = 3      # [2] peer [3] message number from that peer
+COPY = 4        # [2] dst buffer [3] dst offset [4] src buffer [5] src offset [6] count
+REDUCE = 5      # [2] dst buffer [3] dst offset [4] a buffer [5] a offset [6] b buffer
+                # [7] b offset [8] count
+WIDTH = 10
+
+# Buffers (what the executor passes): the caller's input, the plan's output (the caller's or
+# the staging copy), the staging scratch, and the caller's output (copy-out target).
+INPUT, OUTPUT, SCRATCH, CALLER_OUTPUT = 0, 1, 2, 3
+_BUFFER = {"input": INPUT, "output": OUTPUT, "scratch": SCRATCH}
+
+
+class Program(NamedTuple):
+    code: np.ndarray          # (n, WIDTH) int64
+    output_staged: bool       # this rank's output lives in the staging memory
+    staged_output: int        # elements of output the staging memory must hold (0 if not staged)
+    scratch: int              # elements of scratch
+    sends: tuple              # messages this rank sends to each peer in one call
+    recvs: tuple              # messages it receives from each peer in one call
+    largest: int              # elements of the largest message of any rank (for ``blocks``)
+    peers_staging: int        # elements of output + scratch the largest rank stages
+
+
+def plans_of(plan: Plan) -> list:
+    """Every rank's plan of the call ``plan`` belongs to (``plan`` itself for its rank)."""
+    if not plan.args and plan.collective != "barrier":
+        raise ValueError(f"{plan.collective} ({plan.algorithm}) on rank {plan.rank}: the plan "
+                         f"was built by hand, so the other ranks' plans (where each message "
+                         f"lands) cannot be derived; build it with build_plan")
+    return [plan if r == plan.rank else
+            build_plan(plan.collective, plan.algorithm, r, plan.size, *plan.args)
+            for r in range(plan.size)]
+
+
+def lower(plan: Plan, output_count: int) -> Program:
+    """The push program of ``plan`` (cached on it). ``output_count``: elements of the caller's
+    output (what is copied out when output is staged)."""
+    return plan.derived("_pushed", output_count, lambda: _lower(plan, plans_of(plan),
+                                                                output_count))
+
+
+def staged(plan: Plan) -> bool:
+    """Whether some receive of ``plan`` lands in output (then output is staged)."""
+    return any(r.region.buffer == "output" for step in plan.steps for r in step.recvs)
+
+
+def _lower(plan, plans, output_count):
+    rank, size = plan.rank, plan.size
+    for other in plans:
+        for step in other.steps:
+            for r in step.recvs:
+                if r.region.buffer == "input":
+                    raise ValueError(f"{plan.collective} ({plan.algorithm}): rank {other.rank} "
+                                     f"receives into its input, which peers cannot write")
+    # Where each receiver's k-th message from each sender lands, and in which of its steps.
+    landing = {}                              # (src, dst) -> [(step, region)]
+    for other in plans:
+        for index, step in enumerate(other.steps):
+            for r in step.recvs:
+                landing.setdefault((r.peer, other.rank), []).append((index, r.region))
+
+    code = []
+    emit = code.append
+    out_staged = staged(plan)
+    reads_first = _read_before_written(plan) if out_staged else []
+    for lo, hi in reads_first:                # the caller's output values, staged
+        emit((COPY, -1, OUTPUT, lo, CALLER_OUTPUT, lo, hi - lo))
+    sent = [0] * size
+    received = [0] * size
+    for index, step in enumerate(plan.steps):
+        if code:
+            emit((BARRIER, index))
+        emit((EPOCH, index, index))
+        reads = []
+        for s in step.sends:
+            k = sent[s.peer]
+            sent[s.peer] += 1
+            pairs = landing.get((rank, s.peer), ())
+            if k >= len(pairs):
+                raise ValueError(f"{plan.collective} ({plan.algorithm}): rank {rank} sends "
+                                 f"message {k + 1} to rank {s.peer}, which receives only "
+                                 f"{len(pairs)} from it")
+            their_step, region = pairs[k]
+            if region.count != s.region.count:
+                raise ValueError(f"{plan.collective} ({plan.algorithm}): rank {rank} step "
+                                 f"{index + 1} sends {s.region.count} elements to rank "
+                                 f"{s.peer}, whose step {their_step + 1} receives "
+                                 f"{region.count}")
+            emit((PUSH, index, s.peer, _BUFFER[s.region.buffer], s.region.offset,
+                  _BUFFER[region.buffer], region.offset, s.region.count, their_step, k))
+            reads.append(hazards.access(s))
+        for r in step.recvs:
+            emit((ARRIVE, index, r.peer, received[r.peer]))
+            received[r.peer] += 1
+        done = reads                       # accesses other workers may still be making
+        for op in step.local:
+            accessed = hazards.access(op)
+            if any(hazards.conflict(accessed, other) for other in done):
+                emit((BARRIER, index))
+                done = []
+            done.append(accessed)
+            if isinstance(op, Copy):
+                emit((COPY, index, _BUFFER[op.dst.buffer], op.dst.offset,
+                      _BUFFER[op.src.buffer], op.src.offset, op.dst.count))
+            else:
+                emit((REDUCE, index, _BUFFER[op.dst.buffer], op.dst.offset,
+                      _BUFFER[op.a.buffer], op.a.offset, _BUFFER[op.b.buffer], op.b.offset,
+                      op.dst.count))
+    if out_staged:
+        emit((BARRIER, -1))
+        for lo, hi in _written(plan):
+            emit((COPY, -1, CALLER_OUTPUT, lo, OUTPUT, lo, hi - lo))
+    for (src, dst), pairs in landing.items():
+        if src == rank and len(pairs) != sent[dst]:
+            raise ValueError(f"{plan.collective} ({plan.algorithm}): rank {dst} receives "
+                             f"{len(pairs)} messages from rank {rank}, which sends {sent[dst]}")
+
+    table = np.zeros((len(code), WIDTH), np.int64)
+    for i, row in enumerate(code):
+        table[i, :len(row)] = row
+    table.flags.writeable = False
+    largest = max((t.region.count for other in plans for step in other.steps
+                   for t in step.sends), default=0)
+    staging = max(_staged_output(other, output_count) + other.scratch for other in plans)
+    return Program(table, out_staged, _staged_output(plan, output_count), plan.scratch,
+                   tuple(sent), tuple(received), largest, staging)
+
+
+def _staged_output(plan, output_count):
+    if not staged(plan):
+        return 0
+    end = max((region.end for step in plan.steps for region in _regions(step)
+               if region.buffer == "output"), default=0)
+    return max(end, output_count)
+
+
+def _regions(step):
+    for t in step.sends + step.recvs:
+        yield t.region
+    for op in step.local:
+        yield from op
+
+
+def _read_before_written(plan):
+    """Output ranges the plan reads before anything of the plan writes them (sorted)."""
+    written, needed = hazards.Ranges(), hazards.Ranges()
+
+    def read(region):
+        if region.buffer == "output":
+            for lo, hi in written.gaps(region.offset, region.end):
+                needed.add(lo, hi)
+
+    def write(region):
+        if region.buffer == "output":
+            written.add(region.offset, region.end)
+
+    for step in plan.steps:
+        for s in step.sends:
+            read(s.region)
+        for r in step.recvs:
+            write(r.region)
+        for op in step.local:
+            reads, writes = hazards.access(op)
+            for region in reads:
+                read(region)
+            for region in writes:
+                write(region)
+    return list(zip(needed.starts, needed.ends))
+
+
+def _written(plan):
+    written = hazards.Ranges()
+    for step in plan.steps:
+        for region in [r.region for r in step.recvs] + [op.dst for op in step.local]:
+            if region.buffer == "output":
+                written.add(region.offset, region.end)
+    return list(zip(written.starts, written.ends))
+
+
+def share(count: int, worker: int, workers: int) -> tuple[int, int]:
+    """The [start, end) of ``count`` elements that worker ``worker`` of ``workers`` moves."""
+    return count * worker // workers, count * (worker + 1) // workers

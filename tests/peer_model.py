@@ -1,0 +1,139 @@
+"""The peer-memory protocol (``algorithms/pushed.py``) run on the CPU: every rank's program,
+each on several workers (the GPU's thread blocks), interleaved in a random order over numpy
+arrays and flag words, so the ordering the flags give is checked without a GPU.
+
+Workers are generators; each yields whenever it waits for a flag or has moved a piece of
+data, and a seeded scheduler picks which runnable worker goes next. Data moves in small
+pieces with yields between them, so a missing barrier or flag shows as a wrong result (or as
+a read of a poisoned value: staging memory starts as NaN/garbage). ``deadline`` bounds every
+wait in scheduler turns: a rank that never arrives ends the call on the others with the peer
+named, as the GPU kernel's timeout does.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from collectives.algorithms import pushed
+from collectives.algorithms.pushed import (ARRIVE, BARRIER, COPY, EPOCH, PUSH, REDUCE,
+                                           INPUT, OUTPUT, SCRATCH, CALLER_OUTPUT)
+
+
+class Stuck(RuntimeError):
+    def __init__(self, rank, step, peer, what):
+        super().__init__(f"rank {rank} step {step + 1}: still waiting for rank {peer} ({what})")
+        self.rank, self.step, self.peer = rank, step, peer
+
+
+class Group:
+    """Flags and staging memory of ``size`` ranks, kept across calls (as the GPU's are)."""
+
+    def __init__(self, size, workers, staging=1 << 16, seed=0):
+        self.size, self.workers = size, workers
+        self.epoch = [0] * size
+        self.delivered = np.zeros((size, size, workers), np.int64)   # [dst, src, worker]
+        self.sent = np.zeros((size, size), np.int64)                 # [rank, peer]
+        self.received = np.zeros((size, size), np.int64)
+        self.calls = [0] * size
+        self.random = random.Random(seed)
+        # staging output and scratch, poisoned so reading what nobody wrote is visible
+        self.out = [np.full(staging, np.nan) for _ in range(size)]
+        self.scratch = [np.full(staging, np.nan) for _ in range(size)]
+
+    def run(self, calls, reduce=np.add, *, piece=3, deadline=100000, absent=()):
+        """Several calls, each a list ``[(plan, input, output)]`` of one entry per rank
+        (arrays float64 or None). A rank starts its next call when it has finished the
+        previous one, whatever the others do (as kernels on one stream). Ranks in ``absent``
+        never start (a dead rank)."""
+        barriers = [[0] * self.workers for _ in range(self.size)]
+        running = []
+        for rank in range(self.size):
+            if rank in absent:
+                continue
+            mine = [call[rank] for call in calls]
+            for w in range(self.workers):
+                running.append(self._worker(rank, w, mine, reduce, piece, barriers, deadline))
+        while running:
+            worker = self.random.choice(running)
+            try:
+                next(worker)
+            except StopIteration:
+                running.remove(worker)
+
+    def _barrier(self, rank, w, barriers, step, deadline):
+        barriers[rank][w] += 1
+        mark = barriers[rank][w]
+        waited = 0
+        while min(barriers[rank]) < mark:
+            waited += 1
+            if waited > deadline:
+                raise Stuck(rank, step, rank, "its own workers")
+            yield
+
+    def _worker(self, rank, w, calls, reduce, piece, barriers, deadline):
+        for plan, input, output in calls:
+            program = pushed.lower(plan, 0 if output is None else output.size)
+            yield from self._call(rank, w, program, input, output, reduce, piece, barriers,
+                                  deadline)
+            # the kernel's end: bookkeeping once every worker is done, before the next call
+            yield from self._barrier(rank, w, barriers, -1, deadline)
+            if w == 0:
+                self.sent[rank] += program.sends
+                self.received[rank] += program.recvs
+                self.calls[rank] += 1
+            yield from self._barrier(rank, w, barriers, -1, deadline)
+
+    def _call(self, rank, w, program, input, output, reduce, piece, barriers, deadline):
+        workers = self.workers
+        call = self.calls[rank]
+        mine = {INPUT: input, CALLER_OUTPUT: output, SCRATCH: self.scratch[rank],
+                OUTPUT: self.out[rank] if program.output_staged else output}
+
+        def wait(ready, step, peer, what):
+            waited = 0
+            while not ready():
+                waited += 1
+                if waited > deadline:
+                    raise Stuck(rank, step, peer, what)
+                yield
+
+        for row in program.code:
+            kind, step = int(row[0]), int(row[1])
+            if kind == BARRIER:
+                yield from self._barrier(rank, w, barriers, step, deadline)
+            elif kind == EPOCH:
+                if w == 0:
+                    self.epoch[rank] = (call << 24) | int(row[2])
+            elif kind == PUSH:
+                peer, sb, so, db, do, count, their_step, k = map(int, row[2:10])
+                target = (call << 24) | their_step
+                yield from wait(lambda: self.epoch[peer] >= target, step, peer,
+                                "its receive to be posted")
+                theirs = {OUTPUT: self.out[peer], SCRATCH: self.scratch[peer]}[db]
+                lo, hi = pushed.share(count, w, workers)
+                for a in range(lo, hi, piece):
+                    b = min(hi, a + piece)
+                    theirs[do + a:do + b] = mine[sb][so + a:so + b]
+                    yield
+                self.delivered[peer, rank, w] = self.sent[rank, peer] + k + 1
+            elif kind == ARRIVE:
+                peer, k = int(row[2]), int(row[3])
+                target = self.received[rank, peer] + k + 1
+                yield from wait(lambda: self.delivered[rank, peer].min() >= target, step, peer,
+                                "its message")
+            elif kind == COPY:
+                db, do, sb, so, count = map(int, row[2:7])
+                lo, hi = pushed.share(count, w, workers)
+                for a in range(lo, hi, piece):
+                    b = min(hi, a + piece)
+                    mine[db][do + a:do + b] = mine[sb][so + a:so + b]
+                    yield
+            elif kind == REDUCE:
+                db, do, ab, ao, bb, bo, count = map(int, row[2:9])
+                lo, hi = pushed.share(count, w, workers)
+                for a in range(lo, hi, piece):
+                    b = min(hi, a + piece)
+                    mine[db][do + a:do + b] = reduce(mine[ab][ao + a:ao + b],
+                                                     mine[bb][bo + a:bo + b])
+                    yield
