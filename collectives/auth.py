@@ -52,7 +52,9 @@ import tempfile
 import time
 import warnings
 
-SECRET_ENV = "COLLECTIVES_SECRET"
+from . import settings
+
+SECRET_ENV = settings.SECRET.name
 MAGIC = b"COLLv1\x00\x00"
 NONCE = 32
 DIGEST = 32
@@ -87,7 +89,7 @@ def job_secret(explicit: bytes | str | None = None) -> bytes:
     """The key: ``explicit`` if given, else $COLLECTIVES_SECRET, else the per-user secret file
     (created on first use). An empty value counts as not given: there is no unauthenticated
     mode. Raises SecretFileError when the file is unsafe or cannot be made."""
-    for value in (explicit, os.environ.get(SECRET_ENV)):
+    for value in (explicit, settings.SECRET()):
         if value:
             return value.encode() if isinstance(value, str) else bytes(value)
     return _user_secret()
@@ -123,7 +125,7 @@ def secret_file_path() -> str:
 
 def secret_source() -> str:
     """Where this process's default secret comes from, for messages."""
-    if os.environ.get(SECRET_ENV):
+    if settings.SECRET():
         return f"${SECRET_ENV}"
     return f"the per-user secret file {secret_file_path()}"
 
@@ -303,7 +305,7 @@ def warn_if_remote(host: str, where: str) -> None:
     """Once per process: a master on another host with no $COLLECTIVES_SECRET works only if
     that host has this user's secret file too; say so before the handshake fails."""
     global _warned_remote
-    if _warned_remote or os.environ.get(SECRET_ENV) or is_local_address(host):
+    if _warned_remote or settings.SECRET() or is_local_address(host):
         return
     _warned_remote = True
     message = (f"{where}: the master {host} is on another host and {SECRET_ENV} is not set, so "

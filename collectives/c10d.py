@@ -57,10 +57,9 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 from torch.futures import Future as _TorchFuture
 
-from . import tensors, transports, work as _work
+from . import settings, tensors, transports, work as _work
 from .group import ProcessGroup
 from .ops import ReduceOp
-from .rendezvous import AGENT_STORE_ENV
 from .state import seconds as _seconds
 from .store import Store, TCPStore
 from .transports.subgroup import SubgroupTransport
@@ -165,7 +164,7 @@ _launcher_stores: list[_LauncherStore] = []
 
 
 def _under_our_launcher() -> bool:
-    return os.environ.get(AGENT_STORE_ENV[0], "").lower() in ("1", "true", "yes")
+    return settings.USE_AGENT_STORE()
 
 
 def _env_rendezvous(url, timeout=timedelta(minutes=30), **kwargs):

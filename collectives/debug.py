@@ -18,9 +18,10 @@ import time
 
 import numpy as np
 
+from . import settings
 from .errors import CollectiveError
 
-ENV_DEBUG = "COLLECTIVES_DEBUG"
+ENV_DEBUG = settings.DEBUG.name
 ENV_TORCH_DEBUG = "TORCH_DISTRIBUTED_DEBUG"     # read by set_debug_level_from_env only
 FIELDS = ("operation", "algorithm", "dtype", "counts", "root", "op")
 _WIDTH = 8          # bytes of hash per field
@@ -28,22 +29,21 @@ _WIDTH = 8          # bytes of hash per field
 
 class DebugLevel(enum.IntEnum):
     """torch.distributed's debug levels, by the same names; their one store is the
-    COLLECTIVES_DEBUG variable, which ``level()`` reads at every use."""
+    COLLECTIVES_DEBUG variable, which ``level()`` reads at every use (``settings.DEBUG``)."""
     OFF = 0
     INFO = 1
     DETAIL = 2
 
 
-def level() -> str:
-    value = os.environ.get(ENV_DEBUG, "OFF").upper()
-    return value if value in DebugLevel.__members__ else "OFF"
+level = settings.DEBUG     # level(): "OFF", "INFO" or "DETAIL"; anything else is a ValueError
 
 
 def get_debug_level() -> DebugLevel:
     """The current debug level (COLLECTIVES_DEBUG), as torch's ``get_debug_level``.
 
     Returns:
-        A ``DebugLevel``; an unset or unknown COLLECTIVES_DEBUG is ``DebugLevel.OFF``.
+        A ``DebugLevel``; an unset COLLECTIVES_DEBUG is ``DebugLevel.OFF``, an unknown one a
+        ValueError naming it.
     """
     return DebugLevel[level()]
 
@@ -61,9 +61,9 @@ def set_debug_level(debug_level) -> None:
 def set_debug_level_from_env() -> None:
     """Set the debug level from the environment: COLLECTIVES_DEBUG if set, else torch's
     TORCH_DISTRIBUTED_DEBUG (OFF when neither is). An unknown value is a ValueError, as in
-    torch, where ``level()`` alone would read it as OFF."""
+    torch."""
     for name in (ENV_DEBUG, ENV_TORCH_DEBUG):
-        value = os.environ.get(name)
+        value = settings.DEBUG.raw() if name == ENV_DEBUG else os.environ.get(name)
         if value is not None:
             set_debug_level(_parse_level(value, f"set_debug_level_from_env ({name})"))
             return

@@ -38,12 +38,12 @@ import time
 from datetime import timedelta
 from urllib.parse import parse_qs, urlparse
 
-from . import debug
+from . import debug, settings
 from .auth import warn_if_remote
 from .errors import CollectiveTimeout
 from .store import FileStore, Store, StoreError, StoreGone, StoreTimeout, TCPStore
 
-AGENT_STORE_ENV = ("COLLECTIVES_USE_AGENT_STORE", "TORCHELASTIC_USE_AGENT_STORE")
+AGENT_STORE_ENV = (settings.USE_AGENT_STORE.name, "TORCHELASTIC_USE_AGENT_STORE")
 _PREFIX = "collectives/rendezvous"
 _served: set = set()      # (host, port) of the store servers this process has run
 _joined: set = set()      # and of rank 0's servers it has checked in at
@@ -75,7 +75,9 @@ def _check(rank, world_size, init_method):
 
 
 def _uses_agent_store() -> bool:
-    return any(os.environ.get(name, "").lower() in ("1", "true", "yes") for name in AGENT_STORE_ENV)
+    # torchrun writes its variable as True/False; ours goes through the settings' flag parser
+    return settings.USE_AGENT_STORE() or \
+        os.environ.get(AGENT_STORE_ENV[1], "").lower() in ("1", "true", "yes")
 
 
 def _tcp_store(host, port, rank, world_size, timeout):

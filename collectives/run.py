@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 
+from . import settings
 from .auth import SECRET_ENV, SecretFileError, job_secret, new_secret, secret_file_path
 
 GRACE_SECONDS = 5.0
@@ -101,7 +102,7 @@ def _exit_code(returncode: int) -> int:
 
 def launch(ns) -> int:
     world_size = ns.nproc_per_node * ns.nnodes
-    secret = os.environ.get(SECRET_ENV)
+    secret = settings.SECRET()
     if not secret and ns.nnodes == 1:
         secret = new_secret()          # one node: a secret for this job alone
     elif not secret:
@@ -161,7 +162,7 @@ def launch(ns) -> int:
                    ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world_size),
                    MASTER_ADDR=ns.master_addr, MASTER_PORT=str(port),
                    PYTHONUNBUFFERED="1", **({SECRET_ENV: secret} if secret else {}))
-        env["COLLECTIVES_USE_AGENT_STORE"] = "1"     # node 0's launcher runs the store
+        env[settings.USE_AGENT_STORE.name] = "1"     # node 0's launcher runs the store
         proc = _start_worker(command, env, setup, workers, watchdog)
         prefix = f"[rank {rank}]:".encode()
         for stream, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):

@@ -30,6 +30,7 @@ import threading
 import time
 from datetime import timedelta
 
+from . import settings
 from .auth import AuthenticationError, client_handshake, job_secret, recv_exact, serve_handshake
 from .errors import CollectiveError, CollectiveTimeout
 
@@ -605,8 +606,8 @@ _NUMBER_FIELD = 64              # bytes: a timeout or an amount longer than this
 _STORE_CONTEXT = "collectives-store"
 
 # Flood limits of the server (see _StoreServer); each can be set in the environment.
-HANDSHAKE_TIMEOUT = 10.0        # s for a whole handshake: $COLLECTIVES_STORE_HANDSHAKE_TIMEOUT
-MAX_PENDING_HANDSHAKES = 64     # connections not yet authenticated: $COLLECTIVES_STORE_MAX_PENDING
+HANDSHAKE_TIMEOUT = settings.STORE_HANDSHAKE_TIMEOUT.default    # s for a whole handshake
+MAX_PENDING_HANDSHAKES = settings.STORE_MAX_PENDING.default     # connections not yet authenticated
 CLIENTS_PER_RANK = 4            # connections: 4 x world_size + 64 ($COLLECTIVES_STORE_MAX_CLIENTS)
 SPARE_CLIENTS = 64
 CLIENTS_WITHOUT_WORLD_SIZE = 1024
@@ -674,19 +675,6 @@ def _timeout_field(raw: bytes):
     if math.isnan(value):
         raise ValueError(f"timeout {raw[:40]!r} is not a number of seconds")
     return None if value < 0 or value >= _FOREVER_S else value
-
-
-def _env_limit(name: str, default, kind):
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        value = None
-    if value is None or not value > 0:
-        raise ValueError(f"TCPStore: ${name}={raw!r} is not a positive {kind.__name__}")
-    return value
 
 
 class _HandshakeDeadline:
@@ -778,12 +766,11 @@ class _StoreServer:
         self.table = _Table()
         self.secret, self.world_size = secret, world_size
         self.joined = 0
-        self.handshake_timeout = _env_limit("COLLECTIVES_STORE_HANDSHAKE_TIMEOUT",
-                                            HANDSHAKE_TIMEOUT, float)
-        self.max_pending = _env_limit("COLLECTIVES_STORE_MAX_PENDING", MAX_PENDING_HANDSHAKES, int)
+        self.handshake_timeout = settings.STORE_HANDSHAKE_TIMEOUT()
+        self.max_pending = settings.STORE_MAX_PENDING()
         default_clients = (CLIENTS_PER_RANK * world_size + SPARE_CLIENTS if world_size
                            else CLIENTS_WITHOUT_WORLD_SIZE)
-        self.max_clients = _env_limit("COLLECTIVES_STORE_MAX_CLIENTS", default_clients, int)
+        self.max_clients = settings.STORE_MAX_CLIENTS() or default_clients
         self.listener = socket.create_server((host, port), reuse_port=False, backlog=512)
         self.listener.settimeout(_ACCEPT_POLL)
         self.port = self.listener.getsockname()[1]
