@@ -51,7 +51,7 @@ except Exception as exc:  # ImportError, or a numba that fails against this nump
 
 # Below this many bytes per operand one thread is faster than handing chunks to a pool. On the
 # 2-core CI machine (shared, so measured noisy) two threads never beat one clearly up to 64 MiB
-# and lost below 4 MiB (benchmarks/kernels.py, docs/notes/compiled-path-perf.md); machines with more
+# and lost below 4 MiB (tools/kernels.py, docs/notes/compiled-path-perf.md); machines with more
 # memory bandwidth per core than one core can draw are where the pool pays.
 PARALLEL_MIN_BYTES = int(os.environ.get("COLLECTIVES_KERNEL_PARALLEL_MIN_BYTES", 16 << 20))
 

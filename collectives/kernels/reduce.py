@@ -85,7 +85,7 @@ def finish_average(out, size: int) -> None:
 # Operands of at least this many bytes go to the compiled kernels even where numpy's own loop
 # is vectorised (float32, ints): one Numba thread only ties numpy there (0.8-1.2x, in place or
 # not), so only the kernels' threads can win, and on 2 busy cores they did not below 16 MiB
-# (benchmarks/kernels.py; docs/notes/compiled-path-perf.md).
+# (tools/kernels.py; docs/notes/compiled-path-perf.md).
 FAST_MIN_BYTES = 16 << 20
 
 

@@ -1,8 +1,8 @@
 """Small-message latency of the socket transport, with and without a barrier per call.
 
-    python benchmarks/socket_latency.py [--size 4096] [--algorithm direct] [--calls 1000]
+    python tools/socket_latency.py [--size 4096] [--algorithm direct] [--calls 1000]
                                         [--profile]
-    python benchmarks/socket_latency.py --barriers [--calls 1000]
+    python tools/socket_latency.py --barriers [--calls 1000]
 
 Two local processes (forked, TCP store on 127.0.0.1) run ``calls`` back-to-back all_reduces
 of ``size`` bytes through ProcessGroup.prepare, after 200 warm-up calls, and print the mean

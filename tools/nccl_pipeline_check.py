@@ -1,6 +1,6 @@
 """Pipelined NCCL plans at full size, checked element by element on every rank.
 
-    mpiexec -n 4 python benchmarks/nccl_pipeline_check.py [CASE ...]
+    mpiexec -n 4 python tools/nccl_pipeline_check.py [CASE ...]
 
 CASE is collective:algorithm:bytes:segment_bytes[:flag...], e.g. all_reduce:tree:256M:64M
 (segment 0 = in order, "default" = the executor's own choice); flags: inplace, stream (run

@@ -1,6 +1,6 @@
 """Time the numpy twin against the Numba kernels for SUM (dst = a + b, in place into a).
 
-    python benchmarks/kernels.py [--dtypes float32,float16,bfloat16] [--sizes 4K,64K,1M,16M]
+    python tools/kernels.py [--dtypes float32,float16,bfloat16] [--sizes 4K,64K,1M,16M]
 
 GB/s counts the three streams (read a, read b, write dst) per call. ``numba x1`` pins one
 thread; ``numba xT`` always cuts the arrays into one chunk per thread (T = cores, or
@@ -72,7 +72,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     ok, why = numba_reduce.available()
     if not ok:
-        sys.exit(f"benchmarks/kernels.py: {why}")
+        sys.exit(f"tools/kernels.py: {why}")
     dtypes = [BFLOAT16 if d == "bfloat16" else np.dtype(d) for d in args.dtypes.split(",")]
     numba_reduce.warmup(dtypes, [ReduceOp.SUM])
     columns = ["numpy", "numba x1", f"numba x{args.threads}", "fast"]

@@ -1,4 +1,4 @@
-# Sourced by the lent-machine session scripts (`. benchmarks/device_build.sh "$O"`): Cython
+# Sourced from the repository root on a lent GPU machine (`. tools/device_build.sh "$O"`): Cython
 # from the carried wheel (.whl/, no network there), then the compiled executor built in place
 # against the host's Open MPI headers; the build log goes to $1/build.log. Sets PY and exports
 # PYTHONPATH (the checkout, then the wheel's install target).
