@@ -118,13 +118,17 @@ def local_rank(rank: int) -> int:
     return rank
 
 
-def create(rank: int, world_size: int, store=None, timeout: float = 1800.0) -> "NcclTransport":
+def create(rank: int, world_size: int, store=None, timeout: float = 1800.0,
+           device: int | None = None) -> "NcclTransport":
+    """``device``: this rank's GPU; by default the local rank's (see the module notes). The
+    torch backend passes the GPU of the tensors that bring a group to CUDA."""
     import cupy
     from cupy.cuda import nccl
 
     if not (isinstance(rank, int) and isinstance(world_size, int) and 0 <= rank < world_size):
         raise ValueError(f"nccl: rank {rank!r} is out of range for world size {world_size!r}")
-    device = local_rank(rank) % cupy.cuda.runtime.getDeviceCount()
+    if device is None:
+        device = local_rank(rank) % cupy.cuda.runtime.getDeviceCount()
     cupy.cuda.Device(device).use()
     _tune_point_to_point()
     uid = _exchange_unique_id(rank, world_size, store, timeout, nccl)
