@@ -10,6 +10,12 @@ SUM/PRODUCT lanes that are NaN may differ in payload (numpy's own SIMD and scala
 different operands' NaN), so there only NaN-ness is compared. Then the faults: a timeout (one
 rank waits for a peer that never sends) and a size mismatch (ranks disagree on counts), and,
 at size 1, the float16 / bfloat16 C loops (AVX-512, F16C and the portable path) against numpy.
+The C loop interprets any lowered program, not only the step walk the group runs: every
+collective x algorithm cut into segments runs as the overlapped program (``lowered.overlapped``:
+requests of several steps in flight, waits on slots that are not consecutive, more slots than
+the stack holds) against the host executor, and the timeout and the mismatch again in that
+form (every pending receive cancelled: a later message lands where it should). The tables the
+C loop reads (request slots) are checked without MPI.
 At size 3 every scratch goes through the bounded scratch pool with a tiny cap (reuse and
 eviction on every call). The pool's own bookkeeping is tested without MPI.
 
@@ -62,8 +68,10 @@ def test_compiled_matches_host_under_mpiexec(n):
     cases = int(next(line.split()[1] for line in lines if line.startswith("cases ")))
     compiled_cases = int(next(line.split()[1] for line in lines if line.startswith("in-C ")))
     assert cases > 1000 and compiled_cases > 0.8 * cases, out
-    expected = {"ok timeout", "ok size mismatch"} if n > 1 else {"ok half kernels",
-                                                                "ok signed zeros"}
+    expected = {"ok timeout", "ok size mismatch", "ok overlapped timeout",
+                "ok overlapped size mismatch"} if n > 1 else {"ok half kernels",
+                                                              "ok signed zeros"}
+    expected.add("ok overlapped == host")
     assert expected <= set(lines), out
 
 
@@ -99,6 +107,90 @@ def test_scratch_cap_parsing():
     assert _parse_bytes("0") == 0
     assert _parse_bytes("4096") == 4096
 
+
+
+def _program_plans():
+    from collectives.algorithms import capabilities
+    from collectives.algorithms.schedule import Matrix, build_plan, plan_args
+    for collective, algorithms in sorted(capabilities().items()):
+        for algorithm in algorithms:
+            for size in (2, 3, 5):
+                counts = (37 if collective in ("all_reduce", "broadcast", "reduce") else
+                          Matrix(tuple(3 + (r + c) % 4 for c in range(size)) for r in range(size))
+                          if collective == "all_to_all" else tuple(5 + r for r in range(size)))
+                for rank in range(size):
+                    yield build_plan(collective, algorithm, rank, size,
+                                     *plan_args(collective, size, counts, size - 1))
+
+
+def test_tables_of_the_step_walk_use_a_steps_width_of_slots_waited_in_place():
+    """What the C loop reads, without MPI: the step walk's requests take slots 0..k-1 of a
+    step of k transfers and every wait is on consecutive slots (no gathering), so a call
+    needs the widest step's requests, as before programs; rows keep posting order."""
+    from collectives.algorithms.lowered import stepwise
+    from collectives.executors.compiled import _BUFFER_IDS, _tables
+    for plan in _program_plans():
+        code, xfers, waits, ops, slots, gather = _tables(stepwise(plan))
+        assert slots == max([len(s.sends) + len(s.recvs) for s in plan.steps] + [0])
+        assert gather == 0
+        rows = [(r, t) for s in plan.steps for r, t in
+                [(1, t) for t in s.recvs] + [(0, t) for t in s.sends]]
+        assert [x[:5] for x in xfers] == [(r, t.peer, _BUFFER_IDS[t.region.buffer],
+                                           t.region.offset, t.region.count) for r, t in rows]
+        assert len(ops) == sum(len(s.local) for s in plan.steps)
+        for kind, step, first, n, slot0 in code:
+            if kind == 1:
+                assert slot0 == 0 and [w[0] for w in waits[first:first + n]] == list(range(n))
+            if kind == 0:
+                assert [x[5] for x in xfers[first:first + n]] == list(range(n))
+
+
+def test_tables_of_overlapped_programs_reuse_waited_slots():
+    """Overlapped programs (segmented plans): a slot is never reused while its request is in
+    flight, every request is waited for once, waits on scattered slots are gathered."""
+    from collectives.algorithms.lowered import overlapped
+    from collectives.algorithms.transforms import segmented
+    from collectives.executors.compiled import _tables
+    gathered = 0
+    for plan in _program_plans():
+        program = overlapped(segmented(plan, 2))
+        code, xfers, waits, ops, slots, gather = _tables(program)
+        busy, seen = set(), 0
+        for kind, _, first, n, slot0 in code:
+            if kind == 0:
+                for row in xfers[first:first + n]:
+                    assert row[5] not in busy and row[5] < slots
+                    busy.add(row[5])
+            elif kind == 1:
+                held = [w[0] for w in waits[first:first + n]]
+                assert set(held) <= busy
+                assert (slot0 >= 0) == (held == list(range(held[0], held[0] + n)))
+                gathered += slot0 < 0
+                assert slot0 >= 0 or n <= gather
+                busy -= set(held)
+                seen += n
+        assert not busy and seen == program.requests == len(xfers)
+    assert gathered
+
+
+def test_tables_refuse_programs_that_wait_wrongly():
+    """A program waiting for a request it has not posted, waiting twice, or never waiting
+    is a ValueError naming the plan and step, before anything runs."""
+    from collectives.algorithms.lowered import LOCAL, POST, WAIT, Program, stepwise
+    from collectives.algorithms.schedule import build_plan
+    from collectives.executors.compiled import _tables
+    plan = build_plan("all_reduce", "ring", 0, 2, 8)
+    good = stepwise(plan)
+    posts = [i for i in good.code if i[0] is POST]
+    local = [i for i in good.code if i[0] is LOCAL]
+    cases = {
+        "has not posted": (posts[0], (WAIT, 0, (0, 5))),
+        "twice": (posts[0], (WAIT, 0, (0, 1)), (WAIT, 0, (1,))),
+        "never waits": (posts[0], (WAIT, 0, (1,)), *local),
+    }
+    for words, code in cases.items():
+        with pytest.raises(ValueError, match=f"all_reduce \\(ring\\) on rank 0.*{words}"):
+            _tables(Program(plan, code, 2))
 
 # ---------------------------------------------------------------------------------------------
 # The worker (run by mpiexec, not by pytest).
@@ -252,6 +344,8 @@ def _worker():
     good = report("compiled == host", failures[:20])
     if rank == 0:
         print(f"cases {cases}\nin-C {in_c}", flush=True)
+    good &= report("overlapped == host", _overlapped_cases(world, group, rank, size, root_of=roots))
+    group.execute = fast
 
     if size == 1:
         good &= report("half kernels", _half_kernels(compiled))
@@ -261,6 +355,8 @@ def _worker():
                                                       CollectiveTimeout))
         good &= report("size mismatch", _mismatch_case(world, fast, rank, comm, CollectiveError,
                                                        CollectiveTimeout, build_plan))
+        good &= report("overlapped timeout", _overlapped_timeout_case(world, rank, comm))
+        good &= report("overlapped size mismatch", _overlapped_mismatch_case(world, rank, comm))
     comm.Barrier()
     if rank == 0:
         print("done", flush=True)
@@ -310,6 +406,145 @@ def _mismatch_case(world, execute, rank, comm, CollectiveError, CollectiveTimeou
             peer = 1 - rank
             if f"rank {peer}" not in str(exc):
                 problems.append(f"rank {rank}: error does not name rank {peer}: {exc}")
+    comm.Barrier()
+    return problems
+
+
+# The overlapped program in C: the same bits, the same failures
+
+SEGMENT = 3          # elements per segment: every message of the cases above is cut
+
+
+def _segmented(plan):
+    from collectives.algorithms.transforms import segmented
+    return plan.derived("_segmented", SEGMENT, lambda: segmented(plan, SEGMENT))
+
+
+def _overlapped_executor(world):
+    from collectives.algorithms import lowered
+    from collectives.executors import compiled
+    run = compiled.make_executor(world.comm, lowering=lowered.overlapped)
+
+    def execute(plan, transport, buffers, reduce=None, **kw):
+        return run(_segmented(plan), transport, buffers, reduce, **kw)
+    return execute
+
+
+def _overlapped_cases(world, group, rank, size, root_of):
+    """Every collective x algorithm, segmented and run as the overlapped program by the C
+    loop, against the host executor's step walk of the plain plan: the same bits."""
+    from collectives.algorithms import capabilities
+    from collectives.executors import host
+    from collectives.kernels.reduce import BFLOAT16
+    from collectives.ops import ReduceOp
+    overlapped = _overlapped_executor(world)
+    problems, seed = [], 10**6
+    for collective, algorithms in capabilities().items():
+        if collective == "barrier":
+            continue
+        for algorithm in algorithms:
+            for dtype, op in ((np.float32, ReduceOp.SUM), (np.int64, ReduceOp.MAX),
+                              (np.float16, ReduceOp.SUM), (BFLOAT16, ReduceOp.PRODUCT)):
+                dtype = np.dtype(dtype)
+                for root in root_of[collective]:
+                    seed += 1
+                    results = []
+                    for execute in (overlapped, host.execute):
+                        group.execute = execute
+                        rng = np.random.default_rng(seed * 10 + rank)
+                        inp, out = _call(collective, rank, size, rng, dtype, 7, root)
+                        with np.errstate(all="ignore"):
+                            group.prepare(collective, input=inp, output=out,
+                                          counts=_counts_arg(collective, 7, size), root=root,
+                                          op=op, algorithm=algorithm, timeout=30)()
+                        results.append(out)
+                    free = dtype.kind == "f" and dtype.itemsize >= 4 and op == ReduceOp.SUM
+                    bad = _differ(results[0], results[1], op, free)
+                    if bad:
+                        problems.append(f"rank {rank}: {collective}/{algorithm} {dtype.name} "
+                                        f"{op.name} root={root}: overlapped C != host at {bad}")
+    return problems[:20]
+
+
+def _drain(comm, source, tag, quiet=0.2):
+    """Receive whatever ``source`` left unmatched on ``tag`` (sends a failed call gave up;
+    left unmatched, MPICH's finalize can kill the job)."""
+    import time
+    from mpi4py import MPI
+    status, last = MPI.Status(), time.monotonic()
+    while time.monotonic() - last < quiet:
+        if comm.Iprobe(source=source, tag=tag, status=status):
+            comm.Recv(np.empty(status.Get_count(MPI.BYTE), np.uint8), source=source, tag=tag)
+            last = time.monotonic()
+
+
+def _overlapped_timeout_case(world, rank, comm):
+    """Rank 0 runs a segmented all_reduce alone as the overlapped program: receives of several
+    segments are in flight when the deadline passes. The C loop must raise CollectiveTimeout
+    naming rank and step, and cancel every one of them: a message its ring predecessor sends
+    afterwards on the same tag must land in rank 0's next receive, not in a forgotten one."""
+    import time
+    from collectives.algorithms.schedule import build_plan
+    from collectives.errors import CollectiveTimeout
+    problems, tag = [], (1 << 20) + 5
+    if rank == 0:
+        plan = build_plan("all_reduce", "ring", 0, comm.Get_size(), 64)
+        buf = np.ones(64, np.float32)
+        start = time.monotonic()
+        try:
+            _overlapped_executor(world)(plan, world, {"output": buf}, None, tag=tag,
+                                        timeout=0.3, operation="all_reduce", dtype=buf.dtype)
+            problems.append("rank 0: no CollectiveTimeout")
+        except CollectiveTimeout as exc:
+            took = time.monotonic() - start
+            if not (0.25 <= took < 5) or "step 1 " not in str(exc) or "rank 0" not in str(exc) \
+                    or "all_reduce (ring)" not in str(exc):
+                problems.append(f"rank 0: timeout after {took:.2f} s: {exc}")
+    comm.Barrier()
+    size = comm.Get_size()
+    if rank == 1:                   # the ring's successor: the sends rank 0 gave up
+        _drain(comm, 0, tag)
+    if rank == size - 1:            # the predecessor: what rank 0's receives were waiting for
+        comm.Send(np.full(4, 7.0, np.float32), dest=0, tag=tag)
+    elif rank == 0:
+        got = np.zeros(4, np.float32)
+        request, waited = comm.Irecv(got, source=size - 1, tag=tag), time.monotonic()
+        while not request.Test() and time.monotonic() - waited < 10:
+            time.sleep(0.001)
+        if not np.array_equal(got, np.full(4, 7.0, np.float32)):
+            request.Cancel()
+            problems.append(f"rank 0: a receive of the timed-out call was left posted "
+                            f"(the next message went elsewhere; got {got})")
+    comm.Barrier()
+    return problems
+
+
+def _overlapped_mismatch_case(world, rank, comm):
+    """Ranks 0 and 1 run a segmented all_gather with different counts as the overlapped
+    program: a CollectiveError naming the peer (short or truncated message), never a hang.
+    The counts are cut alike into different pieces (8: 4 + 4, 6: 3 + 3), so the first
+    messages already disagree."""
+    from collectives.algorithms.schedule import build_plan
+    from collectives.errors import CollectiveError, CollectiveTimeout
+    problems, tag = [], (1 << 20) + 7
+    if rank < 2:
+        n = 8 if rank == 0 else 6
+        plan = build_plan("all_gather", "ring", rank, 2, (n, n))
+        inp, out = np.arange(n, dtype=np.int32), np.zeros(2 * n, np.int32)
+        try:
+            _overlapped_executor(world)(plan, world, {"input": inp, "output": out}, None,
+                                        tag=tag, timeout=10, operation="all_gather",
+                                        dtype=inp.dtype)
+            problems.append(f"rank {rank}: mismatched counts went unnoticed")
+        except CollectiveTimeout as exc:
+            problems.append(f"rank {rank}: timed out instead of a size error: {exc}")
+        except CollectiveError as exc:
+            if f"rank {1 - rank}" not in str(exc) or "all_gather (ring)" not in str(exc):
+                problems.append(f"rank {rank}: error does not name rank {1 - rank}: {exc}")
+        comm.Barrier()
+        _drain(comm, 1 - rank, tag)
+    else:
+        comm.Barrier()
     comm.Barrier()
     return problems
 

@@ -1,15 +1,21 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""The compiled executor for the MPI transport: walks a whole plan in C.
+"""The compiled executor for the MPI transport: interprets a lowered program in C.
 
 One call per collective instead of one Python round trip per step: MPI_Irecv/MPI_Isend
-straight from the plan's arrays, MPI_Waitall (or a Testall loop with a deadline), then the
-step's copies and reductions as C loops, all without the GIL. Its twin is
-``collectives.executors.host.execute``; the tests hold the two to the same bits.
+straight from the program's arrays, a Testall loop with a deadline, then copies and reductions
+as C loops, all without the GIL. The program is ``algorithms.lowered``'s (the step walk, or
+any other lowering: the overlapped one runs here too), so what runs is what the host executor,
+its twin (``collectives.executors.host.execute``), the simulator and the cost model walk; the
+tests hold the two executors to the same bits.
 
-The plan arrives flattened by ``compiled.py`` into a ``FlatPlan`` (C arrays, built once per
-plan; buffers: 0 input, 1 output, 2 scratch):
-    steps  (n_steps, 3)   number of receives, sends, local ops of each step
-    xfers  (n_xfers, 4)   peer, buffer, offset, count   (receives of a step first, then sends)
+The program arrives flattened by ``compiled.py`` into a ``FlatProgram`` (C arrays, built once
+per program; buffers: 0 input, 1 output, 2 scratch). Requests live in *slots*: a slot is free
+again once its request was waited for, so a call needs as many as the program has requests in
+flight at once (the step walk: its widest step), on the stack for common plans.
+    code   (n_code, 5)    kind (0 post, 1 wait, 2 local), plan step, first row, rows, and for
+                          a wait the first of its slots when they are consecutive (else -1)
+    xfers  (n_xfers, 6)   is receive, peer, buffer, offset, count, slot   (posting order)
+    waits  (n_waits, 4)   slot, is receive, peer, count
     ops    (n_ops, 8)     kind (0 copy, 1 reduce), dst buffer, dst offset, a buffer, a offset,
                           b buffer, b offset, count
 Offsets and counts are in elements; ``itemsize`` turns them into bytes. A call costs ~1 µs of
@@ -21,10 +27,9 @@ from libc.string cimport memmove
 from posix.time cimport clock_gettime, CLOCK_MONOTONIC, timespec, nanosleep
 
 from mpi4py.libmpi cimport (MPI_Comm, MPI_Request, MPI_Status, MPI_Isend, MPI_Irecv,
-                            MPI_Waitall, MPI_Testall, MPI_Cancel, MPI_Wait, MPI_Get_count,
+                            MPI_Testall, MPI_Cancel, MPI_Wait, MPI_Get_count,
                             MPI_Request_free, MPI_REQUEST_NULL,
-                            MPI_BYTE, MPI_SUCCESS, MPI_STATUS_IGNORE, MPI_STATUSES_IGNORE,
-                            MPI_Error_class)
+                            MPI_BYTE, MPI_SUCCESS, MPI_STATUS_IGNORE, MPI_Error_class)
 from mpi4py.MPI cimport Comm
 
 cdef extern from *:
@@ -454,34 +459,39 @@ cdef int _wait(int n, MPI_Request* reqs, MPI_Status* statuses, double deadline) 
             sleep = sleep * 2 if sleep < MAX_SLEEP else MAX_SLEEP
 
 
-cdef class FlatPlan:
-    """One plan as C arrays, built once (``compiled.py`` caches it on the plan).
+DEF POST = 0
+DEF WAIT = 1
+DEF LOCAL = 2
 
-    ``steps`` rows: (receives, sends, local ops); ``xfers`` rows: (peer, buffer, offset, count),
-    a step's receives first; ``ops`` rows: (kind, dst buffer, dst offset, a buffer, a offset,
-    b buffer, b offset, count). Buffers: 0 input, 1 output, 2 scratch."""
-    cdef int64_t* steps
+
+cdef class FlatProgram:
+    """One lowered program as C arrays, built once (``compiled.py`` caches it); the table
+    layouts are in the module's docstring."""
+    cdef int64_t* code
     cdef int64_t* xfers
+    cdef int64_t* waits
     cdef int64_t* ops
-    cdef readonly Py_ssize_t n_steps
-    cdef readonly int widest            # most requests any step posts
+    cdef readonly Py_ssize_t n_code
+    cdef readonly int slots             # most requests in flight at once
+    cdef readonly int gather            # most requests of a wait whose slots are not consecutive
     cdef readonly Py_ssize_t largest    # elements in the largest message
 
-    def __cinit__(self, steps, xfers, ops):
-        self.n_steps = len(steps)
-        self.steps = _table(steps, 3)
-        self.xfers = _table(xfers, 4)
+    def __cinit__(self, code, xfers, waits, ops, int slots, int gather):
+        self.n_code = len(code)
+        self.code = _table(code, 5)
+        self.xfers = _table(xfers, 6)
+        self.waits = _table(waits, 4)
         self.ops = _table(ops, 8)
-        self.widest = 1
+        self.slots = max(1, slots)
+        self.gather = gather
         self.largest = 0
-        for row in steps:
-            self.widest = max(self.widest, row[0] + row[1])
         for row in xfers:
-            self.largest = max(self.largest, row[3])
+            self.largest = max(self.largest, row[4])
 
     def __dealloc__(self):
-        free(self.steps)
+        free(self.code)
         free(self.xfers)
+        free(self.waits)
         free(self.ops)
 
 
@@ -493,7 +503,7 @@ cdef int64_t* _table(rows, int width) except NULL:
     for r, row in enumerate(rows):
         if len(row) != width:
             free(out)
-            raise ValueError(f"plan table row {row!r} does not have {width} fields")
+            raise ValueError(f"program table row {row!r} does not have {width} fields")
         for c in range(width):
             out[r * width + c] = row[c]
     return out
@@ -522,98 +532,133 @@ cdef char* _data(object array) except? NULL:
 
 from numpy import ndarray as _ndarray
 
-DEF STACK_REQUESTS = 16
+# Requests (and their statuses) of one call on the stack up to this many slots
+DEF STACK_REQUESTS = 32
 
 
-def execute(FlatPlan plan, Comm comm, input, output, scratch, int itemsize, int dtype, int op,
-            int tag, double timeout):
-    """Run the flattened plan on the arrays (None where a plan does not use one). Returns None,
-    or (step, kind, peer, detail) describing the failure, which compiled.py turns into the
-    right exception."""
+cdef void _abandon(int slots, MPI_Request* reqs, const char* receiving) noexcept nogil:
+    """Give up every request still pending after a failure: a receive is cancelled and
+    completed (a late message must not land in memory the caller frees), a send is left to
+    MPI (it may be matched later; MPI owns it now)."""
+    cdef int k
+    for k in range(slots):
+        if reqs[k] != MPI_REQUEST_NULL:
+            if receiving[k]:
+                MPI_Cancel(&reqs[k])
+                MPI_Wait(&reqs[k], MPI_STATUS_IGNORE)
+            else:
+                MPI_Request_free(&reqs[k])
+
+
+def execute(FlatProgram program, Comm comm, input, output, scratch, int itemsize, int dtype,
+            int op, int tag, double timeout):
+    """Run the flattened program on the arrays (None where a plan does not use one). Returns
+    None, or (step, kind, peer, detail) describing the failure, which compiled.py turns into
+    the right exception."""
     cdef char* bases[3]
     bases[0] = _data(input)
     bases[1] = _data(output)
     bases[2] = _data(scratch)
     cdef MPI_Comm handle = comm.ob_mpi
-    cdef const int64_t* steps = plan.steps
-    cdef const int64_t* xfers = plan.xfers
-    cdef const int64_t* ops = plan.ops
+    cdef const int64_t* code = program.code
+    cdef const int64_t* xfers = program.xfers
+    cdef const int64_t* waits = program.waits
+    cdef const int64_t* ops = program.ops
+    cdef const int64_t* row
     cdef const int64_t* t
+    cdef const int64_t* w
     cdef const int64_t* c
-    cdef Py_ssize_t n_steps = plan.n_steps, s, k, x = 0, o = 0
-    cdef int n_recv, n_send, n_local, n_req, err = 0, count = 0, failed_at = -1, kind = 0
+    cdef Py_ssize_t n_code = program.n_code, pc, k
+    cdef int slots = program.slots, width = program.slots + program.gather
+    cdef int n, first, slot, err = 0, count = 0, failed_at = -1, kind = 0
     cdef int peer = -1, detail = 0, cls = 0
     cdef MPI_Request stack_reqs[STACK_REQUESTS]
     cdef MPI_Status stack_statuses[STACK_REQUESTS]
+    cdef char stack_receiving[STACK_REQUESTS]
     cdef MPI_Request* reqs = stack_reqs
     cdef MPI_Status* statuses = stack_statuses
-    if plan.widest > STACK_REQUESTS:
-        reqs = <MPI_Request*>malloc(plan.widest * sizeof(MPI_Request))
-        statuses = <MPI_Status*>malloc(plan.widest * sizeof(MPI_Status))
-        if reqs == NULL or statuses == NULL:
-            free(reqs); free(statuses)
+    cdef char* receiving = stack_receiving
+    cdef MPI_Request* waited
+    cdef MPI_Status* status
+    if width > STACK_REQUESTS:
+        reqs = <MPI_Request*>malloc(width * sizeof(MPI_Request))
+        statuses = <MPI_Status*>malloc(width * sizeof(MPI_Status))
+        receiving = <char*>malloc(width)
+        if reqs == NULL or statuses == NULL or receiving == NULL:
+            free(reqs); free(statuses); free(receiving)
             raise MemoryError()
     cdef double deadline = -1.0
     with nogil:
+        for k in range(slots):
+            reqs[k] = MPI_REQUEST_NULL
         if timeout >= 0:
             deadline = _now() + timeout
-        for s in range(n_steps):
-            n_recv = <int>steps[3 * s]
-            n_send = <int>steps[3 * s + 1]
-            n_local = <int>steps[3 * s + 2]
-            n_req = n_recv + n_send
-            for k in range(n_req):
-                t = xfers + 4 * (x + k)
-                if k < n_recv:
-                    err = MPI_Irecv(bases[t[1]] + t[2] * itemsize, <int>(t[3] * itemsize),
-                                    MPI_BYTE, <int>t[0], tag, handle, &reqs[k])
-                else:
-                    err = MPI_Isend(bases[t[1]] + t[2] * itemsize, <int>(t[3] * itemsize),
-                                    MPI_BYTE, <int>t[0], tag, handle, &reqs[k])
-                if err != MPI_SUCCESS:
-                    failed_at = <int>s; kind = 2; peer = <int>t[0]; detail = err
-                    n_req = k          # only the posted ones are waited for below
-                    break
-            if failed_at < 0 and n_req:
-                err = _wait(n_req, reqs, statuses, deadline)
+        for pc in range(n_code):
+            row = code + 5 * pc
+            first = <int>row[2]
+            n = <int>row[3]
+            if row[0] == POST:
+                for k in range(n):
+                    t = xfers + 6 * (first + k)
+                    slot = <int>t[5]
+                    receiving[slot] = <char>t[0]
+                    if t[0]:
+                        err = MPI_Irecv(bases[t[2]] + t[3] * itemsize, <int>(t[4] * itemsize),
+                                        MPI_BYTE, <int>t[1], tag, handle, &reqs[slot])
+                    else:
+                        err = MPI_Isend(bases[t[2]] + t[3] * itemsize, <int>(t[4] * itemsize),
+                                        MPI_BYTE, <int>t[1], tag, handle, &reqs[slot])
+                    if err != MPI_SUCCESS:
+                        reqs[slot] = MPI_REQUEST_NULL
+                        failed_at = <int>row[1]; kind = 2; peer = <int>t[1]; detail = err
+                        break
+            elif row[0] == WAIT:
+                w = waits + 4 * first
+                if row[4] >= 0:             # consecutive slots: wait on them in place
+                    waited = reqs + row[4]
+                    status = statuses + row[4]
+                else:                       # else gathered past the slots, and put back
+                    waited = reqs + slots
+                    status = statuses + slots
+                    for k in range(n):
+                        waited[k] = reqs[w[4 * k]]
+                err = _wait(n, waited, status, deadline)
+                if row[4] < 0 and err != 1:
+                    for k in range(n):
+                        reqs[w[4 * k]] = waited[k]
                 if err == 1:
-                    failed_at = <int>s; kind = 1
-                    for k in range(n_recv):   # a late message must not land in freed memory
-                        MPI_Cancel(&reqs[k])
-                        MPI_Wait(&reqs[k], MPI_STATUS_IGNORE)
-                    for k in range(n_recv, n_req):    # unmatched sends: MPI owns them now
-                        if reqs[k] != MPI_REQUEST_NULL:
-                            MPI_Request_free(&reqs[k])
+                    failed_at = <int>row[1]; kind = 1
                 elif err != MPI_SUCCESS:
-                    failed_at = <int>s; kind = 2; detail = err
-                    for k in range(n_req):
-                        if statuses[k].MPI_ERROR != MPI_SUCCESS:
-                            peer = <int>xfers[4 * (x + k)]; detail = statuses[k].MPI_ERROR
+                    failed_at = <int>row[1]; kind = 2; detail = err
+                    for k in range(n):
+                        if status[k].MPI_ERROR != MPI_SUCCESS:
+                            peer = <int>w[4 * k + 2]; detail = status[k].MPI_ERROR
                             break
                 else:
-                    for k in range(n_recv):   # a shorter message is a mismatch, not garbage
-                        MPI_Get_count(&statuses[k], MPI_BYTE, &count)
-                        if count != xfers[4 * (x + k) + 3] * itemsize:
-                            failed_at = <int>s; kind = 3; peer = <int>xfers[4 * (x + k)]
-                            detail = count
-                            break
-            elif failed_at >= 0 and n_req:
-                MPI_Waitall(n_req, reqs, MPI_STATUSES_IGNORE)
+                    for k in range(n):      # a shorter message is a mismatch, not garbage
+                        if w[4 * k + 1]:
+                            MPI_Get_count(&status[k], MPI_BYTE, &count)
+                            if count != w[4 * k + 3] * itemsize:
+                                failed_at = <int>row[1]; kind = 3; peer = <int>w[4 * k + 2]
+                                detail = count
+                                break
+            else:
+                for k in range(n):
+                    c = ops + 8 * (first + k)
+                    if c[0] == 0:
+                        memmove(bases[c[1]] + c[2] * itemsize, bases[c[3]] + c[4] * itemsize,
+                                c[7] * itemsize)
+                    else:
+                        _reduce(dtype, op, bases[c[1]] + c[2] * itemsize,
+                                bases[c[3]] + c[4] * itemsize, bases[c[5]] + c[6] * itemsize,
+                                c[7])
             if failed_at >= 0:
+                _abandon(slots, reqs, receiving)
                 break
-            x += n_recv + n_send
-            for k in range(n_local):
-                c = ops + 8 * (o + k)
-                if c[0] == 0:
-                    memmove(bases[c[1]] + c[2] * itemsize, bases[c[3]] + c[4] * itemsize,
-                            c[7] * itemsize)
-                else:
-                    _reduce(dtype, op, bases[c[1]] + c[2] * itemsize,
-                            bases[c[3]] + c[4] * itemsize, bases[c[5]] + c[6] * itemsize, c[7])
-            o += n_local
     if reqs != stack_reqs:
         free(reqs)
         free(statuses)
+        free(receiving)
     if failed_at < 0:
         return None
     if kind == 2:

@@ -1,5 +1,6 @@
-"""Glue for the compiled MPI executor (``_mpi_exec.pyx``): flattens a plan into integer
-arrays once (cached on the plan), maps dtypes and ops to the codes the C loops know, and
+"""Glue for the compiled MPI executor (``_mpi_exec.pyx``): flattens a plan's lowered program
+(``algorithms.lowered``: the step walk, or any other lowering) into integer arrays once
+(cached on the plan), maps dtypes and ops to the codes the C loops know, and
 falls back to the host executor for what the C side does not do (complex, longdouble,
 messages of 2 GiB or more) or where the extension is not built. float16 and bfloat16 reduce in
 C (float32 arithmetic, one rounding, F16C where the CPU has it) with the numpy twin's bits.
@@ -14,6 +15,7 @@ and page-faulted on every call: ~9 ms for 32 MiB on the 2-core VM (Rabenseifner 
 from __future__ import annotations
 
 import ctypes
+import heapq
 import os
 import threading
 import warnings
@@ -21,6 +23,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from ..algorithms import lowered
+from ..algorithms.lowered import POST, WAIT
 from ..algorithms.schedule import Copy
 from ..errors import CollectiveError, CollectiveTimeout, TransportError
 from ..kernels.reduce import BFLOAT16
@@ -78,26 +82,87 @@ def available() -> bool:
     return _module is not None
 
 
-def _flatten(plan):
-    """The plan as a ``FlatPlan`` (C arrays), built once and cached on the plan object."""
-    flat = getattr(plan, "_flat", None)
-    if flat is None:
-        steps, xfers, ops = [], [], []
-        for step in plan.steps:
-            steps.append((len(step.recvs), len(step.sends), len(step.local)))
-            for t in step.recvs + step.sends:
-                xfers.append((t.peer, _BUFFER_IDS[t.region.buffer], t.region.offset, t.region.count))
-            for op in step.local:
+def _flatten(program):
+    """A lowered program as a ``FlatProgram`` (C arrays), built once per program and kept on
+    its plan (keyed by the program's identity: a program is itself cached on its plan)."""
+    plan = program.plan
+    cache = plan.__dict__.get("_flat")
+    if cache is None:
+        cache = {}
+        object.__setattr__(plan, "_flat", cache)
+    held = cache.get(id(program))
+    if held is None or held[0] is not program:
+        held = cache[id(program)] = (program, _module.FlatProgram(*_tables(program)))
+    return held[1]
+
+
+def _region(region):
+    return _BUFFER_IDS[region.buffer], region.offset
+
+
+def _tables(program):
+    """(code, xfers, waits, ops, slots, gather): the rows ``_mpi_exec`` interprets. Requests
+    get the lowest free slot when posted and give it back when waited for, so the step walk
+    uses slots 0..k-1 for a step of k transfers and waits on them in place; a wait whose slots
+    are not consecutive is gathered (``gather``: the most such a wait holds). A program that
+    waits for a request it never posted, twice, or never is a ValueError."""
+    plan = program.plan
+    code, xfers, waits, ops = [], [], [], []
+    free, requests, waited = [], [], set()     # free slots (a heap); number -> wait row
+    slots = gather = 0
+
+    def bad(step, what):
+        return ValueError(f"compiled executor: {plan.collective} ({plan.algorithm}) on rank "
+                          f"{plan.rank}: the program {what} (step {step + 1} of "
+                          f"{len(plan.steps)})")
+
+    for kind, step, what in program.code:
+        if kind is POST:
+            first = len(xfers)
+            for is_recv, transfers in ((1, what[0]), (0, what[1])):
+                for t in transfers:
+                    if free:
+                        slot = heapq.heappop(free)
+                    else:
+                        slot, slots = slots, slots + 1
+                    requests.append((slot, is_recv, t.peer, t.region.count))
+                    xfers.append((is_recv, t.peer, *_region(t.region), t.region.count, slot))
+            if len(xfers) > first:
+                code.append((0, step, first, len(xfers) - first, -1))
+        elif kind is WAIT:
+            numbers = range(what.start, what.stop, what.step or 1) if isinstance(what, slice) \
+                else what
+            first = len(waits)
+            for number in numbers:
+                if not 0 <= number < len(requests):
+                    raise bad(step, f"waits for request {number}, which it has not posted")
+                if number in waited:
+                    raise bad(step, f"waits for request {number} twice")
+                waited.add(number)
+                waits.append(requests[number])
+            held = [row[0] for row in waits[first:]]
+            if not held:
+                continue
+            consecutive = held == list(range(held[0], held[0] + len(held)))
+            if not consecutive:
+                gather = max(gather, len(held))
+            code.append((1, step, first, len(held), held[0] if consecutive else -1))
+            for slot in held:
+                heapq.heappush(free, slot)
+        else:
+            first = len(ops)
+            for op in what:
                 if isinstance(op, Copy):
-                    ops.append((0, _BUFFER_IDS[op.dst.buffer], op.dst.offset,
-                                _BUFFER_IDS[op.src.buffer], op.src.offset, 0, 0, op.dst.count))
+                    ops.append((0, *_region(op.dst), *_region(op.src), 0, 0, op.dst.count))
                 else:
-                    ops.append((1, _BUFFER_IDS[op.dst.buffer], op.dst.offset,
-                                _BUFFER_IDS[op.a.buffer], op.a.offset,
-                                _BUFFER_IDS[op.b.buffer], op.b.offset, op.dst.count))
-        flat = _module.FlatPlan(steps, xfers, ops)
-        object.__setattr__(plan, "_flat", flat)
-    return flat
+                    ops.append((1, *_region(op.dst), *_region(op.a), *_region(op.b),
+                                op.dst.count))
+            if len(ops) > first:
+                code.append((2, step, first, len(ops) - first, -1))
+    if len(waited) != len(requests):
+        never = min(set(range(len(requests))) - waited)
+        raise bad(len(plan.steps) - 1, f"never waits for request {never}")
+    return code, xfers, waits, ops, slots, gather
 
 
 # Scratch up to this size is kept between calls (one spare per plan and dtype, no accounting):
@@ -176,8 +241,8 @@ class _Compiled:
     """What one (plan, dtype) needs on every call, worked out on the first."""
     __slots__ = ("flat", "code", "itemsize", "ops", "scratch", "spare", "host")
 
-    def __init__(self, plan, dtype):
-        self.flat = _flatten(plan)
+    def __init__(self, plan, dtype, lowering):
+        self.flat = _flatten(lowering(plan))
         self.code = _DTYPES.get(dtype)
         self.itemsize = dtype.itemsize
         # op codes as the C loops know them; AVG is SUM there (the group divides afterwards)
@@ -190,19 +255,21 @@ class _Compiled:
         self.spare = [] if plan.scratch * dtype.itemsize <= KEEP_SCRATCH_BYTES else None
 
 
-def _compiled(plan, dtype):
-    table = getattr(plan, "_compiled", None)
+def _compiled(plan, dtype, lowering, cache):
+    table = getattr(plan, cache, None)
     if table is None:
         table = {}
-        object.__setattr__(plan, "_compiled", table)
+        object.__setattr__(plan, cache, table)
     entry = table.get(dtype)
     if entry is None:
-        entry = table[dtype] = _Compiled(plan, np.dtype(dtype))
+        entry = table[dtype] = _Compiled(plan, np.dtype(dtype), lowering)
     return entry
 
 
-def make_executor(comm):
-    """An ``execute`` with host.execute's signature, bound to ``comm``; None if unavailable.
+def make_executor(comm, lowering=lowered.stepwise):
+    """An ``execute`` with host.execute's signature, bound to ``comm``, that runs
+    ``lowering(plan)`` (the step walk by default; any lowering of ``algorithms.lowered``);
+    None if unavailable.
 
     Per call it costs a dict lookup on the plan, a spare scratch array taken and given back
     (thread-safe: list pop/append, or the pool's lock for large scratch; a concurrent user of
@@ -210,12 +277,15 @@ def make_executor(comm):
     if not available():
         return None
     run = _module.execute
+    # one table of entries per lowering on each plan, so that a call looks up only its dtype
+    cache = "_compiled" if lowering is lowered.stepwise else \
+        f"_compiled_{lowering.__module__}.{lowering.__qualname__}"
 
     def execute(plan, transport, buffers, reduce=None, *, tag=0, timeout=None,
                 operation=None, dtype=None, op=ReduceOp.SUM):
         if dtype is None:
             dtype = next(a.dtype for a in buffers.values() if a is not None)
-        entry = _compiled(plan, dtype)
+        entry = _compiled(plan, dtype, lowering, cache)
         if entry.host:
             return host.execute(plan, transport, buffers, reduce, tag=tag, timeout=timeout,
                                 operation=operation, dtype=dtype)
