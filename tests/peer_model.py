@@ -73,7 +73,7 @@ class Group:
 
     def _worker(self, rank, w, calls, reduce, piece, barriers, deadline):
         for plan, input, output in calls:
-            program = pushed.lower(plan, 0 if output is None else output.size)
+            program = pushed.lower(plan)
             yield from self._call(rank, w, program, input, output, reduce, piece, barriers,
                                   deadline)
             # the kernel's end: bookkeeping once every worker is done, before the next call

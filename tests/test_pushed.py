@@ -100,10 +100,10 @@ def test_a_dead_rank_ends_the_call_naming_it():
 
 def test_staging_is_only_where_messages_land():
     plan = build_plan("reduce_scatter", "direct", 0, 4, (3, 3, 3, 3))
-    program = pushed.lower(plan, 3)
+    program = pushed.lower(plan)
     assert not program.output_staged                 # receives land in scratch only
     plan = build_plan("all_gather", "ring", 0, 4, (3, 3, 3, 3))
-    program = pushed.lower(plan, 12)
+    program = pushed.lower(plan)
     assert program.output_staged and program.staged_output == 12
     copies_out = [row for row in program.code if row[0] == pushed.COPY and row[1] == -1]
     assert copies_out, "the staged output is copied out to the caller's"
@@ -114,7 +114,7 @@ def test_a_plan_built_by_hand_is_refused_before_anything_moves():
                 (Step(sends=(Send(1, Region("output", 0, 4)),),
                       recvs=(Recv(1, Region("scratch", 0, 4)),)),), 4)
     with pytest.raises(ValueError, match="rank 0: the plan was built by hand"):
-        pushed.lower(plan, 4)
+        pushed.lower(plan)
 
 
 def test_share_covers_every_element_once():

@@ -44,7 +44,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import hazards
-from .schedule import Copy, Plan, build_plan
+from .schedule import Copy, Plan, buffer_sizes, build_plan
 
 # Instruction kinds (column 0); column 1 is the plan step (-1: before the first, or after the
 # last) for error messages; the rest by kind:
@@ -72,7 +72,9 @@ class Program(NamedTuple):
     sends: tuple              # messages this rank sends to each peer in one call
     recvs: tuple              # messages it receives from each peer in one call
     largest: int              # elements of the largest message of any rank (for ``blocks``)
-    peers_staging: int        # elements of output + scratch the largest rank stages
+    scratch_at: int           # where scratch starts in every rank's staging memory, in
+                              # elements (after the largest staged output of any rank)
+    staging: int              # elements of staging memory every rank needs for this call
 
 
 def plans_of(plan: Plan) -> list:
@@ -86,11 +88,16 @@ def plans_of(plan: Plan) -> list:
             for r in range(plan.size)]
 
 
-def lower(plan: Plan, output_count: int) -> Program:
-    """The push program of ``plan`` (cached on it). ``output_count``: elements of the caller's
-    output (what is copied out when output is staged)."""
-    return plan.derived("_pushed", output_count, lambda: _lower(plan, plans_of(plan),
-                                                                output_count))
+def lower(plan: Plan) -> Program:
+    """The push program of ``plan`` (cached on it)."""
+    return plan.derived("_pushed", None, lambda: _lower(plan, plans_of(plan)))
+
+
+def _output_count(plan):
+    """Elements of the caller's output on ``plan``'s rank (what a staged output copies out)."""
+    if plan.collective == "barrier":
+        return 0
+    return buffer_sizes(plan.collective, plan.rank, plan.size, *plan.args)[1]
 
 
 def staged(plan: Plan) -> bool:
@@ -98,7 +105,7 @@ def staged(plan: Plan) -> bool:
     return any(r.region.buffer == "output" for step in plan.steps for r in step.recvs)
 
 
-def _lower(plan, plans, output_count):
+def _lower(plan, plans):
     rank, size = plan.rank, plan.size
     for other in plans:
         for step in other.steps:
@@ -175,17 +182,18 @@ def _lower(plan, plans, output_count):
     table.flags.writeable = False
     largest = max((t.region.count for other in plans for step in other.steps
                    for t in step.sends), default=0)
-    staging = max(_staged_output(other, output_count) + other.scratch for other in plans)
-    return Program(table, out_staged, _staged_output(plan, output_count), plan.scratch,
-                   tuple(sent), tuple(received), largest, staging)
+    outputs = [_staged_output(other) for other in plans]
+    scratch_at = max(outputs)
+    return Program(table, out_staged, outputs[rank], plan.scratch, tuple(sent), tuple(received),
+                   largest, scratch_at, scratch_at + max(other.scratch for other in plans))
 
 
-def _staged_output(plan, output_count):
+def _staged_output(plan):
     if not staged(plan):
         return 0
     end = max((region.end for step in plan.steps for region in _regions(step)
                if region.buffer == "output"), default=0)
-    return max(end, output_count)
+    return max(end, _output_count(plan))
 
 
 def _regions(step):

@@ -1,6 +1,9 @@
 """Executors walk a plan on a transport, one module each; the group picks one by what its
 transport offers (``Transport.offers``), once, when the group is made:
 
+    "peer_memory" GPUs of one host that map each other's memory       -> peer (one kernel per
+                                                                        plan), where every rank
+                                                                        of the group can
     "stream"     work ordered on CUDA streams, device buffers (NCCL)  -> nccl.execute
     "mpi_comm"   an mpi4py communicator as ``transport.comm``         -> compiled (Cython), where
                                                                         built for this MPI
@@ -17,6 +20,11 @@ from __future__ import annotations
 def select(transport):
     """The ``execute`` function that runs plans on ``transport``."""
     offers = transport.offers
+    if "peer_memory" in offers:
+        from . import peer
+        fast = peer.make_executor(transport)
+        if fast is not None:
+            return fast
     if "stream" in offers:
         from . import nccl
         return nccl.execute

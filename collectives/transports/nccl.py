@@ -138,7 +138,10 @@ def create(rank: int, world_size: int, store=None, timeout: float = 1800.0,
         raise TransportError(f"nccl: rank {rank} could not join the communicator of "
                              f"{world_size} ranks on GPU {device}: {exc}") from exc
     _forget_unique_id(rank, world_size, store)
-    return NcclTransport(comm, rank, world_size, device, timeout)
+    transport = NcclTransport(comm, rank, world_size, device, timeout)
+    # GPUs of one host may run plans in peer memory (executors.peer decides, collectively)
+    transport.offers = frozenset({"stream", "peer_memory"})
+    return transport
 
 
 def _tune_point_to_point() -> None:

@@ -1,0 +1,175 @@
+"""The peer-memory executor: a whole plan in one kernel launch, GPUs writing into each other's
+memory over NVLink (``algorithms/pushed.py`` for the protocol, ``kernels/cuda_peer.py`` for the
+kernel, ``transports/peer.py`` for the mapped memory).
+
+Per call on the host: a cached look-up of the plan's program (lowered once, uploaded once),
+a check of the error words (host memory, no synchronization), and one kernel launch on the
+caller's stream. Nothing waits on the host; like the NCCL executor, the result is ordered on
+the caller's stream.
+
+Where it does not apply it hands the plan to the NCCL executor: a plan built by hand (the
+other ranks' plans cannot be derived), a dtype or reduction the kernel does not have
+(complex, longdouble), or a call made while a CUDA graph is being captured that needs the
+staging area to grow (growing exchanges handles, which capture forbids).
+
+Calls on different streams are kept in issue order: when a call comes on another stream
+than the previous one, its stream first waits for the previous call's (an event). Flags and
+message numbers therefore advance in the same order on every rank, as the plans require.
+
+``blocks``: the kernel's thread blocks, from the largest message of the call (every rank
+computes the same number: the delivered words are per block), one per ``BLOCK_BYTES`` up to
+``max_blocks`` (COLLECTIVES_PEER_BLOCKS, default 32).
+
+Errors: a kernel that timed out or saw a peer abort leaves (kind, step, peer) in the error
+words; the next call on this group, and ``synchronize``, raise CollectiveTimeout or
+TransportError naming them, and every later call fails (the flags of a failed call are
+inconsistent, so the group cannot go on).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import settings
+
+from ..algorithms import pushed
+from ..errors import CollectiveTimeout, TransportError
+from ..kernels import cuda_peer
+from . import nccl
+
+BLOCK_BYTES = 64 << 10
+DEFAULT_TIMEOUT = 1800.0
+
+
+def max_blocks() -> int:
+    return min(cuda_peer.MAX_BLOCKS, settings.PEER_BLOCKS())
+
+
+class _Entry:
+    """What one (plan, dtype, op) needs on every call, worked out on the first."""
+    __slots__ = ("program", "code", "rows", "tallies", "kernel", "blocks", "staging",
+                 "scratch_at", "itemsize")
+
+    def __init__(self, plan, dtype, op, limit):
+        import cupy
+        program = pushed.lower(plan)
+        self.program = program
+        self.code = cupy.asarray(program.code)
+        self.rows = np.int32(len(program.code))
+        self.tallies = cupy.asarray(np.array(program.sends + program.recvs, np.int64))
+        self.kernel = cuda_peer.program_kernel(op, dtype)
+        self.itemsize = dtype.itemsize
+        largest = program.largest * dtype.itemsize
+        self.blocks = int(min(limit, max(1, -(-largest // BLOCK_BYTES))))
+        self.scratch_at = _align(program.scratch_at * dtype.itemsize)
+        self.staging = self.scratch_at + program.staging * dtype.itemsize \
+            - program.scratch_at * dtype.itemsize
+
+
+def _align(nbytes, to=256):
+    return -(-nbytes // to) * to
+
+
+class PeerExecutor:
+    """``execute`` (host.execute's signature) bound to one group's peer memory."""
+
+    def __init__(self, transport, memory):
+        import cupy
+        self.cupy = cupy
+        self.transport = transport
+        self.memory = memory
+        self.limit = max_blocks()
+        self.failed = None
+        self._entries = {}
+        transport.before_close(memory.close)
+
+    def __call__(self, plan, transport, buffers, reduce=None, *, tag=0, timeout=None,
+                 operation=None, dtype=None, op=None, **_):
+        if self.failed is not None:
+            raise self.failed
+        self.check(operation or plan.collective)
+        if dtype is None:
+            dtype = next(a.dtype for a in buffers.values() if a is not None)
+        key = (id(plan), dtype, op)
+        found = self._entries.get(key)
+        if found is not None and found[0] is plan:
+            entry = found[1]
+        else:
+            entry = self._entry(plan, np.dtype(dtype), op, key)
+        if entry is False:
+            return nccl.execute(plan, transport, buffers, reduce, tag=tag, timeout=timeout,
+                                operation=operation, dtype=dtype, op=op)
+        memory = self.memory
+        cupy = self.cupy
+        stream = cupy.cuda.get_current_stream()
+        if memory.capacity < entry.staging:
+            if stream.is_capturing():
+                raise TransportError(f"{operation or plan.collective} on rank {plan.rank}: "
+                                     f"the peer staging memory must grow to {entry.staging} "
+                                     f"bytes, which cannot happen during graph capture; run "
+                                     f"the call once before capturing it")
+            memory.ensure(entry.staging)
+        if memory.last_stream is not None and memory.last_stream.ptr != stream.ptr:
+            stream.wait_event(memory.last_stream.record())
+        memory.last_stream = stream
+        data = memory.data_ptr
+        input = buffers.get("input")
+        output = buffers.get("output")
+        caller_out = 0 if output is None else output.data.ptr
+        out = data if entry.program.output_staged else caller_out
+        seconds = DEFAULT_TIMEOUT if timeout is None else timeout
+        entry.kernel((entry.blocks,), (cuda_peer.THREADS,),
+                     (entry.code, entry.rows, entry.tallies,
+                      np.uint64(0 if input is None else input.data.ptr), np.uint64(out),
+                      np.uint64(data + entry.scratch_at), np.uint64(caller_out),
+                      memory.peer_data_array, memory.peer_flags_array,
+                      np.uint64(entry.scratch_at), np.uint64(memory.flags_ptr),
+                      np.uint64(memory.error_ptr), np.int32(plan.rank), np.int32(plan.size),
+                      np.int32(entry.itemsize), np.uint64(int(seconds * 1e9))))
+
+    def _entry(self, plan, dtype, op, key):
+        if not cuda_peer.supported(op, dtype) or (not plan.args and plan.collective != "barrier"):
+            entry = False
+        else:
+            entry = _Entry(plan, dtype, op, self.limit)
+        if len(self._entries) > 4096:
+            self._entries.clear()
+        self._entries[key] = (plan, entry)     # the plan kept: its id is not reused meanwhile
+        return entry
+
+    def check(self, operation="synchronize"):
+        """Raise what a kernel of this group reported (no synchronization)."""
+        reported = self.memory.error()
+        if reported is None:
+            return
+        kind, step, peer = reported
+        where = f"{operation} on rank {self.transport.rank}"
+        at = "" if step < 0 else f" (plan step {step + 1})"
+        if kind == 1:
+            error = CollectiveTimeout(f"{where}: timed out on the GPU waiting for rank "
+                                      f"{peer}{at}; every rank of the group stopped")
+        else:
+            error = TransportError(f"{where}: rank {peer} gave up a collective on the GPU; "
+                                   f"this rank stopped{at}")
+        self.failed = error
+        raise error
+
+
+def make_executor(transport):
+    """The peer-memory ``execute`` for ``transport``'s group, or None where the group does not
+    use peer memory (COLLECTIVES_GPU_PATH; collective: every rank of the group calls it when
+    the group is made, and all decide alike)."""
+    from ..transports.peer import open_peer_memory
+    path = settings.GPU_PATH()
+    if path == "nccl":
+        transport.peer_path = "off (COLLECTIVES_GPU_PATH=nccl)"
+        return None
+    memory, why = open_peer_memory(transport)
+    transport.peer_path = why
+    if memory is None:
+        if path == "peer":
+            raise TransportError(f"nccl group on rank {transport.rank}: COLLECTIVES_GPU_PATH="
+                                 f"peer, but peer memory is not usable here: {why}")
+        return None
+    executor = PeerExecutor(transport, memory)
+    transport.peer_executor = executor
+    return executor

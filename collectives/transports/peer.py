@@ -1,0 +1,197 @@
+"""Peer memory: the GPUs of one group map each other's staging memory over NVLink.
+
+Per group, opened once: each rank allocates a small block of flag words and a staging area
+(growable) with ``cudaMalloc`` (a whole allocation: an IPC handle names the allocation, never
+a piece of a pool), exports both with ``cudaIpcGetMemHandle``, and the handles travel to
+every rank through an all_gather on the group's NCCL communicator; each rank opens its
+peers' handles (``cudaIpcOpenMemHandle``). The error words live in pinned host memory mapped
+into the device, so the host reads what a kernel reported without synchronizing.
+
+``open_peer_memory(transport)`` says whether the group can use it at all: every rank on one
+host, each GPU with peer access to every other. Every rank makes the same decision (each sees
+every rank's host and GPU), so the group either runs plans on peer memory everywhere or
+nowhere. The staging area grows when a call needs more (``ensure``): all ranks of the call
+compute the same size from the same plans, so they grow together, through the same
+all_gather; the old area is freed once the device is idle.
+
+Never uses NVLink multicast (cuMulticastCreate): only point-to-point mappings.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import socket
+
+import numpy as np
+
+from ..errors import TransportError
+from ..kernels.cuda_peer import ABORT_WORD, FLAG_BYTES
+
+_HANDLE = 64                 # sizeof(cudaIpcMemHandle_t)
+_INFO = 64 + 16 + 16         # handle, host digest, PCI bus id
+_LAZY_PEER_ACCESS = 1        # cudaIpcMemLazyEnablePeerAccess
+_MAPPED = 2                  # cudaHostAllocMapped
+_NCCL_UINT8 = 1
+
+
+def _host_digest() -> bytes:
+    """What tells this host from others: the boot id where Linux has one, plus the name."""
+    try:
+        boot = open("/proc/sys/kernel/random/boot_id", "rb").read()
+    except OSError:
+        boot = b""
+    return hashlib.sha256(boot + socket.gethostname().encode()).digest()[:16]
+
+
+class PeerMemory:
+    """Flags and staging memory of one group's ranks, mapped into every rank."""
+
+    def __init__(self, transport):
+        import cupy
+        self.cupy = cupy
+        self.transport = transport
+        self.rank, self.size = transport.rank, transport.size
+        runtime = cupy.cuda.runtime
+        with cupy.cuda.Device(transport.device):
+            self.flags_ptr = runtime.malloc(FLAG_BYTES)
+            runtime.memset(self.flags_ptr, 0, FLAG_BYTES)
+            self.peer_flags = self._share(self.flags_ptr)
+            self.peer_flags_array = cupy.asarray(np.array(self.peer_flags, np.uint64))
+            self._error_host = runtime.hostAlloc(16, _MAPPED)
+            ctypes.memset(self._error_host, 0, 16)
+            self.error_ptr = runtime.hostGetDevicePointer(self._error_host, 0)
+        self.data_ptr, self.capacity = 0, 0
+        self.peer_data, self.peer_data_array = [], None
+        self._opened = [p for r, p in enumerate(self.peer_flags) if r != self.rank]
+        self.last_stream = None
+
+    # -- opening -------------------------------------------------------------------------
+
+    def _share(self, ptr) -> list:
+        """Every rank's address of its allocation at ``ptr``, as mapped here (an all_gather
+        of the IPC handles over the group's communicator)."""
+        cupy = self.cupy
+        runtime = cupy.cuda.runtime
+        handle = runtime.ipcGetMemHandle(ptr)
+        handles = _all_gather(self.transport, bytes(handle))
+        out = []
+        for r, other in enumerate(handles):
+            if r == self.rank:
+                out.append(ptr)
+                continue
+            try:
+                out.append(runtime.ipcOpenMemHandle(other, _LAZY_PEER_ACCESS))
+            except Exception as exc:
+                raise TransportError(f"peer memory on rank {self.rank}: cannot map rank {r}'s "
+                                     f"memory ({exc})") from exc
+        return out
+
+    def ensure(self, nbytes: int) -> None:
+        """Staging memory of at least ``nbytes`` on every rank (collective: every rank of the
+        call asks for the same size at the same call)."""
+        if nbytes <= self.capacity:
+            return
+        cupy = self.cupy
+        runtime = cupy.cuda.runtime
+        capacity = max(nbytes, 2 * self.capacity, 1 << 20)
+        with cupy.cuda.Device(self.transport.device):
+            runtime.deviceSynchronize()          # nothing may still use the old area
+            self._release_data()
+            self.data_ptr = runtime.malloc(capacity)
+            self.capacity = capacity
+            self.peer_data = self._share(self.data_ptr)
+            self.peer_data_array = cupy.asarray(np.array(self.peer_data, np.uint64))
+
+    # -- errors --------------------------------------------------------------------------
+
+    def error(self):
+        """(kind, step, peer) the kernel reported, or None: read from mapped host memory."""
+        words = (ctypes.c_int32 * 4).from_address(self._error_host)
+        if words[0] == 0:
+            return None
+        return int(words[0]), int(words[1]), int(words[2])
+
+    def aborted(self) -> bool:
+        value = np.zeros(1, np.uint64)
+        self.cupy.cuda.runtime.memcpy(value.ctypes.data, self.flags_ptr + 8 * ABORT_WORD, 8, 2)
+        return bool(value[0])
+
+    # -- closing -------------------------------------------------------------------------
+
+    def _release_data(self):
+        runtime = self.cupy.cuda.runtime
+        for r, ptr in enumerate(self.peer_data):
+            if r != self.rank:
+                runtime.ipcCloseMemHandle(ptr)
+        if self.data_ptr:
+            runtime.free(self.data_ptr)
+        self.data_ptr, self.capacity, self.peer_data = 0, 0, []
+
+    def close(self):
+        runtime = self.cupy.cuda.runtime
+        try:
+            with self.cupy.cuda.Device(self.transport.device):
+                runtime.deviceSynchronize()
+                self._release_data()
+                for ptr in self._opened:
+                    runtime.ipcCloseMemHandle(ptr)
+                self._opened = []
+                if self.flags_ptr:
+                    runtime.free(self.flags_ptr)
+                    self.flags_ptr = 0
+                if self._error_host:
+                    runtime.freeHost(self._error_host)
+                    self._error_host = 0
+        except Exception:          # closing after a failed call: the process frees it all
+            pass
+
+
+def _all_gather(transport, blob: bytes) -> list:
+    """Every rank's ``blob`` (all of one length) through the group's NCCL communicator."""
+    cupy = transport.xp
+    n = len(blob)
+    with cupy.cuda.Device(transport.device):
+        send = cupy.asarray(np.frombuffer(blob, np.uint8))
+        recv = cupy.empty(n * transport.size, np.uint8)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        transport.comm.allGather(send.data.ptr, recv.data.ptr, n, _NCCL_UINT8, stream.ptr)
+        stream.synchronize()
+        out = recv.get().tobytes()
+    return [out[r * n:(r + 1) * n] for r in range(transport.size)]
+
+
+def reachable(transport) -> tuple[bool, str]:
+    """Whether every rank of ``transport``'s group is on this host with peer access to every
+    other rank's GPU; the same answer on every rank (collective: every rank must call it)."""
+    cupy = transport.xp
+    runtime = cupy.cuda.runtime
+    bus = runtime.deviceGetPCIBusId(transport.device).encode()[:16].ljust(16, b"\0")
+    infos = _all_gather(transport, _host_digest() + bus)
+    verdicts = []
+    for r, info in enumerate(infos):
+        host, theirs = info[:16], info[16:].rstrip(b"\0").decode()
+        if host != infos[0][:16]:
+            verdicts.append(f"rank {r} is on another host")
+            continue
+        if r == transport.rank:
+            continue
+        try:
+            device = runtime.deviceGetByPCIBusId(theirs)
+            ok = runtime.deviceCanAccessPeer(transport.device, device)
+        except Exception:
+            ok = False
+        if not ok:
+            verdicts.append(f"rank {transport.rank} has no peer access to rank {r}'s GPU")
+    # every rank's verdict, so all decide alike
+    flag = b"\1" if verdicts else b"\0"
+    if any(v == b"\1" for v in _all_gather(transport, flag)):
+        return False, "; ".join(verdicts) or "another rank has no peer access"
+    return True, f"{transport.size} GPUs of one host with peer access"
+
+
+def open_peer_memory(transport):
+    """(PeerMemory or None, why)."""
+    ok, why = reachable(transport)
+    if not ok:
+        return None, why
+    return PeerMemory(transport), why

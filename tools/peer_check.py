@@ -1,0 +1,153 @@
+"""Peer-memory executor on the GPUs of one host: a smoke check of every collective x algorithm
+against NCCL's send/recv executor (bitwise), then timings beside NCCL's own collective and
+the NCCL send/recv executor running the same schedules, all in one run.
+
+    mpiexec -n 4 python tools/peer_check.py [--sizes 4K,64K,1M,16M] [--quick]
+
+Prints one line per check and a table of times (µs, p50 of rounds of back-to-back calls,
+CUDA events) with NCCL's time / ours. Needs CuPy with NCCL and GPUs with peer access.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from collectives.algorithms import capabilities  # noqa: E402
+from collectives.bench_nccl import nccl_group, timed  # noqa: E402
+from collectives.executors import nccl as nccl_executor  # noqa: E402
+from collectives.group import ProcessGroup  # noqa: E402
+from collectives.ops import ReduceOp  # noqa: E402
+
+
+def buffers(cupy, collective, count, p, dtype, rank, seed):
+    rng = np.random.default_rng(seed * 100 + rank)
+    n_in = count * p if collective in ("reduce_scatter", "all_to_all") else count
+    n_out = count * p if collective in ("all_gather", "all_to_all") else count
+    if collective == "all_reduce":
+        n_in = n_out = count
+    data = rng.integers(-8, 8, n_in).astype(dtype)
+    return cupy.asarray(data), cupy.zeros(n_out, dtype)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="4K,64K,256K,1M,4M,16M")
+    ap.add_argument("--algorithms", default="ring,tree,recursive_doubling,direct,ring_bidirectional")
+    ap.add_argument("--collectives", default="all_reduce,reduce_scatter,all_gather,all_to_all")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    group, cupy = nccl_group(timeout=120)
+    host = group.bench_host
+    rank, p = group.rank, group.size
+    transport = group.transport
+    say = print if rank == 0 else (lambda *a, **k: None)
+    say(f"peer path: {getattr(transport, 'peer_path', None)}; executor "
+        f"{type(group.execute).__name__}", flush=True)
+    # the same transport, run by the NCCL send/recv executor: the reference and the baseline
+    baseline = ProcessGroup.__new__(ProcessGroup)
+    baseline.__dict__.update(group.__dict__)
+    baseline.execute = nccl_executor.execute
+    baseline._repeats = {}
+
+    have = capabilities()
+    wrong = 0
+    dtypes = [np.float32] if args.quick else [np.float32, np.float16, np.int32]
+    for collective in args.collectives.split(",") + ["broadcast", "reduce", "gather",
+                                                     "scatter"]:
+        for algorithm in have.get(collective, ()):
+            for dtype in dtypes:
+                for count in (1, 3, 1000, 65536 + 7):
+                    root = count % p
+                    if collective in ("broadcast", "reduce"):
+                        d_in, d_out = buffers(cupy, "all_reduce", count, p, dtype, rank, count)
+                    elif collective == "gather":
+                        d_in, d_out = buffers(cupy, "all_gather", count, p, dtype, rank, count)
+                    elif collective == "scatter":
+                        d_in, d_out = buffers(cupy, "reduce_scatter", count, p, dtype, rank,
+                                              count)
+                    else:
+                        d_in, d_out = buffers(cupy, collective, count, p, dtype, rank, count)
+                    ref_out = d_out.copy()
+                    kwargs = dict(algorithm=algorithm)
+                    if collective in ("all_reduce", "reduce_scatter", "reduce"):
+                        kwargs["op"] = ReduceOp.SUM
+                    if collective in ("broadcast", "reduce", "gather", "scatter"):
+                        kwargs["root"] = root
+                    try:
+                        if collective == "broadcast":
+                            mine, ref = d_in.copy(), d_in.copy()
+                            group.prepare(collective, output=mine, **kwargs)()
+                            baseline.prepare(collective, output=ref, **kwargs)()
+                        else:
+                            group.prepare(collective, input=d_in, output=d_out, **kwargs)()
+                            baseline.prepare(collective, input=d_in, output=ref_out, **kwargs)()
+                            mine, ref = d_out, ref_out
+                        transport.synchronize(30.0)
+                        rooted_elsewhere = collective in ("reduce", "gather") and rank != root
+                        bad = 0 if rooted_elsewhere else int((mine != ref).sum())
+                    except Exception as exc:      # noqa: BLE001
+                        print(f"rank {rank}: {collective} {algorithm} {np.dtype(dtype).name} "
+                              f"{count}: {type(exc).__name__}: {exc}", flush=True)
+                        bad = -1
+                    bad = host.sum(1 if bad else 0)
+                    if bad:
+                        wrong += 1
+                        say(f"WRONG {collective} {algorithm} {np.dtype(dtype).name} n={count} "
+                            f"on {bad} ranks", flush=True)
+    say(f"checks done: {wrong} wrong", flush=True)
+
+    sizes = [int(float(s[:-1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[s[-1]])
+             if s[-1] in "KMG" else int(s) for s in args.sizes.split(",")]
+    say(f"{'collective':15} {'algorithm':20} " + " ".join(f"{s:>10}" for s in args.sizes.split(",")))
+    for collective in args.collectives.split(","):
+        times = {}
+        for nbytes in sizes:
+            count = max(1, nbytes // 4 // (p if collective in ("reduce_scatter", "all_gather",
+                                                             "all_to_all") else 1))
+            d_in, d_out = buffers(cupy, collective, count, p, np.float32, rank, 0)
+            iters = 50 if nbytes <= (4 << 20) else 10
+            rows = [("native", group, "native")]
+            for algorithm in args.algorithms.split(","):
+                if algorithm in have[collective]:
+                    rows.append((algorithm, group, algorithm))
+                    rows.append((algorithm + ":nccl", baseline, algorithm))
+            for label, g, algorithm in rows:
+                def call(g=g, algorithm=algorithm):
+                    g.prepare(collective, input=d_in, output=d_out, algorithm=algorithm)()
+                host.barrier()
+                t = host.max(timed(cupy, call, iters, 5))
+                times.setdefault(label, []).append(t)
+        for label, ts in times.items():
+            ratio = " ".join(f"{t * 1e6:8.1f}/{times['native'][i] / t:4.2f}"
+                             for i, t in enumerate(ts))
+            say(f"{collective:15} {label:20} {ratio}", flush=True)
+    # fixed cost per step: ring all_reduce at 4 KiB, time / steps
+    d_in, d_out = buffers(cupy, "all_reduce", 1024, p, np.float32, rank, 0)
+    for label, g in (("peer", group), ("nccl", baseline)):
+        def call(g=g):
+            g.prepare("all_reduce", input=d_in, output=d_out, algorithm="ring")()
+        t = host.max(timed(cupy, call, 200, 5))
+        say(f"ring all_reduce 4 KiB on {label}: {t * 1e6:.1f} µs, {t * 1e6 / (2 * (p - 1)):.2f} "
+            f"µs per step ({2 * (p - 1)} steps)", flush=True)
+    # host cost of one call: issue many without waiting
+    def call():
+        group.prepare("all_reduce", input=d_in, output=d_out, algorithm="ring")()
+    transport.synchronize(30)
+    start = time.perf_counter()
+    for _ in range(200):
+        call()
+    issue = (time.perf_counter() - start) / 200
+    transport.synchronize(30)
+    say(f"host time to issue one call (peer): {issue * 1e6:.1f} µs", flush=True)
+    host.barrier()
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

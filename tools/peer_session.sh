@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# One device call: the peer-memory executor checked and timed on this host's GPUs.
+#   bash tools/peer_session.sh OUT_DIR [N_GPUS]
+set -uo pipefail
+out=${1:?output folder}; n=${2:-4}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+mpi="mpiexec --allow-run-as-root --oversubscribe --bind-to none -x PYTHONPATH -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x PYTHONUNBUFFERED"
+nvidia-smi -L | tee "$out/gpus.txt"
+timeout ${CHECK_SECONDS:-240} $mpi -n "$n" python3 tools/peer_check.py ${CHECK_ARGS:-} 2>&1 | tee "$out/peer_check.txt"
+echo "peer_check exit: ${PIPESTATUS[0]}"
+if [ "${SUITE:-0}" = 1 ]; then
+  COLLECTIVES_GPU_TEST_SECONDS=200 timeout 420 python3 -m pytest -m gpu tests/gpu -q -x 2>&1 | tail -30 | tee "$out/gpu_suite.txt"
+fi
