@@ -19,7 +19,7 @@ import time as _time
 import traceback as _traceback
 from datetime import timedelta
 
-from . import state, tensors, transports, work as _work
+from . import sparse, state, tensors, transports, work as _work
 from . import tensors as _tensors     # for functions whose torch parameter is named "tensors"
 from .debug import DebugLevel, get_debug_level, set_debug_level, set_debug_level_from_env
 from .errors import TIMED_OUT, CollectiveError, CollectiveTimeout, TransportError
@@ -456,52 +456,12 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False,
     if pg is None:
         return None
     if tensors.is_sparse_coo(tensor):
-        return _sparse_all_reduce(pg, tensor, op, async_op, _call_timeout(timeout))
+        run = sparse.all_reduce(pg, tensor, op, _call_timeout(timeout))
+        return _work.call(pg, run, async_op, [tensor])
     buf = tensors.flat(tensor, "all_reduce", pg.rank)
     _check_complex(op, buf.dtype, "all_reduce", pg.rank)
     run = pg.prepare("all_reduce", output=buf, op=op, algorithm=algorithm,
                      timeout=_call_timeout(timeout))
-    return _work.call(pg, run, async_op, [tensor])
-
-
-def _sparse_all_reduce(pg, tensor, op, async_op, timeout):
-    """A sparse COO tensor's SUM, as gloo does it: every rank's indices and values are
-    all-gathered (all-gather-v: the ranks' nonzeros differ), then every rank adds them up
-    (coalesced) and copies the sum into ``tensor``."""
-    operation = "all_reduce"
-    if ReduceOp.parse(op) != ReduceOp.SUM:
-        raise ValueError(f"{operation} on rank {pg.rank}: sparse tensors reduce with "
-                         f"ReduceOp.SUM only, got ReduceOp.{ReduceOp.parse(op).name}")
-    torch = sys.modules["torch"]
-    local = tensor.detach().coalesce()
-    dense_shape = tuple(local.values().shape[1:])
-    # (nonzero, dimension) rows, so that the ranks' blocks concatenate into one index list
-    indices = tensors.flat(local.indices().t().contiguous(), operation, pg.rank, "indices")
-    values = tensors.flat(local.values().contiguous(), operation, pg.rank, "values")
-    counts = pg.xp.empty(2 * pg.size, dtype="int64")
-    mine = pg.xp.asarray([indices.size, values.size], dtype="int64")
-    _work.call(pg, pg.prepare("all_gather", input=mine, output=counts, timeout=timeout),
-               False, [])
-    counts = counts.reshape(pg.size, 2).tolist()
-    # torch owns the gathered buffers (any dtype, any device); the collectives fill them
-    # through flat views.
-    index_total = torch.empty(sum(c[0] for c in counts), dtype=torch.int64,
-                              device=local.device)
-    value_total = torch.empty(sum(c[1] for c in counts), dtype=local.dtype, device=local.device)
-    all_indices = tensors.flat(index_total, operation, pg.rank, "indices")
-    all_values = tensors.flat(value_total, operation, pg.rank, "values")
-    gather_indices = pg.prepare("all_gather", input=indices, output=all_indices,
-                                counts=[c[0] for c in counts], timeout=timeout)
-    gather_values = pg.prepare("all_gather", input=values, output=all_values,
-                               counts=[c[1] for c in counts], timeout=timeout)
-
-    def run():
-        gather_indices()
-        gather_values()
-        total = torch.sparse_coo_tensor(index_total.reshape(-1, local.sparse_dim()).t(),
-                                        value_total.reshape(-1, *dense_shape), local.shape)
-        with torch.no_grad():         # a sparse detach() would not share the nonzeros
-            tensor.copy_(total.coalesce())
     return _work.call(pg, run, async_op, [tensor])
 
 

@@ -1,16 +1,25 @@
 """The torch backend "collectives": torch.distributed, DDP and the rest of torch's stack on
 our algorithms.
 
-``import collectives.c10d`` registers the backend with torch (CPU tensors); then, unchanged,
+``import collectives.c10d`` registers the backend with torch (devices cpu and cuda); then,
+unchanged,
 
     torch.distributed.init_process_group("collectives")
 
 makes every torch process group of the job a :class:`ProcessGroupCollectives`: a Python
-``torch.distributed.ProcessGroup`` over one of our groups (``collectives.group``) on the
-socket transport, whose ranks meet through the store torch hands the backend. Each method is
-torch's, shaped as ``distributed_c10d.py`` is: validate -> one ``prepare`` of our group -> a
-Work. The algorithm is chosen as the facade chooses it: ``auto`` (the group's decision table)
-unless ``COLLECTIVES_ALGORITHM=all_reduce=ring,...`` names one.
+``torch.distributed.ProcessGroup`` over our groups (``collectives.group``), whose ranks meet
+through the store torch hands the backend. CPU tensors run on the socket transport; CUDA
+tensors on the NCCL transport (our schedules as NCCL send/recv, ``executors.nccl``), whose
+communicator is made at the group's first call on CUDA tensors, on their GPU, its unique id
+passed through the same store. Each method is torch's, shaped as ``distributed_c10d.py``
+is: route by device -> validate -> one ``prepare`` of our group -> a Work. The algorithm is
+chosen as the facade chooses it: ``auto`` (the group's decision table) unless
+``COLLECTIVES_ALGORITHM=all_reduce=ring,...`` names one.
+
+torch makes a Python process group the whole group (``_new_process_group_helper`` stops at
+the first backend that is a ProcessGroup), so ``"cpu:gloo,cuda:collectives"`` runs CPU
+tensors on ours too; ``"collectives"`` and ``"cpu:collectives,cuda:collectives"`` are the
+same group.
 
 How torch reaches the methods: ``torch.distributed``'s Python functions call them by name
 (``allreduce``, ``all_gather_single``, ``reduce_scatter_single``, ``all_to_all_single``,
@@ -23,8 +32,16 @@ recv, and the group's name, which a Python group must keep itself. The older nam
 (``_allgather_base``, ``_reduce_scatter_base``, ``alltoall_base``,
 ``allgather_into_tensor_coalesced``, ``reduce_scatter_tensor_coalesced``) are aliases.
 
-Work: a synchronous call (torch's ``async_op=False``) runs in the caller's thread and raises
-there; an asynchronous one runs on the group's worker thread in call order
+Work (CUDA): as NCCL's backend, a collective is enqueued at the call, in the caller's thread,
+on torch's current stream (made CuPy's current stream for the call, so that the copies a
+call makes are ordered there too), and the host does not wait; its Work is complete at once
+and its Future is torch's CUDA-aware one: ``wait()``, ``get_future().wait()`` and callbacks
+order the waiting thread's current stream after the collective (``is_completed`` asks the
+GPU). Send and receive are issued together at the first wait (one NCCL group), on the stream
+current at the call, and the host waits for them.
+
+Work (CPU): a synchronous call (torch's ``async_op=False``) runs in the caller's thread and
+raises there; an asynchronous one runs on the group's worker thread in call order
 (``collectives.work``). Its torch Future (``Future``) is completed by one thread per group,
 in that order, not by the worker: DDP comm hooks such as PowerSGD wait for a second
 collective inside a Future callback, which on the worker thread would wait for itself.
@@ -38,12 +55,16 @@ MASTER_PORT and speaks our authenticated protocol, which torch's TCPStore cannot
 store (as a ``torch.distributed.Store``) when ``COLLECTIVES_USE_AGENT_STORE`` is set, and
 leaves every other case (torchrun, a plain MASTER_ADDR/MASTER_PORT) to torch.
 
-Limits: CPU tensors only (a CUDA tensor is a TypeError naming the call; use ``nccl`` for GPUs);
-one tensor per call where torch's signature takes a list of one per device; no PREMUL_SUM;
-dense (strided) tensors only; ``monitored_barrier`` is gloo's alone in torch.
+Limits: one GPU per rank (the first CUDA call's; tensors of one call on one device); CUDA
+tensors need CuPy with NCCL (the ``cuda12``/``cuda13`` extra: without it such a call is a
+RuntimeError naming it); one tensor per call where torch's signature takes a list of one per
+device; no PREMUL_SUM; dense (strided) tensors, and sparse COO for all_reduce (SUM, as
+gloo: ``collectives.sparse``); no receive from any source on CUDA tensors (NCCL matches by
+sender); ``monitored_barrier`` is gloo's alone in torch.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import itertools
 import os
@@ -57,7 +78,7 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
 from torch.futures import Future as _TorchFuture
 
-from . import settings, tensors, transports, work as _work
+from . import settings, sparse, tensors, transports, work as _work
 from .group import ProcessGroup
 from .ops import ReduceOp
 from .state import seconds as _seconds
@@ -71,6 +92,7 @@ __all__ = ["BACKEND", "ProcessGroupCollectives", "Work", "create_backend"]
 
 BACKEND = "collectives"
 TRANSPORT = "socket"
+GPU_TRANSPORT = "nccl"              # CUDA tensors' transport (made at a group's first)
 # the callback lane's tags: a group id of the socket mesh's own (subgroup.GROUP_SHIFT above)
 LANE_ID = 1
 # torch's "no deadline" for a store wait (its waits take a timedelta, never None)
@@ -274,22 +296,33 @@ class Work(dist._Work):
     ``ours`` is our Work (collectives.work), None for an operation done at the call; a
     collective's Future is completed by its group's completion thread (``completions``), a
     receive's or send's by whoever waits for it (or, once ``get_future`` is asked for, by a
-    thread of its own: nothing else would drive the transfer)."""
+    thread of its own: nothing else would drive the transfer), inside ``scope`` (the GPU
+    transport's call scope: the caller's stream) where given.
 
-    def __init__(self, operation: str, result, ours=None, completions=None):
+    A collective on CUDA tensors was enqueued at the call: its ``future`` is torch's
+    CUDA-aware Future, already set on the stream it ran on, so that ``wait()`` (and the
+    Future's ``wait``, ``value`` and callbacks) orders the current stream after it, as
+    NCCL's backend does; ``done`` (a CUDA event recorded after it) tells
+    ``is_completed``."""
+
+    def __init__(self, operation: str, result, ours=None, completions=None, *, future=None,
+                 done=None, scope=None):
         super().__init__()
         self._operation = operation
         self._result = result
         self._ours = ours
         self._completions = completions
-        self._future = Future()
+        self._future = Future() if future is None else future
+        self._done = done
+        self._scope = scope
         self._lock = threading.Lock()
         self._claimed = False               # whoever sets the Future claims it first
         self._driven = False
         self.source_rank_value = None
         if ours is None:
             self._claimed = True
-            self._future.set_result(result)
+            if future is None:
+                self._future.set_result(result)
         elif ours._requests is None:
             ours.get_future().add_done_callback(lambda _: completions.submit(self._complete))
 
@@ -307,15 +340,24 @@ class Work(dist._Work):
 
     def _drive(self):
         try:
-            self._ours.wait()
+            self._wait_ours(None)
         except Exception:       # noqa: BLE001  (delivered through the Future)
             pass
         self._complete()
 
+    def _wait_ours(self, limit):
+        if self._scope is None:
+            self._ours.wait(limit)
+            return
+        with self._scope():
+            self._ours.wait(limit)
+
     def wait(self, timeout=timedelta(0)) -> bool:
         if self._ours is None:
+            if self._done is not None:
+                self._future.wait()         # the current stream waits for the collective
             return True
-        self._ours.wait(_wait_limit(timeout))
+        self._wait_ours(_wait_limit(timeout))
         if self._ours._requests is not None or (self._completions is not None
                                                 and self._completions.is_current()):
             # p2p, or a Future callback waiting for another operation whose completion is
@@ -336,7 +378,14 @@ class Work(dist._Work):
         return self._future
 
     def is_completed(self) -> bool:
-        return self._ours is None or self._ours.is_completed()
+        if self._done is not None:
+            return self._done.query()
+        if self._ours is None:
+            return True
+        if self._scope is None:
+            return self._ours.is_completed()
+        with self._scope():
+            return self._ours.is_completed()
 
     def is_success(self) -> bool:
         return self.is_completed() and self.exception() is None
@@ -381,6 +430,37 @@ def _in_order(runs):
     return run_all
 
 
+def _tensors_in(items):
+    """The torch tensors of a call's arguments (lists of them, lists of lists)."""
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            yield item
+        elif isinstance(item, (list, tuple)):
+            yield from _tensors_in(item)
+
+
+def _on_device(operation):
+    """Route a collective by its tensors' device: CPU tensors run on the socket group (the
+    callback lane inside a callback), CUDA tensors on the GPU group, inside its call scope
+    (this rank's GPU, torch's current stream as CuPy's), so that every copy the call makes
+    and the collective itself are ordered after the work that produced the tensors."""
+    def wrap(method):
+        @functools.wraps(method)
+        def routed(self, *args, **kwargs):
+            device = self._device(operation, (args, list(kwargs.values())))
+            if device is None:
+                return method(self, *args, **kwargs)
+            group = self._gpu_group(device, operation)
+            outer, self._routed.group = getattr(self._routed, "group", None), group
+            try:
+                with group.transport.call_scope(list(_tensors_in(args)))():
+                    return method(self, *args, **kwargs)
+            finally:
+                self._routed.group = outer
+        return routed
+    return wrap
+
+
 class ProcessGroupCollectives(dist.ProcessGroup):
     """A torch process group whose collectives run on our algorithms (see the module
     docstring). Made by torch through :func:`create_backend`; ``group`` is ours."""
@@ -390,8 +470,9 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         super().__init__(rank, size)      # (store, rank, size) makes no Python subclass in torch 2.13
         self._group_name, self._group_desc = group_name, ""
         limit = _seconds(timeout)
+        self._store = _TorchStore(store, limit)
         transport = transports.create(TRANSPORT, rank=rank, world_size=size,
-                                      store=_TorchStore(store, limit), timeout=limit)
+                                      store=self._store, timeout=limit)
         group_id = next(_group_ids)
         ranks = list(global_ranks) if global_ranks else None
         self._main = ProcessGroup(transport, backend=BACKEND, timeout=limit, group_id=group_id,
@@ -406,12 +487,62 @@ class ProcessGroupCollectives(dist.ProcessGroup):
                                   backend=BACKEND, timeout=limit, group_id=group_id,
                                   ranks=ranks, name=f"{group_name} callbacks")
         self._completions = _Completions(f"collectives-c10d-rank{rank}-group{group_id}")
+        # CUDA tensors run on a group over the NCCL transport, made at the first call that
+        # brings them (every rank makes that call, in the same place of its sequence, so the
+        # communicator's creation is collective as NCCL needs), on that tensor's GPU.
+        self._gpu = None
+        self._gpu_args = dict(backend=BACKEND, timeout=limit, group_id=group_id, ranks=ranks,
+                              name=f"{group_name} cuda")
+        self._routed = threading.local()    # .group: the GPU group during a call on CUDA
 
     @property
     def group(self) -> ProcessGroup:
-        """Our group that this thread's calls run on: the callback lane inside a callback
-        of one of our Futures, else the main group."""
+        """Our group that this thread's call runs on: the GPU group while a call on CUDA
+        tensors is made; else the callback lane inside a callback of one of our Futures,
+        else the main group."""
+        routed = getattr(self._routed, "group", None)
+        if routed is not None:
+            return routed
         return self._lane if in_callback() else self._main
+
+    def _gpu_group(self, device, operation) -> ProcessGroup:
+        """The group of this rank's GPU ``device`` (made at its first call)."""
+        if self._gpu is not None:
+            mine = self._gpu.transport.device
+            if device.index != mine:
+                raise ValueError(f"{self._where(operation)}: the tensors are on {device}, but "
+                                 f"this process group runs on cuda:{mine} (one GPU per rank, "
+                                 f"the one of its first CUDA call); call "
+                                 f"torch.cuda.set_device once, before any collective")
+            return self._gpu
+        usable, why = transports.available(GPU_TRANSPORT)
+        if not usable:
+            raise RuntimeError(f"{self._where(operation)}: the tensors are on {device}, and "
+                               f"the {BACKEND} backend runs CUDA tensors on its "
+                               f"{GPU_TRANSPORT} transport, which is not usable here: {why}")
+        transport = transports.module(GPU_TRANSPORT).create(
+            rank=self._main.rank, world_size=self._main.size, store=self._store,
+            timeout=self._main.timeout, device=device.index)
+        self._gpu = ProcessGroup(transport, **self._gpu_args)
+        return self._gpu
+
+    def _device(self, operation, items):
+        """The CUDA device of a call's tensors, or None for CPU tensors (and calls with none);
+        tensors on more than one device are a ValueError, before anything moves."""
+        devices = set()
+        for t in _tensors_in(items):
+            devices.add(t.device)
+        cuda = [d for d in devices if d.type == "cuda"]
+        if not cuda:
+            return None
+        if len(devices) > 1:
+            names = ", ".join(sorted(str(d) for d in devices))
+            raise ValueError(f"{self._where(operation)}: the tensors of one call must be on "
+                             f"one device, got {names}")
+        device = cuda[0]
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return device
 
     def getBackendName(self) -> str:        # noqa: N802  (torch's names, called from C++)
         return BACKEND
@@ -440,14 +571,14 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         return f"{operation} on rank {self.group.rank}"
 
     def _flat(self, tensor, operation, name="tensor"):
-        """A flat numpy view of a CPU tensor (zero copy); anything else raises first."""
+        """A flat view of a tensor (zero copy): numpy for CPU, CuPy for CUDA tensors, which
+        ``_on_device`` sent to the GPU group; anything else raises first."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{self._where(operation)}: {name} must be a torch.Tensor, got "
                             f"{type(tensor).__name__}")
-        if tensor.device.type != "cpu":
+        if tensor.device.type not in ("cpu", "cuda"):
             raise TypeError(f"{self._where(operation)}: {name} is on {tensor.device}; the "
-                            f"{BACKEND} torch backend takes CPU tensors (for GPU tensors use a "
-                            f"group on nccl: new_group(backend='nccl'))")
+                            f"{BACKEND} torch backend takes CPU and CUDA tensors")
         if tensor.layout != torch.strided:
             raise TypeError(f"{self._where(operation)}: {name} has layout {tensor.layout}; "
                             f"only dense tensors are supported")
@@ -506,6 +637,18 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         here) or when a Future callback calls it (its lane has no worker: callbacks run one
         at a time), else queue it on the group's worker and hand back a Work."""
         group = self.group
+        if group is self._gpu and group is not None:
+            # Enqueued now, on the caller's current stream (the transport's call scope), as
+            # NCCL's own backend does: the host never waits, and the Work is complete at once
+            # with a CUDA-aware Future (torch's), whose wait() orders the waiting thread's
+            # current stream after the collective.
+            _work.call(group, run, False, result)
+            device = torch.device("cuda", group.transport.device)
+            future = _TorchFuture(devices=[device])
+            future.set_result(result)
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(device))
+            return Work(operation, result, future=future, done=done)
         if group is self._lane or (opts is not None and not getattr(opts, "asyncOp", True)):
             _work.call(group, run, False, result)
             return Work(operation, result)
@@ -513,6 +656,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
 
     # -- collectives --------------------------------------------------------------------------
 
+    @_on_device("broadcast")
     def broadcast(self, tensors_, opts=_c10d.BroadcastOptions()):
         """Args: tensors_ (one tensor: the data on the root, the output elsewhere), opts
         (rootRank: a group rank). Returns: Work of ``tensors_``."""
@@ -521,18 +665,26 @@ class ProcessGroupCollectives(dist.ProcessGroup):
                                  timeout=self._timeout(opts))
         return self._launch("broadcast", run, tensors_, opts)
 
+    @_on_device("all_reduce")
     def allreduce(self, tensors_, opts=_c10d.AllreduceOptions()):
         """Args: tensors_ (one tensor, reduced in place), opts (reduceOp). Returns: Work of
         ``tensors_``."""
         if isinstance(tensors_, torch.Tensor):
             tensors_ = [tensors_]
         if getattr(opts, "sparseIndices", None) is not None:
-            raise TypeError(f"{self._where('all_reduce')}: sparse all_reduce is not supported")
-        buf = self._flat(self._single(tensors_, "all_reduce"), "all_reduce")
+            raise TypeError(f"{self._where('all_reduce')}: all_reduce with sparseIndices is "
+                            f"not supported (sparse COO tensors are)")
+        tensor = self._single(tensors_, "all_reduce")
+        if tensors.is_sparse_coo(tensor):
+            run = sparse.all_reduce(self.group, tensor, self._op(opts, "all_reduce"),
+                                    self._timeout(opts))
+            return self._launch("all_reduce", run, tensors_, opts)
+        buf = self._flat(tensor, "all_reduce")
         run = self.group.prepare("all_reduce", output=buf, op=self._op(opts, "all_reduce"),
                                  timeout=self._timeout(opts))
         return self._launch("all_reduce", run, tensors_, opts)
 
+    @_on_device("all_reduce_coalesced")
     def allreduce_coalesced(self, tensors_, opts=_c10d.AllreduceCoalescedOptions()):
         """Args: tensors_ (any number, reduced in place; one all_reduce per dtype over their
         concatenation), opts (reduceOp). Returns: Work of ``tensors_``."""
@@ -546,6 +698,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
             runs.append(_then(run, tensors.split_into, whole, same))
         return self._launch("all_reduce_coalesced", _in_order(runs), tensors_, opts)
 
+    @_on_device("reduce")
     def reduce(self, tensors_, opts=_c10d.ReduceOptions()):
         """Args: tensors_ (one tensor; the result lands in it on the root only), opts
         (rootRank, reduceOp). Returns: Work of ``tensors_``."""
@@ -568,6 +721,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
                                  timeout=self._timeout(opts))
         return _then(run, tensors.split_into, whole, views)
 
+    @_on_device("all_gather")
     def allgather(self, output_tensors, input_tensors, opts=_c10d.AllgatherOptions()):
         """Args: output_tensors ([[one tensor per rank]]), input_tensors ([this rank's]).
         Returns: Work of ``output_tensors``."""
@@ -576,6 +730,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         run = self._all_gather_run(outs, inp, opts, "all_gather")
         return self._launch("all_gather", run, output_tensors, opts)
 
+    @_on_device("all_gather_coalesced")
     def allgather_coalesced(self, output_lists, input_tensors, opts=_c10d.AllgatherOptions()):
         """Args: output_lists (one list per rank, each one tensor per input, as torch and
         gloo take them), input_tensors. Returns: Work of ``output_lists``."""
@@ -596,6 +751,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         return self.group.prepare("all_gather", input=buf, output=out,
                                   timeout=self._timeout(opts))
 
+    @_on_device("all_gather_single")
     def all_gather_single(self, output, input, opts=_c10d.AllgatherOptions()):
         """Args: output (size x the input's elements, rank r's block at r), input.
         Returns: Work of ``[output]``."""
@@ -604,6 +760,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
+    @_on_device("all_gather_single_coalesced")
     def all_gather_single_coalesced(self, outputs, inputs, opts=_c10d.AllgatherOptions()):
         """Args: outputs, inputs (pairs, as all_gather_single's). Returns: Work of
         ``outputs``."""
@@ -620,6 +777,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
             raise ValueError(f"{self._where(operation)}: outputs and inputs must be lists of "
                              f"equal length")
 
+    @_on_device("gather")
     def gather(self, output_tensors, input_tensors, opts=_c10d.GatherOptions()):
         """Args: output_tensors ([[one tensor per rank]] on the root, [] elsewhere),
         input_tensors ([this rank's]), opts (rootRank). Returns: Work of
@@ -634,6 +792,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
             run = _then(run, tensors.split_into, whole, views)
         return self._launch("gather", run, output_tensors, opts)
 
+    @_on_device("scatter")
     def scatter(self, output_tensors, input_tensors, opts=_c10d.ScatterOptions()):
         """Args: output_tensors ([this rank's block]), input_tensors ([[one tensor per rank]]
         on the root, [] elsewhere), opts (rootRank). Returns: Work of ``output_tensors``."""
@@ -662,6 +821,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
                                  f"({like.size} {like.dtype})")
         return views
 
+    @_on_device("reduce_scatter")
     def reduce_scatter(self, output_tensors, input_tensors, opts=_c10d.ReduceScatterOptions()):
         """Args: output_tensors ([this rank's block]), input_tensors ([[one tensor per rank]];
         sizes may differ), opts (reduceOp). Returns: Work of ``output_tensors``."""
@@ -684,6 +844,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         return self.group.prepare("reduce_scatter", input=buf, output=out,
                                   op=self._op(opts, operation), timeout=self._timeout(opts))
 
+    @_on_device("reduce_scatter_single")
     def reduce_scatter_single(self, output, input, opts=_c10d.ReduceScatterOptions()):
         """Args: output (this rank's block), input (size blocks), opts (reduceOp).
         Returns: Work of ``[output]``."""
@@ -692,6 +853,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
+    @_on_device("reduce_scatter_single_coalesced")
     def reduce_scatter_single_coalesced(self, outputs, inputs,
                                         opts=_c10d.ReduceScatterOptions()):
         """Args: outputs, inputs (pairs, as reduce_scatter_single's). Returns: Work of
@@ -704,6 +866,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
+    @_on_device("all_to_all")
     def alltoall(self, output_tensors, input_tensors, opts=_c10d.AllToAllOptions()):
         """Args: output_tensors (block j comes from rank j), input_tensors (block j goes to
         rank j); sizes may differ (all-to-all-v). Returns: Work of ``output_tensors``."""
@@ -723,6 +886,7 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         return self._launch("all_to_all", _then(run, tensors.split_into, whole_out, outs),
                             output_tensors, opts)
 
+    @_on_device("all_to_all_single")
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
                           opts=_c10d.AllToAllOptions()):
         """Args: output, input, output_split_sizes / input_split_sizes (rows of dim 0 per
@@ -764,7 +928,17 @@ class ProcessGroupCollectives(dist.ProcessGroup):
                                        lambda run: _work.call(group, run, False, []))
 
     def barrier(self, opts=_c10d.BarrierOptions()):
-        """Args: opts (device_ids are ignored: CPU only). Returns: Work of ``[]``."""
+        """Args: opts (device_ids are ignored). Returns: Work of ``[]``. A barrier of the
+        ranks' hosts (CPU group); where this group runs CUDA tensors, each rank first waits
+        for the GPU work queued on its current stream, as NCCL's barrier does."""
+        gpu = self._gpu
+        if gpu is not None and self.group is not self._lane:
+            device = gpu.transport.device
+            stream = torch.cuda.current_stream(device)
+            with gpu.xp.cuda.Device(device), gpu.xp.cuda.ExternalStream(stream.cuda_stream,
+                                                                        device):
+                gpu.transport.synchronize(self._timeout(opts) or gpu.timeout,
+                                          operation="barrier")
         run = self.group.prepare("barrier", timeout=self._timeout(opts))
         return self._launch("barrier", run, [], opts)
 
@@ -775,8 +949,14 @@ class ProcessGroupCollectives(dist.ProcessGroup):
     # before it reduces.
 
     def _p2p(self, kind, tensors_, peer, tag):
-        group, operation = self._main, kind     # matched by tag, never by order: no lane
+        operation = kind
+        # matched by tag, never by order: no lane; CUDA tensors on the GPU group
+        group = self._gpu if self.group is self._gpu else self._main
         buf = self._flat(self._single(tensors_, operation), operation)
+        if peer is None and group is self._gpu:
+            raise ValueError(f"{self._where('recv')}: a receive from any source is not "
+                             f"possible on CUDA tensors ({GPU_TRANSPORT} matches messages by "
+                             f"sender); name the sender")
         if peer is not None:
             peer = int(peer)
             if not 0 <= peer < group.size or peer == group.rank:
@@ -788,8 +968,12 @@ class ProcessGroupCollectives(dist.ProcessGroup):
             request = transport.isend(buf, peer, wire_tag)
         else:
             request = transport.irecv(buf, -1 if peer is None else peer, wire_tag)
+        # GPU transfers are issued and completed (the host waits) on the caller's stream,
+        # whichever thread waits for them
+        scope = transport.call_scope(list(tensors_))
         work = Work(operation, list(tensors_),
-                    _work.Work(list(tensors_), requests=[request], transport=transport))
+                    _work.Work(list(tensors_), requests=[request], transport=transport),
+                    scope=scope)
         if kind == "recv":
             def record():
                 source = getattr(request, "source", None) if peer is None else peer
@@ -797,15 +981,18 @@ class ProcessGroupCollectives(dist.ProcessGroup):
             work._ours._on_done = record
         return work
 
+    @_on_device("send")
     def send(self, tensors_, dstRank, tag=0):       # noqa: N803  (torch's names)
         """Args: tensors_ (one tensor), dstRank (a group rank), tag. Returns: Work."""
         return self._p2p("send", tensors_, dstRank, tag)
 
+    @_on_device("recv")
     def recv(self, tensors_, srcRank, tag=0):       # noqa: N803
         """Args: tensors_ (one tensor, written), srcRank (a group rank), tag. Returns:
         Work."""
         return self._p2p("recv", tensors_, srcRank, tag)
 
+    @_on_device("recv")
     def recv_anysource(self, tensors_, tag=0):
         """Args: tensors_ (one tensor, written), tag. Returns: Work whose
         ``_source_rank()`` is the sender's group rank once complete."""
@@ -819,12 +1006,15 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         _work.stop(self._main)
         self._completions.stop()
         self._main.transport.close()
+        if self._gpu is not None:
+            self._gpu.transport.close()
 
     def abort(self) -> None:
         """Fail every pending and later operation of the group, on every rank."""
-        abort = getattr(self._main.transport, "abort", None)
-        if abort is not None:
-            abort(f"{BACKEND} process group aborted on rank {self.group.rank}")
+        for group in (self._main, self._gpu):
+            abort = getattr(group.transport, "abort", None) if group is not None else None
+            if abort is not None:
+                abort(f"{BACKEND} process group aborted on rank {self._main.rank}")
 
 
 def create_backend(options, backend_options=None) -> ProcessGroupCollectives:
@@ -838,7 +1028,7 @@ def create_backend(options, backend_options=None) -> ProcessGroupCollectives:
 def _register() -> None:
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, create_backend, extended_api=True,
-                                      devices=["cpu"])
+                                      devices=["cpu", "cuda"])
     _torch_rendezvous._rendezvous_handlers["env"] = _env_rendezvous
 
 

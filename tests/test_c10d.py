@@ -9,6 +9,7 @@ ranks under our launcher and on 3 ranks under torchrun's environment variables s
 gloo's (2 ranks, same seeds) and to one process's training within float rounding.
 """
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -106,10 +107,10 @@ def one_rank():
 # -- in this process ---------------------------------------------------------------------------
 
 
-def test_registered_for_cpu():
+def test_registered_for_cpu_and_cuda():
     assert "collectives" in dist.Backend.backend_list
     assert dist.Backend.COLLECTIVES == "collectives"
-    assert dist.Backend.backend_capability["collectives"] == ["cpu"]
+    assert dist.Backend.backend_capability["collectives"] == ["cpu", "cuda"]
     assert dist.is_backend_available("collectives")
 
 
@@ -184,6 +185,115 @@ def test_work_wait_timeout_then_completes(one_rank):
     transport.isend(torch.tensor([1.0, 2.0]).numpy(), 0, pg.group.p2p_tag(3))
     assert work.wait() and torch.equal(got, torch.tensor([1.0, 2.0]))
     assert work.get_future().value()[0] is got
+
+
+def _cuda_looking(values, index=0):
+    """A CPU tensor that says it is on cuda:``index`` (torch without CUDA makes none): what
+    the routing sees of a CUDA tensor; nothing may move it."""
+    class CudaLooking(torch.Tensor):
+        @property
+        def device(self):
+            return torch.device("cuda", index)
+    return torch.Tensor._make_subclass(CudaLooking, torch.as_tensor(values))
+
+
+def test_cuda_tensors_without_a_gpu_transport_are_a_clear_error(one_rank, monkeypatch):
+    """Raised before anything moves, naming the call, the rank, the device and why; the
+    group goes on."""
+    monkeypatch.setattr(c10d.transports, "available",
+                        lambda name: (False, f"no {name} here: cupy is not importable"))
+    pg = one_rank
+    t = _cuda_looking([1.0, 2.0])
+    with pytest.raises(RuntimeError, match=r"all_reduce on rank 0: the tensors are on cuda:0, "
+                                           r"and the collectives backend runs CUDA tensors on "
+                                           r"its nccl transport, which is not usable here: no "
+                                           r"nccl here: cupy is not importable"):
+        pg.allreduce([t])
+    with pytest.raises(RuntimeError, match=r"all_gather_single on rank 0: .*cuda:0"):
+        pg.all_gather_single(_cuda_looking([0.0, 0.0]), t)
+    assert torch.equal(t, torch.tensor([1.0, 2.0]))
+    u = torch.ones(2)
+    dist.all_reduce(u)
+    assert torch.equal(u, torch.ones(2))
+
+
+def test_a_call_on_two_devices_is_refused(one_rank):
+    pg = one_rank
+    with pytest.raises(ValueError, match=r"all_gather_single on rank 0: the tensors of one call "
+                                         r"must be on one device, got cpu, cuda:0"):
+        pg.all_gather_single(torch.empty(2), _cuda_looking([1.0, 2.0]))
+    with pytest.raises(ValueError, match=r"all_gather on rank 0: .*got cpu, cuda:1"):
+        pg.allgather([[torch.empty(2)]], [_cuda_looking([1.0, 2.0], 1)])
+
+
+def test_cuda_calls_go_to_one_gpu_group_on_the_tensors_device(one_rank, monkeypatch):
+    """The first CUDA call makes the GPU transport on its tensors' GPU, with the group's rank,
+    size, store and timeout; a later call on another GPU is refused by name. CPU calls stay
+    on the socket group."""
+    made = []
+
+    class Made(Exception):
+        pass
+
+    class FakeModule:
+        @staticmethod
+        def create(**kwargs):
+            made.append(kwargs)
+            raise Made()
+    monkeypatch.setattr(c10d.transports, "available", lambda name: (True, "fake"))
+    monkeypatch.setattr(c10d.transports, "module", lambda name: FakeModule)
+    pg = one_rank
+    with pytest.raises(Made):
+        pg.broadcast([_cuda_looking([1.0], 3)], dist.BroadcastOptions())
+    assert made == [dict(rank=0, world_size=1, store=pg._store, timeout=20.0, device=3)]
+
+    class Placed:
+        transport = type("T", (), {"device": 3})()
+    monkeypatch.setattr(pg, "_gpu", Placed())
+    with pytest.raises(ValueError, match=r"broadcast on rank 0: the tensors are on cuda:1, but "
+                                         r"this process group runs on cuda:3"):
+        pg.broadcast([_cuda_looking([1.0], 1)], dist.BroadcastOptions())
+    u = torch.ones(2)
+    dist.all_reduce(u)                 # CPU tensors: the socket group, as before
+    assert torch.equal(u, torch.ones(2)) and pg.group is pg._main
+
+
+def test_sparse_all_reduce_one_rank(one_rank):
+    """Sparse COO tensors sum as gloo's do (the facade's code: collectives.sparse)."""
+    t = torch.sparse_coo_tensor([[0, 2, 0]], [1.0, 2.0, 3.0], (4,))
+    dist.all_reduce(t)
+    assert t.is_sparse and torch.equal(t.to_dense(), torch.tensor([4.0, 0.0, 2.0, 0.0]))
+    with pytest.raises(ValueError, match="all_reduce on rank 0: sparse tensors reduce with "
+                                         "ReduceOp.SUM only"):
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+
+
+def test_barrier_timeout_says_timed_out_naming_rank_and_peer():
+    """torch's tests (and code written for gloo) match ' Timed out ' in a barrier's timeout;
+    ours says it, and still where it waited: operation, rank, step, peer."""
+    import threading
+    store = dist.HashStore()
+    groups = {}
+
+    def make(rank):
+        groups[rank] = c10d.ProcessGroupCollectives(store, rank, 2, timedelta(seconds=20))
+    threads = [threading.Thread(target=make, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    opts = dist.BarrierOptions()
+    opts.timeout = timedelta(seconds=0.3)
+    try:
+        with pytest.raises(CollectiveTimeout) as caught:
+            groups[0].barrier(opts).wait()
+    finally:
+        for pg in groups.values():
+            pg.abort()
+    message = str(caught.value)
+    assert re.search(" (Timed out|closed|timeout) ", message), message
+    assert re.search(r"barrier \(\w+\) on rank 0, step 1 of \d+: Timed out after 0\.\d+ s; "
+                     r"rank 0: \w+ (from|to) rank 1 ", message), message
 
 
 def test_torch_store_under_our_store_interface():

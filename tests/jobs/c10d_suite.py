@@ -197,6 +197,19 @@ def check_all():
     dist.barrier()
     expect("barrier async", dist.barrier(async_op=True).wait(), True)
 
+    # sparse COO (as gloo: a SUM of every rank's nonzeros): rank r holds ones at rows 0..r
+    def ones_to(r):
+        return torch.sparse_coo_tensor(torch.arange(r + 1).reshape(1, -1), torch.ones(r + 1, 2),
+                                       (size, 2))
+    summed = torch.tensor([[float(size - i)] * 2 for i in range(size)])
+    t = ones_to(rank)
+    dist.all_reduce(t)
+    expect("sparse all_reduce stays sparse", t.is_sparse, True)
+    expect("sparse all_reduce", t.to_dense(), summed)
+    t = ones_to(rank)
+    dist.all_reduce(t, async_op=True).wait()
+    expect("sparse all_reduce async", t.to_dense(), summed)
+
     # objects, subgroups
     objs = [None] * size
     dist.all_gather_object(objs, {"rank": rank})

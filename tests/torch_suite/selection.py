@@ -77,15 +77,7 @@ GLOO_ONLY = {
 # Tests that pass on gloo and fail on ours for a gap of our backend (collectives/c10d.py) that
 # this runner cannot fix: each is reported on every run, and CI stays green; a known failure
 # that starts passing is reported too (remove it here then).
-KNOWN_FAILURES = {
-    "test_sparse_all_reduce_sum":
-        "sparse tensors: the backend takes dense (strided) tensors only (a documented limit); "
-        "TypeError: all_reduce on rank 2: tensor has layout torch.sparse_coo",
-    **{name: "the barrier does time out after the group's timeout, but our error message "
-             "('... did not complete within 1 s') has none of the words torch matches: "
-             "' (Timed out|closed|timeout) ' (AssertionError in torch's assertRaisesRegex)"
-       for name in ("test_barrier_timeout_full_group", "test_barrier_timeout_group")},
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 # Bodies that test ``BACKEND == "gloo"`` (or "mpi") to mean "a CPU backend" and otherwise
 # take the NCCL branch: in the ranks, after init, they see gloo's name (run.py).
