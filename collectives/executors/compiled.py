@@ -23,6 +23,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .. import settings
 from ..algorithms import lowered
 from ..algorithms.lowered import POST, WAIT
 from ..algorithms.schedule import Copy
@@ -45,7 +46,7 @@ _MAX_MESSAGE = 2**31 - 1            # MPI int counts, in bytes
 def _load():
     """Import the extension after making libmpi's symbols global (mpi4py loads it RTLD_LOCAL,
     and the extension leaves MPI symbols to be resolved from the library already loaded)."""
-    if os.environ.get("COLLECTIVES_COMPILED", "1") == "0":
+    if not settings.COMPILED():
         return None, "disabled by COLLECTIVES_COMPILED=0"
     try:
         from mpi4py import MPI
@@ -170,10 +171,7 @@ def _tables(program):
 KEEP_SCRATCH_BYTES = 1 << 20
 
 
-def _parse_bytes(text):
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    return int(float(text[:-1] if scale > 1 else text) * scale)
+_parse_bytes = settings.byte_size
 
 
 class ScratchPool:
@@ -225,13 +223,11 @@ class ScratchPool:
 
 
 def _scratch_cap():
-    text = os.environ.get("COLLECTIVES_SCRATCH_CACHE", "256M")
     try:
-        return _parse_bytes(text)
-    except ValueError:
-        warnings.warn(f"COLLECTIVES_SCRATCH_CACHE={text!r} is not a size in bytes (e.g. 256M, "
-                      f"0); keeping the default 256 MiB", RuntimeWarning, stacklevel=2)
-        return 256 << 20
+        return settings.SCRATCH_CACHE()
+    except ValueError as exc:
+        warnings.warn(f"{exc}; keeping the default 256 MiB", RuntimeWarning, stacklevel=2)
+        return settings.SCRATCH_CACHE.default
 
 
 scratch_pool = ScratchPool(_scratch_cap())
