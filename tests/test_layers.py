@@ -8,7 +8,8 @@ import collectives
 
 PACKAGE = pathlib.Path(collectives.__file__).parent
 # what lies below the transports
-TRANSPORTS_MAY_IMPORT = ("errors", "ops", "signature", "auth", "debug", "kernels", "transports")
+TRANSPORTS_MAY_IMPORT = ("errors", "ops", "signature", "auth", "debug", "settings", "kernels",
+                         "transports")
 
 
 def _imports(source: str, module: str):

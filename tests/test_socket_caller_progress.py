@@ -1,4 +1,4 @@
-"""Caller-driven progress in the socket transport (``transports/socket.py``, "Who reads the
+"""Caller-driven progress in the socket transport (``transports/socket/engine.py``, "Who reads the
 sockets"), with real processes: a thread blocked in wait_all reads the sockets itself while the
 progress thread stays parked. What must still hold: async requests complete with nobody in
 wait_all (small and large, over TCP, after a caller has just driven progress), two threads

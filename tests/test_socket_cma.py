@@ -1,4 +1,4 @@
-"""The socket transport's cross-memory-attach path (``transports/cma.py``) with real processes:
+"""The socket transport's cross-memory-attach path (``transports/socket/cma.py``) with real processes:
 same-host pairs whose probe succeeded read each other's sends straight out of the sender's
 memory (one copy), acknowledged over TCP. Which pairs take it and how to turn it off; sizes
 around the threshold and large; receives posted before and after the announcement;
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from collectives.errors import TransportError
-from collectives.transports import cma
+from collectives.transports.socket import cma
 from collectives.transports.socket import ADDRESS, CMA_ACK, CMA_MSG, HEADER
 from test_socket_shm import (KIB, MIB, _inject, _killed_mid_transfer, _many_tags, _mismatch,
                              _pair, _sizes, run_facade)

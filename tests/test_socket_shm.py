@@ -18,7 +18,7 @@ from collectives.errors import CollectiveError, TransportError
 from collectives.store import TCPStore
 from collectives.transports import create
 from collectives.transports import socket as sock_mod
-from collectives.transports.shm import SHM_DIR
+from collectives.transports.socket.shm import SHM_DIR
 from collectives.transports.socket import ANY_SOURCE, HEADER, SHM_CHUNK, SHM_CREDIT, SHM_MSG
 from test_socket_transport import CTX, STORE_SECRET, ok, run_ranks
 
