@@ -36,6 +36,7 @@ import types as types_module
 
 import numpy as np
 
+from .. import settings
 from ..ops import ReduceOp
 from .reduce import BFLOAT16, dtype_kind, reducer as numpy_reducer
 
@@ -53,7 +54,7 @@ except Exception as exc:  # ImportError, or a numba that fails against this nump
 # 2-core CI machine (shared, so measured noisy) two threads never beat one clearly up to 64 MiB
 # and lost below 4 MiB (tools/kernels.py, docs/notes/compiled-path-perf.md); machines with more
 # memory bandwidth per core than one core can draw are where the pool pays.
-PARALLEL_MIN_BYTES = int(os.environ.get("COLLECTIVES_KERNEL_PARALLEL_MIN_BYTES", 16 << 20))
+PARALLEL_MIN_BYTES = settings.KERNEL_PARALLEL_MIN_BYTES()
 
 
 def available():
@@ -363,7 +364,7 @@ _pool_lock = threading.Lock()
 
 
 def _threads() -> int:
-    cap = int(os.environ.get("COLLECTIVES_KERNEL_THREADS", "0") or 0)
+    cap = settings.KERNEL_THREADS()
     n = os.cpu_count() or 1
     return max(1, min(n, cap) if cap > 0 else n)
 
