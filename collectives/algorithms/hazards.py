@@ -16,6 +16,9 @@ k of one meets only piece k of the other. An op may be cut only when that cannot
 its pieces read what an earlier piece wrote (``cuttable``); a step's local ops may be
 interleaved, piece by piece, with its transfers only when every overlap between them is an
 equality (``splittable``).
+
+Fusing: consecutive reductions through one accumulator may run as one kernel that loads
+every operand before it stores anything (``extends_chain``).
 """
 from __future__ import annotations
 
@@ -178,3 +181,27 @@ def splittable(step) -> bool:
 
 def _same_or_apart(region, others) -> bool:
     return all(region == other or not region.overlaps(other) for other in others)
+
+
+# -- fusing ------------------------------------------------------------------------------------
+
+
+def extends_chain(run, op) -> bool:
+    """Whether ``op`` may join ``run`` (one op, or Reduce ops each of whose ``a`` is the
+    previous one's ``dst``: an accumulator carried through) in one fused kernel. A fused
+    kernel loads ``a`` and every ``b`` before it stores anything, and its threads each own
+    one element index, storing each distinct destination once, with its value after the
+    last op that writes it. So ``op`` joins only if it is a Reduce reading the previous
+    destination as its ``a``, all of one count; if its ``b`` overlaps no earlier destination
+    of the run (it would read the value before the run, not the one the run wrote); and if
+    each destination is either the very same region as, or disjoint from, every region the
+    run touches (no element is read at one index and written at another)."""
+    first, prev = run[0], run[-1]
+    if not (isinstance(first, Reduce) and isinstance(op, Reduce) and op.a == prev.dst
+            and op.dst.count == op.b.count == first.dst.count):
+        return False
+    dsts = [r.dst for r in run]
+    if any(op.b.overlaps(d) for d in dsts):
+        return False
+    touched = [first.a] + [r.b for r in run] + dsts + [op.b]
+    return all(d == t or not d.overlaps(t) for d in dsts + [op.dst] for t in touched + [op.dst])

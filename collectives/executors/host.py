@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 from ..algorithms import lowered
-from ..algorithms.lowered import POST, WAIT
+from ..algorithms.lowered import POST, WAIT, Chain
 from ..algorithms.schedule import Copy, Plan
 from ..algorithms.transforms import segmented
 from ..errors import TIMED_OUT, CollectiveError, CollectiveTimeout
@@ -73,6 +73,9 @@ def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
                 for op in what:
                     if isinstance(op, Copy):
                         view(op.dst)[...] = view(op.src)
+                    elif isinstance(op, Chain):     # a fused run: op by op gives its bits
+                        for r in op.ops:
+                            reduce(view(r.dst), view(r.a), view(r.b))
                     else:
                         reduce(view(op.dst), view(op.a), view(op.b))
     except CollectiveError as exc:

@@ -1,31 +1,35 @@
 """The NCCL executor: a whole plan enqueued on CUDA streams, no host synchronization.
 
-Each step becomes one NCCL group (``groupStart``, every ``recv`` and ``send`` of the step,
-``groupEnd``) followed by its local copies and reductions as CuPy kernels. Nothing waits on the
-host: ``execute`` returns once everything is enqueued, and the results are ordered on the
-caller's current CuPy stream (see ``collectives.transports.nccl`` for what completes when).
+It interprets a lowered program (``algorithms.lowered``) and decides nothing about order
+itself: what may be cut, fused or overlapped was decided at lowering, once per cached plan,
+by the hazard rules (``algorithms.hazards``). Each POST becomes one NCCL group
+(``groupStart``, its ``recv`` and ``send`` calls, ``groupEnd``), each local op a copy or a
+CuPy kernel. Nothing waits on the host: ``execute`` returns once everything is enqueued, and
+the results are ordered on the caller's current CuPy stream (see
+``collectives.transports.nccl`` for what completes when).
 
 Two modes:
 
-* **in order** (steps whose transfers are smaller than ``segment_bytes``, or segmentation
-  off): every transfer and kernel on the caller's stream, in plan order. Fewest launches; this
-  is what small messages want.
-* **pipelined** (any larger step): each message is cut into ``ceil(bytes / segment_bytes)``
-  segments by its own size (so both ends cut it alike), sent in rounds (segment k of every
-  message of the step in round k); a local op is cut by the same rule, so segment k of a
-  reduction reads exactly segment k of its landing zone. Transfers run on the transport's
-  private communication stream, kernels on the caller's stream, and CUDA events order them:
-  an operation waits for the latest operation of the other stream whose regions conflict with
-  its own (read-after-write, write-after-read, write-after-write). So the reduction of segment
-  k overlaps the transfer of segment k+1, and a send waits only for the kernels that wrote
-  what it sends. Local ops are cut and interleaved with the rounds only when every two
-  overlapping regions of the step (op and transfer, op and op) of which one is written are
-  equal, so cutting cannot reorder a dependency (``hazards.splittable``); otherwise each op runs
-  whole after the step's last round. Every piece of every op runs: a step of copies alone
-  has as many rounds as its longest op has pieces. (Before this, rounds were counted from
-  the transfers only, so the local copy of all_to_all, gather and scatter lost all pieces
-  but the first.) ``tests/test_nccl_executor_fake.py`` checks this ordering on the CPU with
-  streams as queues run in random dependency-respecting orders.
+* **in order** (no message larger than ``segment_bytes``, or segmentation off):
+  ``lowered.chained(lowered.stepwise(plan))`` on the caller's stream. A step's transfers are
+  one NCCL group; its waits are stream order; its local ops are copies, kernels, and, for a
+  run of reductions through one accumulator (a ``Chain``: the direct all_reduce's p-1
+  reductions), one fused kernel (``kernels.cuda.chain_kernel``). Fewest launches; this is
+  what small messages want.
+* **pipelined** (any larger message): ``lowered.two_streams(plan, segment)``. Each message
+  is cut into ``ceil(bytes / segment_bytes)`` segments by its own size (so both ends cut it
+  alike), sent in rounds (segment k of every message of the step in round k,
+  ``transforms.rounds``); a local op is cut by the same rule, so segment k of a reduction
+  reads exactly segment k of its landing zone, when cutting cannot reorder a dependency
+  (``hazards.splittable``); otherwise each op runs whole after the step's last round.
+  Transfers run on the transport's private communication stream, kernels on the caller's
+  stream, and CUDA events order them: each instruction names the latest instruction of the
+  other stream whose regions conflict with its own (``hazards.conflict``), and the executor
+  waits for that one's event. So the reduction of segment k overlaps the transfer of segment
+  k+1, and a send waits only for the kernels that wrote what it sends. Both ends of a pair
+  must hold the same messages in each step (rounds interleave a step's messages to one peer
+  piece by piece): plans here are never windowed. ``tests/test_nccl_executor_fake.py`` checks
+  this ordering on the CPU with streams as queues run in random dependency-respecting orders.
 
 **Graph replay** (``COLLECTIVES_NCCL_GRAPH=1``, in-order plans only): the host work of a call
 (a Python NCCL group per step, a CuPy kernel launch per reduction: ~10-20 µs each) dominates
@@ -67,13 +71,12 @@ here (nothing is waited for); ``NcclTransport.synchronize(timeout)`` enforces it
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 from .. import settings
-from ..algorithms import hazards
-from ..algorithms.schedule import Copy, Plan, Reduce, Send
+from ..algorithms import lowered
+from ..algorithms.lowered import COMM, LOCAL, POST, Chain
+from ..algorithms.schedule import Copy, Plan
 from ..errors import TransportError
 
 ENV_SEGMENT = settings.NCCL_SEGMENT_BYTES.name
@@ -205,8 +208,7 @@ def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
     if op is not None and reduce is not None:
         run.fuse = (op, dtype)
     limit = segment_bytes(plan) if segment is None else segment
-    biggest = _facts(plan).largest * dtype.itemsize
-    if limit <= 0 or biggest <= limit:
+    if limit <= 0 or lowered.largest_message(plan) * dtype.itemsize <= limit:
         if graphs_enabled():
             key = (id(plan), tuple((k, a.data.ptr, a.size) for k, a in arrays.items()),
                    dtype.str, op, id(kernel) if op is None else None,
@@ -215,58 +217,8 @@ def execute(plan: Plan, transport, buffers: dict, reduce=None, *, tag: int = 0,
                 return
         run.in_order(plan)
     else:
-        run.pipelined(plan.steps, limit // dtype.itemsize)
-
-
-class _PlanFacts(NamedTuple):
-    largest: int          # elements of the plan's largest single transfer
-    chains: tuple         # per step: its local ops grouped by ``reduction_chains``
-
-
-def _facts(plan: Plan) -> _PlanFacts:
-    """What every call asks of a plan, worked out once per plan (plans are cached)."""
-    return plan.derived("_nccl_facts", None, lambda: _PlanFacts(
-        largest=max((_step_bytes(s) for s in plan.steps), default=0),
-        chains=tuple(tuple(reduction_chains(step.local)) for step in plan.steps)))
-
-
-def _step_bytes(step) -> int:
-    """Elements of the largest single transfer of a step."""
-    return max([s.region.count for s in step.sends] + [r.region.count for r in step.recvs],
-               default=0)
-
-
-LONGEST_CHAIN = 16                  # operands of one fused kernel
-
-
-def reduction_chains(local, longest: int = LONGEST_CHAIN) -> list:
-    """``local`` (a step's local ops, in order) cut into runs that one kernel can do: a run is
-    one op, or Reduce ops each of whose ``a`` is the previous one's ``dst`` (the accumulator),
-    all of one count. A fused kernel loads every operand before it stores anything, and its
-    threads each own one element index; so an op joins only if its ``b`` overlaps no earlier
-    destination of the run, and if each destination is either the very same region as, or
-    disjoint from, every region the run touches (no element is read at one index and written
-    at another)."""
-    runs: list = []
-    for op in local:
-        run = runs[-1] if runs else None
-        if run is not None and len(run) < longest and _extends(run, op):
-            run.append(op)
-        else:
-            runs.append([op])
-    return runs
-
-
-def _extends(run, op) -> bool:
-    first, prev = run[0], run[-1]
-    if not (isinstance(first, Reduce) and isinstance(op, Reduce) and op.a == prev.dst
-            and op.dst.count == op.b.count == first.dst.count):
-        return False
-    dsts = [r.dst for r in run]
-    if any(op.b.overlaps(d) for d in dsts):
-        return False
-    touched = [first.a] + [r.b for r in run] + dsts + [op.b]
-    return all(d == t or not d.overlaps(t) for d in dsts + [op.dst] for t in touched + [op.dst])
+        # a segment below one element still cuts: into one-element pieces
+        run.pipelined(lowered.two_streams(plan, max(1, limit // dtype.itemsize)))
 
 
 def _device_reducer(reduce, op, dtype):
@@ -334,89 +286,50 @@ class _Run:
 
     # -- in order: one stream ------------------------------------------------------------------
 
-    def chain(self, ops, stream):
-        """Reductions dst_i = dst_(i-1) op b_i (``reduction_chains``) in one kernel launch."""
+    def chain(self, chain, stream):
+        """A ``lowered.Chain`` of reductions in one kernel launch."""
         from ..kernels.cuda import chain_kernel
-        last = {}                                   # each distinct destination: its last op
-        for i, op in enumerate(ops):
-            last[op.dst] = i
-        dsts = list(last)
-        apply = chain_kernel(*self.fuse, len(ops), tuple(last[d] for d in dsts))
+        apply = chain_kernel(*self.fuse, len(chain.ops), chain.writes)
         with stream:
-            apply([self.view(d) for d in dsts], self.view(ops[0].a),
-                  [self.view(op.b) for op in ops])
+            apply([self.view(d) for d in chain.dsts], self.view(chain.a),
+                  [self.view(b) for b in chain.bs])
 
     def in_order(self, plan):
+        """``lowered.chained(lowered.stepwise(plan))`` on the caller's stream: a step's
+        transfers as one NCCL group, its waits left to stream order, its local ops as copies,
+        kernels and fused chain kernels (op by op where no fused kernel exists)."""
         stream = self.cupy.cuda.get_current_stream()
-        steps = plan.steps
-        chains = _facts(plan).chains if self.fuse else None
-        for index, step in enumerate(steps):
-            if step.sends or step.recvs:
-                self.transfer(step.sends, step.recvs, stream.ptr, index, len(steps))
-            for ops in (chains[index] if chains else [[op] for op in step.local]):
-                if len(ops) == 1:
-                    self.local(ops[0], stream)
-                else:
-                    self.chain(ops, stream)
+        total = len(plan.steps)
+        for kind, index, what in lowered.chained(lowered.stepwise(plan)).code:
+            if kind is POST:
+                self.transfer(what[1], what[0], stream.ptr, index, total)
+            elif kind is LOCAL:
+                for op in what:
+                    if op.__class__ is not Chain:
+                        self.local(op, stream)
+                    elif self.fuse:
+                        self.chain(op, stream)
+                    else:
+                        for one in op.ops:
+                            self.local(one, stream)
 
     # -- pipelined: transfers on the comm stream, kernels on the caller's ------------------------
 
-    def pipelined(self, steps, segment_elems):
-        cupy = self.cupy
-        compute = cupy.cuda.get_current_stream()
-        comm_stream = self.transport.comm_stream()
-        streams = {"comm": comm_stream, "compute": compute}
-        history = {"comm": [], "compute": []}     # (event, reads, writes) in stream order
-        waited = {"comm": -1, "compute": -1}      # index into the *other* stream's history
-
-        start = compute.record()
-        comm_stream.wait_event(start)             # the caller's earlier work comes first
-
-        def enqueue(where, reads, writes, launch):
-            other = "compute" if where == "comm" else "comm"
-            past = history[other]
-            for i in range(len(past) - 1, waited[where], -1):
-                _, r, w = past[i]
-                if hazards.conflict((r, w), (reads, writes)):
-                    streams[where].wait_event(past[i][0])
-                    waited[where] = i
-                    break
-            launch()
-            history[where].append((streams[where].record(), reads, writes))
-
-        total = len(steps)
-        def pieces(count):
-            return hazards.pieces_of_at_most(count, segment_elems)
-        for index, step in enumerate(steps):
-            # Each message is cut by its own size, so sender and receiver cut it alike.
-            moves = [(t, pieces(t.region.count)) for t in step.sends + step.recvs]
-            # Local ops of a step run after all its transfers; piece k of them may follow
-            # round k of the transfers only when that cannot reorder anything.
-            split_local = hazards.splittable(step)
-            cuts = [pieces(op[0].count) for op in step.local] if split_local else []
-            # Every piece of every op must run: a step of local ops alone (the first copy of
-            # all_to_all, gather, scatter) or ops longer than its messages still has rounds.
-            rounds = max([n for _, n in moves] + cuts + [1])
-            for k in range(rounds):
-                sends = [type(t)(t.peer, hazards.cut(t.region, k, n)) for t, n in moves
-                         if k < n and isinstance(t, Send)]
-                recvs = [type(t)(t.peer, hazards.cut(t.region, k, n)) for t, n in moves
-                         if k < n and not isinstance(t, Send)]
-                sends = [t for t in sends if t.region.count]
-                recvs = [t for t in recvs if t.region.count]
-                if sends or recvs:
-                    enqueue("comm", [t.region for t in sends], [t.region for t in recvs],
-                            lambda s=sends, r=recvs: self.transfer(s, r, comm_stream.ptr,
-                                                                   index, total))
-                for op, n in zip(step.local, cuts):
-                    if k >= n:
-                        continue
-                    piece = type(op)(*(hazards.cut(region, k, n) for region in op))
-                    if piece[0].count:
-                        enqueue("compute", *hazards.access(piece),
-                                lambda p=piece: self.local(p, compute))
-            if not split_local:
-                for op in step.local:
-                    enqueue("compute", *hazards.access(op), lambda p=op: self.local(p, compute))
-        if history["comm"]:
-            compute.wait_event(history["comm"][-1][0])   # the caller's stream sees it all
+    def pipelined(self, program):
+        """A ``lowered.two_streams`` program: each instruction waits for the event of the one
+        it names, runs on its stream, and records an event if a later one waits for it."""
+        compute = self.cupy.cuda.get_current_stream()
+        comm = self.transport.comm_stream()
+        total = len(program.plan.steps)
+        events = {}
+        for number, (kind, index, what, where, after, record) in enumerate(program.code):
+            stream = comm if where is COMM else compute
+            if after >= 0:
+                stream.wait_event(events[after])
+            if kind is POST:
+                self.transfer(what[1], what[0], stream.ptr, index, total)
+            elif kind is LOCAL:
+                for op in what:
+                    self.local(op, stream)
+            if record:
+                events[number] = stream.record()
