@@ -249,3 +249,62 @@ def test_default_segments_only_for_plans_that_reduce(monkeypatch):
     assert executor.segment_bytes(moving) == 1 << 20
     monkeypatch.setenv(executor.ENV_SEGMENT, str(1 << 20))
     assert executor.segment_bytes(moving) == executor.segment_bytes(reducing) == 1 << 20
+
+
+def _regions_of(plan):
+    for step in plan.steps:
+        for t in step.sends + step.recvs:
+            yield t.region
+        for op in step.local:
+            yield op.dst
+            yield from ((op.src,) if hasattr(op, "src") else (op.a, op.b))
+
+
+@pytest.mark.parametrize("collective,algorithm",
+                         [(c, a) for c, a in CASES if c in ("all_reduce", "reduce_scatter",
+                                                            "reduce")])
+def test_fused_reduction_chains_mean_what_the_ops_mean(collective, algorithm):
+    """Every step's local ops, grouped by ``reduction_chains`` and run with a fused kernel's
+    semantics (load every operand, then carry each element through the chain, then store each
+    distinct destination once), give the bits of running the ops one by one."""
+    from collectives.executors.nccl import reduction_chains
+    from collectives.algorithms.schedule import Copy as CopyOp
+    rng = np.random.default_rng(3)
+    fused_runs = 0
+    for p in (2, 3, 4, 5, 8):
+        for count in (1, 7, 1000):
+            counts = _counts(collective, p, count, rng)
+            for rank in range(p):
+                plan = build_plan(collective, algorithm, rank, p,
+                                  *plan_args(collective, p, counts, 0))
+                sizes = {}
+                for r in _regions_of(plan):
+                    sizes[r.buffer] = max(sizes.get(r.buffer, 0), r.end)
+                for step in plan.steps:
+                    base = {b: rng.standard_normal(n).astype(np.float32) for b, n in sizes.items()}
+                    want = {b: a.copy() for b, a in base.items()}
+                    got = {b: a.copy() for b, a in base.items()}
+                    view = lambda arrays, r: arrays[r.buffer][r.offset:r.end]  # noqa: E731
+                    for op in step.local:
+                        if isinstance(op, CopyOp):
+                            view(want, op.dst)[...] = view(want, op.src)
+                        else:
+                            np.add(view(want, op.a), view(want, op.b), out=view(want, op.dst))
+                    for ops in reduction_chains(step.local):
+                        if len(ops) == 1 and isinstance(ops[0], CopyOp):
+                            view(got, ops[0].dst)[...] = view(got, ops[0].src).copy()
+                            continue
+                        fused_runs += len(ops) > 1
+                        acc = view(got, ops[0].a).copy()
+                        operands = [view(got, op.b).copy() for op in ops]
+                        stores = {}
+                        for op, b in zip(ops, operands):
+                            acc = (acc + b).astype(np.float32)
+                            stores[op.dst] = acc.copy()
+                        for dst, value in stores.items():
+                            view(got, dst)[...] = value
+                    for b in base:
+                        assert np.array_equal(got[b].view(np.uint32), want[b].view(np.uint32)), \
+                            (collective, algorithm, p, count, rank, b)
+    if algorithm == "direct":
+        assert fused_runs > 0       # the direct reductions are chains: the fusion is exercised

@@ -3,8 +3,10 @@
 A transfer of n bytes costs α + β·n; reducing n bytes costs γ·n; a local copy of n bytes
 costs γ/2·n (a copy streams two operands where a reduction streams three, so copies are folded
 into γ instead of carrying a fourth parameter). ``predict`` does not use hand formulas: it
-builds every rank's plan and replays them like the simulator (rendezvous matching, FIFO per
-pair of ranks) with a clock per rank instead of data:
+builds every rank's plan and replays the program the executors run (``lowered.stepwise``:
+post a step's transfers, wait for them, run its local operations), like the simulator
+(rendezvous matching, FIFO per pair of ranks), with a clock per rank instead of data; so
+what is priced is what runs (``replay`` prices any other lowering too):
 
 - a rank posts a step when its previous step (transfers, then local operations) has ended;
 - a transfer starts once both sides have posted it and both ports are free: every rank has
@@ -57,7 +59,9 @@ Not modelled: contention inside the network (every pair of ranks has its own lin
 rendezvous protocols, per-step software overhead apart from α (the socket default's α, 80 µs,
 is the per-step cost inside a collective, twice the ping-pong's; ``calibrate`` measures the
 ping-pong's), cache effects on γ, overlap of
-reductions with transfers inside one step (the executors do not overlap them either).
+reductions with transfers inside one step (the step walk does not overlap them; the
+overlapped lowering, which the host executor runs for large messages on transports that move
+data in the background, does, and ``replay(..., lowering=lowered.overlapped)`` prices it).
 
 Parameters come per transport (``DEFAULTS``, or a tuning file named by ``COLLECTIVES_TUNING``
 that ``calibrate`` + ``save_params`` write). Every rank must see the same parameters, or ranks
@@ -68,6 +72,7 @@ file, and ``ranking`` scales the predictions by them (``measured.py``).
 """
 from __future__ import annotations
 
+import collections
 import functools
 import heapq
 import json
@@ -80,6 +85,7 @@ from ..errors import CollectiveError
 from .measured import NONE as NO_CORRECTIONS
 from .measured import Corrections
 from .measured import load as load_corrections
+from .lowered import LOCAL, POST, stepwise
 from .schedule import COLLECTIVES, REGISTRY, Copy, build_plan, partition, plan_args
 
 ENV_TUNING = "COLLECTIVES_TUNING"
@@ -290,107 +296,161 @@ def write_tuning(path: str, data: dict) -> None:
 # Counted from the schedules: a timed replay of every rank's plan
 
 
-def _local_cost(step, itemsize, params, ranks) -> float:
+def _local_cost(ops, itemsize, params, ranks) -> float:
+    """Seconds of a run of local operations (one LOCAL instruction), in order."""
     cost = 0.0
-    for op in step.local:
+    for op in ops:
         weight = 0.5 if isinstance(op, Copy) else 1.0
         nbytes = op.dst.count * itemsize
         cost += params.local_alpha + weight * params.gamma_at(nbytes, ranks) * nbytes
     return cost
 
 
-def replay(plans, itemsize: int, params: Params) -> float:
-    """Predicted seconds for ``plans`` (one per rank, in rank order): see the module text."""
+def replay(plans, itemsize: int, params: Params, lowering=stepwise) -> float:
+    """Predicted seconds for ``plans`` (one per rank, in rank order): see the module text.
+
+    Each rank's program is ``lowering(plan)`` (``algorithms.lowered``; by default the step
+    walk, which the executors run): a POST posts its transfers at the rank's clock; a WAIT
+    ends when the last of its requests has ended; a LOCAL costs its operations. After a WAIT
+    the rank runs the local operations of the same step, then queues to post again."""
     size = len(plans)
     alpha, ports = params.alpha, params.ports
     link = params.link_beta or params.beta
-    step_of = [0] * size
-    outstanding = [0] * size
-    posted_at = [0.0] * size      # when the rank posted its current step
-    step_end = [0.0] * size       # when the last transfer of its current step ended
+    beta_at = params.beta_at
+    programs = [lowering(plan).code for plan in plans]
+    pc = [0] * size               # each rank's next instruction
+    ended = [[] for _ in range(size)]   # per rank: request number -> when it ended (None: not yet)
+    waiting = [None] * size       # the request numbers of the WAIT a rank stopped at
+    left = [0] * size             # how many of them have not ended
+    wait_end = [0.0] * size       # when the rank reached that WAIT, or a later end of its requests
     send_free = [[0.0] * ports for _ in range(size)]   # when each send port is free again
     recv_free = [[0.0] * ports for _ in range(size)]
-    fan_out = [{}] * size         # the current step's sends / receives: {peer: messages}
-    fan_in = [{}] * size
+    any_port = range(ports)
     finished = [None] * size
-    sends: dict = {}              # (src, dst) -> [counts posted, not yet matched] (FIFO)
+    # (src, dst) -> posted, not yet matched (FIFO): (count, request number, posted at, step,
+    # messages of that POST to / from this peer, messages of that POST in all)
+    sends: dict = {}
     recvs: dict = {}
-    events = [(0.0, rank) for rank in range(size)]   # (time, rank): the rank posts its next step
+    events = [(0.0, rank) for rank in range(size)]   # (time, rank): the rank posts next
 
-    def complete(rank):
-        step = plans[rank].steps[step_of[rank]]
-        end = step_end[rank] + (_local_cost(step, itemsize, params, size) if step.local
-                                else 0.0)
-        step_of[rank] += 1
+    def complete(rank, end):
+        """The rank's WAIT is over at ``end``: its step's local operations, then queue."""
+        code, i = programs[rank], pc[rank]
+        step = code[i][1]
+        i += 1
+        while i < len(code) and code[i][0] is LOCAL and code[i][1] == step:
+            end += _local_cost(code[i][2], itemsize, params, size)
+            i += 1
+        pc[rank] = i
         heapq.heappush(events, (end, rank))
 
     def match(src, dst):
         s, r = sends.get((src, dst)), recvs.get((src, dst))
         while s and r:
-            sent, into = s.pop(0), r.pop(0)
-            if sent != into:
+            sent, into = s.popleft(), r.popleft()
+            if sent[0] != into[0]:
                 raise CollectiveError(
                     f"{plans[src].collective} ({plans[src].algorithm}): rank {src} step "
-                    f"{step_of[src] + 1} sends {sent} elements to rank {dst}, whose step "
-                    f"{step_of[dst] + 1} receives {into}")
-            out_port = min(range(ports), key=send_free[src].__getitem__)
-            in_port = min(range(ports), key=recv_free[dst].__getitem__)
-            start = max(posted_at[src], posted_at[dst], send_free[src][out_port],
-                        recv_free[dst][in_port])
-            nbytes = sent * itemsize
-            beta = params.beta_at(nbytes)
+                    f"{sent[3] + 1} sends {sent[0]} elements to rank {dst}, whose step "
+                    f"{into[3] + 1} receives {into[0]}")
+            out_free, in_free = send_free[src], recv_free[dst]
+            out_port = min(any_port, key=out_free.__getitem__)
+            in_port = min(any_port, key=in_free.__getitem__)
+            start = max(sent[2], into[2], out_free[out_port], in_free[in_port])
+            nbytes = sent[0] * itemsize
             # messages to one peer share that pair's link (the bidirectional ring at p = 2);
             # messages running at once share the rank's link
-            same = max(fan_out[src].get(dst, 1), fan_in[dst].get(src, 1))
-            beta *= same
-            together = min(ports, max(sum(fan_out[src].values()), sum(fan_in[dst].values())))
+            beta = beta_at(nbytes) * max(sent[4], into[4])
+            together = min(ports, max(sent[5], into[5]))
             if together > 1:
                 beta = max(beta, together * link)
             end = start + alpha + beta * nbytes
-            send_free[src][out_port] = recv_free[dst][in_port] = end
-            for rank in (src, dst) if src != dst else (src,):
-                if end > step_end[rank]:
-                    step_end[rank] = end
-                outstanding[rank] -= 1
-                if outstanding[rank] == 0:
-                    complete(rank)
+            out_free[out_port] = in_free[in_port] = end
+            for rank, number in ((src, sent[1]), (dst, into[1])):
+                ended[rank][number] = end
+                wanted = waiting[rank]
+                if wanted is not None and number in wanted:
+                    if end > wait_end[rank]:
+                        wait_end[rank] = end
+                    left[rank] -= 1
+                    if not left[rank]:
+                        waiting[rank] = None
+                        complete(rank, wait_end[rank])
+
+    def post(rank, now, step, what):
+        into, out = what
+        mine = ended[rank]
+        fan = _fan(into)
+        for r in into:
+            peer = r.peer
+            queue = recvs.get((peer, rank))
+            if queue is None:
+                queue = recvs[(peer, rank)] = collections.deque()
+            queue.append((r.region.count, len(mine), now, step, fan(peer), len(into)))
+            mine.append(None)
+        fan = _fan(out)
+        for s in out:
+            peer = s.peer
+            queue = sends.get((rank, peer))
+            if queue is None:
+                queue = sends[(rank, peer)] = collections.deque()
+            queue.append((s.region.count, len(mine), now, step, fan(peer), len(out)))
+            mine.append(None)
+        for r in into:
+            match(r.peer, rank)
+        for s in out:
+            match(rank, s.peer)
 
     while events:
         now, rank = heapq.heappop(events)
-        steps = plans[rank].steps
-        # steps without transfers run back to back, no need to go through the queue
-        while step_of[rank] < len(steps) and not (steps[step_of[rank]].sends or
-                                                   steps[step_of[rank]].recvs):
-            now += _local_cost(steps[step_of[rank]], itemsize, params, size)
-            step_of[rank] += 1
-        if step_of[rank] == len(steps):
+        code = programs[rank]
+        while pc[rank] < len(code):
+            kind, step, what = code[pc[rank]]
+            if kind is LOCAL:
+                now += _local_cost(what, itemsize, params, size)
+            elif kind is POST:
+                post(rank, now, step, what)
+            else:                 # WAIT: always the end of this turn
+                numbers = range(what.start, what.stop) if what.__class__ is slice else what
+                mine, end, pending = ended[rank], now, 0
+                for number in numbers:
+                    done = mine[number]
+                    if done is None:
+                        pending += 1
+                    elif done > end:
+                        end = done
+                if pending:
+                    waiting[rank], left[rank], wait_end[rank] = numbers, pending, end
+                else:
+                    complete(rank, end)
+                break
+            pc[rank] += 1
+        else:
             finished[rank] = now
-            continue
-        step = steps[step_of[rank]]
-        posted_at[rank] = step_end[rank] = now
-        outstanding[rank] = len(step.sends) + len(step.recvs)
-        fan_out[rank], fan_in[rank] = {}, {}
-        for s in step.sends:
-            fan_out[rank][s.peer] = fan_out[rank].get(s.peer, 0) + 1
-        for r in step.recvs:
-            fan_in[rank][r.peer] = fan_in[rank].get(r.peer, 0) + 1
-        for r in step.recvs:
-            recvs.setdefault((r.peer, rank), []).append(r.region.count)
-        for s in step.sends:
-            sends.setdefault((rank, s.peer), []).append(s.region.count)
-        for r in step.recvs:
-            match(r.peer, rank)
-        for s in step.sends:
-            match(rank, s.peer)
 
     stuck = [r for r in range(size) if finished[r] is None]
     if stuck:
         first = stuck[0]
+        code = programs[first]
         raise CollectiveError(
             f"{plans[first].collective} ({plans[first].algorithm}) deadlocks at world size "
             f"{size}: {len(stuck)} ranks never finish; rank {first} waits in step "
-            f"{step_of[first] + 1}")
+            f"{code[min(pc[first], len(code) - 1)][1] + 1}")
     return max(finished, default=0.0)
+
+
+def _one(peer) -> int:
+    return 1
+
+
+def _fan(transfers):
+    """peer -> how many of ``transfers`` go to (come from) that peer."""
+    if len(transfers) < 2:
+        return _one
+    fan: dict = {}
+    for t in transfers:
+        fan[t.peer] = fan.get(t.peer, 0) + 1
+    return fan.__getitem__
 
 
 @functools.lru_cache(maxsize=8192)
