@@ -16,7 +16,8 @@ from collectives.algorithms import capabilities
 from collectives.algorithms.hazards import pieces_of_at_least as segment_pieces
 from collectives.algorithms.schedule import (Copy, Reduce, Region, build_plan, buffer_sizes,
                                              plan_args)
-from collectives.algorithms.transforms import segmented
+from collectives.algorithms import hazards
+from collectives.algorithms.transforms import in_rounds, rounds, segmented
 from collectives.algorithms.lowered import overlapped
 from collectives.algorithms.simulate import execute_all
 from collectives.executors import host
@@ -136,6 +137,61 @@ def test_simulated_results_equal_unsegmented(collective, algorithm):
                 np.testing.assert_array_equal(got[rank]["output"], want[rank]["output"])
                 np.testing.assert_array_equal(overlapped_got[rank]["output"],
                                               want[rank]["output"])
+
+
+# -- rounds: each message cut by its own size (NCCL's pipelined mode) ----------------------------
+
+def test_rounds_hold_piece_k_of_every_message():
+    from collectives.algorithms.schedule import Recv, Send, Step
+    out, land = Region("output", 0, 4), Region("scratch", 0, 4)
+    step = Step(sends=(Send(1, Region("input", 0, 10)),), recvs=(Recv(1, land),),
+                local=(Reduce(out, out, land),))
+    got = rounds(step, 3)
+    # the send in ceil(10 / 3) = 4 pieces, the receive and its reduction in 2, cut alike
+    assert [[s.region for s in r.sends] for r in got] == \
+        [[hazards.cut(Region("input", 0, 10), k, 4)] for k in range(4)]
+    assert [[t.region for t in r.recvs] for r in got] == [[land.sub(0, 2)], [land.sub(2, 2)],
+                                                           [], []]
+    assert [r.local for r in got] == [(Reduce(out.sub(0, 2), out.sub(0, 2), land.sub(0, 2)),),
+                                      (Reduce(out.sub(2, 2), out.sub(2, 2), land.sub(2, 2)),),
+                                      (), ()]
+    assert rounds(step, 10) == (step,)
+    # an op over half of what is received cannot be cut alike: it runs whole, last
+    half = Step(recvs=(Recv(1, land),), local=(Copy(land.sub(0, 2), out.sub(0, 2)),))
+    assert not hazards.splittable(half)
+    got = rounds(half, 1)
+    assert [len(r.recvs) for r in got] == [1] * 4
+    assert [r.local for r in got] == [()] * 3 + [half.local]
+    # local ops alone still run every piece; empty pieces and empty rounds are left out
+    copies = Step(local=(Copy(Region("input", 0, 5), out.sub(0, 5)),
+                         Copy(Region("input", 5, 0), out.sub(5, 0))))
+    assert [r.local for r in rounds(copies, 2)] == [
+        (Copy(Region("input", 0, 1), out.sub(0, 1)),), (Copy(Region("input", 1, 2),
+                                                              out.sub(1, 2)),),
+        (Copy(Region("input", 3, 2), out.sub(3, 2)),)]
+    with pytest.raises(ValueError, match="max_count"):
+        rounds(step, 0)
+    with pytest.raises(ValueError, match="max_count"):
+        in_rounds(build_plan("all_reduce", "ring", 0, 2, 10), 0)
+
+
+@pytest.mark.parametrize("collective,algorithm", CASES)
+def test_simulated_rounds_equal_plain(collective, algorithm):
+    """Both ends cut every message alike (the simulator raises on a size mismatch) and the
+    rounds mean what the steps meant."""
+    reduce = reducer(ReduceOp.SUM, np.dtype(np.float64))
+    for size, n, max_count in ((2, 40, 3), (3, 31, 4), (5, 23, 1)):
+        counts = _counts(collective, size, n)
+        plain = _plans(collective, algorithm, size, counts)
+        cut = [in_rounds(p, max_count) for p in plain]
+        assert in_rounds(plain[0], max_count) is cut[0]            # cached on the plan
+        want = _buffers(collective, size, counts, plain, seed=size)
+        got = _buffers(collective, size, counts, cut, seed=size)
+        execute_all(plain, want, reduce)
+        execute_all(cut, got, reduce)
+        for rank in range(size):
+            if collective != "barrier":
+                np.testing.assert_array_equal(got[rank]["output"], want[rank]["output"])
 
 
 # -- the overlapped executor on real threads ------------------------------------------------------

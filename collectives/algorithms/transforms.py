@@ -16,6 +16,12 @@ ring, ring_bidirectional, tree and recursive-doubling all_reduce every first rea
 whole unwritten block, so the copy disappears: the first reduction becomes out of place
 (dst = input op received).
 
+``in_rounds(plan, max_count)`` (``rounds(step, max_count)`` per step): each step's messages
+cut into pieces of at most ``max_count`` elements, each by its own size, and moved in rounds
+(piece k of every message of the step in round k), for an executor that issues a step's
+transfers as one group and overlaps the reduction of piece k with round k+1 (NCCL's
+pipelined mode).
+
 ``windowed(plan, window)``: executors wait for all of a step's transfers before its local ops
 and the next step, so a plan of independent exchanges (the pairwise all_to_all) pays one
 round trip of latency per step. The transform merges runs of consecutive steps whose
@@ -78,6 +84,56 @@ def segmented(plan: Plan, max_count: int) -> Plan:
     if not changed:
         return plan
     return Plan(plan.collective, plan.algorithm, plan.rank, plan.size, tuple(steps), plan.scratch)
+
+
+# ---------------------------------------------------------------------------------------------
+# in_rounds: each step's messages cut by their own size and moved in rounds
+
+
+def rounds(step: Step, max_count: int) -> tuple[Step, ...]:
+    """``step`` as consecutive steps (rounds) meaning what it means under the step semantics.
+    Each message is cut into ``hazards.pieces_of_at_most(count, max_count)`` pieces by its own
+    count, so sender and receiver cut it alike whatever else their steps hold; round k moves
+    piece k of every message of the step (sends and receives in step order; empty pieces
+    dropped). The step's local ops follow its transfers: when ``hazards.splittable(step)``
+    they are cut by the same rule, piece k of each (in op order) in round k, so a reduction
+    of piece k needs only round k's transfers; otherwise each runs whole in the last round.
+    Every piece of every op runs: a step of local ops alone, or ops longer than its messages,
+    has as many rounds as its longest op has pieces. Rounds with nothing in them are left
+    out. ``max_count`` is in elements, >= 1."""
+    if max_count < 1:
+        raise ValueError(f"rounds: max_count must be >= 1, got {max_count}")
+
+    def pieces(count):
+        return hazards.pieces_of_at_most(count, max_count)
+
+    sends = [(s, pieces(s.region.count)) for s in step.sends]
+    recvs = [(r, pieces(r.region.count)) for r in step.recvs]
+    split = hazards.splittable(step)
+    cuts = [(op, pieces(op[0].count)) for op in step.local] if split else []
+    total = max([n for _, n in sends + recvs + cuts] + [1])
+    out = []
+    for k in range(total):
+        round_sends = tuple(Send(s.peer, r) for s, n in sends if k < n
+                            for r in (hazards.cut(s.region, k, n),) if r.count)
+        round_recvs = tuple(Recv(t.peer, r) for t, n in recvs if k < n
+                            for r in (hazards.cut(t.region, k, n),) if r.count)
+        local = tuple(piece for op, n in cuts if k < n
+                      for piece in (type(op)(*(hazards.cut(r, k, n) for r in op)),)
+                      if piece[0].count)
+        if not split and k == total - 1:
+            local = step.local
+        if round_sends or round_recvs or local:
+            out.append(Step(round_sends, round_recvs, local))
+    return tuple(out)
+
+
+def in_rounds(plan: Plan, max_count: int) -> Plan:
+    """``plan`` with each step replaced by its ``rounds`` (see there); cached on the plan."""
+    if max_count < 1:
+        raise ValueError(f"in_rounds: max_count must be >= 1, got {max_count}")
+    return plan.derived("_in_rounds", max_count, lambda: dataclasses.replace(
+        plan, steps=tuple(r for step in plan.steps for r in rounds(step, max_count))))
 
 
 # ---------------------------------------------------------------------------------------------
