@@ -173,6 +173,18 @@ def test_tables_of_overlapped_programs_reuse_waited_slots():
     assert gathered
 
 
+def test_tables_run_fused_chains_op_by_op():
+    """A program with reduction chains (``lowered.chained``; the direct all_reduce's p - 1
+    reductions) flattens to the ops of its step walk, in order."""
+    from collectives.algorithms.lowered import Chain, chained, stepwise
+    from collectives.algorithms.schedule import build_plan
+    from collectives.executors.compiled import _tables
+    plan = build_plan("all_reduce", "direct", 0, 5, 40)
+    fused = chained(stepwise(plan))
+    assert any(isinstance(op, Chain) for _, _, what in fused.code if isinstance(what, tuple)
+               for op in what)
+    assert _tables(fused) == _tables(stepwise(plan))
+
 def test_tables_refuse_programs_that_wait_wrongly():
     """A program waiting for a request it has not posted, waiting twice, or never waiting
     is a ValueError naming the plan and step, before anything runs."""

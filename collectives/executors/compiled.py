@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import settings
 from ..algorithms import lowered
-from ..algorithms.lowered import POST, WAIT
+from ..algorithms.lowered import POST, WAIT, Chain
 from ..algorithms.schedule import Copy
 from ..errors import CollectiveError, CollectiveTimeout, TransportError
 from ..kernels.reduce import BFLOAT16
@@ -152,7 +152,7 @@ def _tables(program):
                 heapq.heappush(free, slot)
         else:
             first = len(ops)
-            for op in what:
+            for op in _one_by_one(what):
                 if isinstance(op, Copy):
                     ops.append((0, *_region(op.dst), *_region(op.src), 0, 0, op.dst.count))
                 else:
@@ -164,6 +164,16 @@ def _tables(program):
         never = min(set(range(len(requests))) - waited)
         raise bad(len(plan.steps) - 1, f"never waits for request {never}")
     return code, xfers, waits, ops, slots, gather
+
+
+def _one_by_one(local):
+    """A LOCAL instruction's ops with each fused run (``Chain``, from ``lowered.chained``)
+    taken op by op: the C loop has no fused kernel, and op by op gives a chain's bits."""
+    for op in local:
+        if isinstance(op, Chain):
+            yield from op.ops
+        else:
+            yield op
 
 
 # Scratch up to this size is kept between calls (one spare per plan and dtype, no accounting):
