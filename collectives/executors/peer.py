@@ -27,6 +27,8 @@ inconsistent, so the group cannot go on).
 """
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
 from .. import settings
@@ -37,6 +39,13 @@ from ..kernels import cuda_peer
 from . import nccl
 
 BLOCK_BYTES = 64 << 10
+
+
+def _launch(*args):
+    from cupy.cuda import driver
+    global _launch
+    _launch = driver.launchKernel
+    return _launch(*args)
 DEFAULT_TIMEOUT = 1800.0
 
 
@@ -45,24 +54,35 @@ def max_blocks() -> int:
 
 
 class _Entry:
-    """What one (plan, dtype, op) needs on every call, worked out on the first."""
-    __slots__ = ("program", "code", "rows", "tallies", "kernel", "blocks", "staging",
-                 "scratch_at", "itemsize")
+    """What one (plan, dtype, op) needs on every call, worked out on the first: the program
+    on the device and the kernel's parameters, packed once for the driver's launch call
+    (``cuLaunchKernel`` takes an array of pointers to the values); a call only rewrites the
+    four buffer addresses. ~1 µs of host time, where CuPy's generic launch costs ~7."""
+    __slots__ = ("program", "code", "tallies", "function", "blocks", "staging", "scratch_at",
+                 "values", "params", "pointers")
 
-    def __init__(self, plan, dtype, op, limit):
+    def __init__(self, plan, dtype, op, limit, memory):
         import cupy
         program = pushed.lower(plan)
         self.program = program
         self.code = cupy.asarray(program.code)
-        self.rows = np.int32(len(program.code))
         self.tallies = cupy.asarray(np.array(program.sends + program.recvs, np.int64))
-        self.kernel = cuda_peer.program_kernel(op, dtype)
-        self.itemsize = dtype.itemsize
+        self.function = cuda_peer.program_kernel(op, dtype).kernel.ptr    # the CUfunction
         largest = program.largest * dtype.itemsize
         self.blocks = int(min(limit, max(1, -(-largest // BLOCK_BYTES))))
         self.scratch_at = _align(program.scratch_at * dtype.itemsize)
-        self.staging = self.scratch_at + program.staging * dtype.itemsize \
-            - program.scratch_at * dtype.itemsize
+        self.staging = self.scratch_at + (program.staging - program.scratch_at) * dtype.itemsize
+        u64, i32 = ctypes.c_uint64, ctypes.c_int32
+        # in the kernel's parameter order; the four buffers (and the peers' tables, which
+        # move when the staging memory grows) are set per call
+        self.values = [u64(self.code.data.ptr), i32(len(program.code)),
+                       u64(self.tallies.data.ptr), u64(0), u64(0), u64(0), u64(0), u64(0),
+                       u64(0), u64(self.scratch_at), u64(memory.flags_ptr),
+                       u64(memory.error_ptr), i32(plan.rank), i32(plan.size),
+                       i32(dtype.itemsize), u64(0)]
+        self.pointers = (ctypes.c_void_p * len(self.values))(
+            *[ctypes.addressof(v) for v in self.values])
+        self.params = ctypes.addressof(self.pointers)
 
 
 def _align(nbytes, to=256):
@@ -80,7 +100,7 @@ class PeerExecutor:
         self.limit = max_blocks()
         self.failed = None
         self._entries = {}
-        transport.before_close(memory.close)
+        transport.before_close(lambda: memory.close(abort_peers=transport._aborted))
 
     def __call__(self, plan, transport, buffers, reduce=None, *, tag=0, timeout=None,
                  operation=None, dtype=None, op=None, **_):
@@ -115,22 +135,22 @@ class PeerExecutor:
         input = buffers.get("input")
         output = buffers.get("output")
         caller_out = 0 if output is None else output.data.ptr
-        out = data if entry.program.output_staged else caller_out
-        seconds = DEFAULT_TIMEOUT if timeout is None else timeout
-        entry.kernel((entry.blocks,), (cuda_peer.THREADS,),
-                     (entry.code, entry.rows, entry.tallies,
-                      np.uint64(0 if input is None else input.data.ptr), np.uint64(out),
-                      np.uint64(data + entry.scratch_at), np.uint64(caller_out),
-                      memory.peer_data_array, memory.peer_flags_array,
-                      np.uint64(entry.scratch_at), np.uint64(memory.flags_ptr),
-                      np.uint64(memory.error_ptr), np.int32(plan.rank), np.int32(plan.size),
-                      np.int32(entry.itemsize), np.uint64(int(seconds * 1e9))))
+        values = entry.values
+        values[3].value = 0 if input is None else input.data.ptr
+        values[4].value = data if entry.program.output_staged else caller_out
+        values[5].value = data + entry.scratch_at
+        values[6].value = caller_out
+        values[7].value = memory.peer_data_array.data.ptr
+        values[8].value = memory.peer_flags_array.data.ptr
+        values[15].value = int((DEFAULT_TIMEOUT if timeout is None else timeout) * 1e9)
+        _launch(entry.function, entry.blocks, 1, 1, cuda_peer.THREADS, 1, 1, 0,
+                stream.ptr, entry.params, 0)
 
     def _entry(self, plan, dtype, op, key):
         if not cuda_peer.supported(op, dtype) or (not plan.args and plan.collective != "barrier"):
             entry = False
         else:
-            entry = _Entry(plan, dtype, op, self.limit)
+            entry = _Entry(plan, dtype, op, self.limit, self.memory)
         if len(self._entries) > 4096:
             self._entries.clear()
         self._entries[key] = (plan, entry)     # the plan kept: its id is not reused meanwhile
@@ -147,6 +167,9 @@ class PeerExecutor:
         if kind == 1:
             error = CollectiveTimeout(f"{where}: timed out on the GPU waiting for rank "
                                       f"{peer}{at}; every rank of the group stopped")
+        elif kind == 3:
+            error = TransportError(f"{where}: the group's peer memory is closed (the group "
+                                   f"was destroyed or aborted)")
         else:
             error = TransportError(f"{where}: rank {peer} gave up a collective on the GPU; "
                                    f"this rank stopped{at}")

@@ -7,7 +7,8 @@ from the epoch and delivered words, written with release stores and read with ac
 at system scope (other GPUs write them over NVLink). Data goes to peers as plain stores
 through their IPC-mapped staging memory.
 
-Waits are bounded: every spin checks this rank's abort word and, every 256 polls, the GPU's
+A grid barrier counts arrivals in one word; the last block to arrive resets it and moves a
+generation word on, which the others wait for. Waits are bounded: every spin checks this rank's abort word and, every 256 polls, the GPU's
 global timer against the call's deadline. The first wait that times out records (kind, step,
 peer) in the group's error words (host memory mapped into the device, so the host reads them
 without synchronizing) and raises the abort word of every rank, so the others stop at once
@@ -31,7 +32,7 @@ THREADS = 512
 MAX_BLOCKS = 128          # delivered words per sender in a rank's flags
 
 # Flag words (uint64) of one rank; DELIVERED is [sender][block].
-EPOCH_WORD, CALL_WORD, BARRIER_WORD, ABORT_WORD = 0, 1, 2, 3
+EPOCH_WORD, CALL_WORD, BARRIER_WORD, ABORT_WORD, GENERATION_WORD = 0, 1, 2, 3, 4
 SENT_WORDS, RECEIVED_WORDS, DELIVERED_WORDS = 256, 512, 1024
 MAX_RANKS = 256
 FLAG_BYTES = (DELIVERED_WORDS + MAX_RANKS * MAX_BLOCKS) * 8
@@ -54,6 +55,7 @@ typedef STORAGE S;
 #define CALL_WORD %(CALL_WORD)d
 #define BARRIER_WORD %(BARRIER_WORD)d
 #define ABORT_WORD %(ABORT_WORD)d
+#define GENERATION_WORD %(GENERATION_WORD)d
 #define SENT_WORDS %(SENT_WORDS)d
 #define RECEIVED_WORDS %(RECEIVED_WORDS)d
 #define DELIVERED_WORDS %(DELIVERED_WORDS)d
@@ -108,13 +110,22 @@ __device__ bool wait_for(const Ctx& c, const u64* p, u64 target, int step, int p
     return true;
 }
 
+/* All blocks of this kernel: the last to arrive resets the count and moves the generation on
+   (the count starts at 0 in every kernel, whatever the previous one's grid). */
 __device__ bool grid_barrier(const Ctx& c, int step, int* stop) {
     __syncthreads();
+    if (gridDim.x == 1) return !*stop;
     if (threadIdx.x == 0) {
+        u64* generation = c.flags + GENERATION_WORD;
+        const u64 seen = acquire(generation);
         __threadfence();
-        u64 old = atomicAdd(c.flags + BARRIER_WORD, 1ULL);
-        u64 target = (old / gridDim.x + 1) * gridDim.x;
-        if (!wait_for(c, c.flags + BARRIER_WORD, target, step, c.rank)) *stop = 1;
+        if (atomicAdd(c.flags + BARRIER_WORD, 1ULL) == gridDim.x - 1) {
+            atomicExch(c.flags + BARRIER_WORD, 0ULL);
+            __threadfence();
+            release(generation, seen + 1);
+        } else if (!wait_for(c, generation, seen + 1, step, c.rank)) {
+            *stop = 1;
+        }
         __threadfence();
     }
     __syncthreads();
@@ -194,9 +205,11 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
             char* dst = (char*)peer_data[peer] + (r[5] == OUTPUT ? 0 : scratch_at)
                         + (r[6] + lo) * itemsize;
             if (hi > lo) copy_bytes(dst, src, (hi - lo) * itemsize);
-            __threadfence_system();
+            /* the block's stores, then one release at system scope (cumulative over the
+               stores the barrier ordered before it) */
             __syncthreads();
             if (threadIdx.x == 0) {
+                __threadfence_system();
                 u64* word = (u64*)peer_flags[peer] + DELIVERED_WORDS
                             + (u64)rank * MAX_BLOCKS + blockIdx.x;
                 release(word, flags[SENT_WORDS + peer] + (u64)r[9] + 1);
@@ -285,7 +298,7 @@ def source(op, dtype) -> str:
     if op == ReduceOp.AVG:
         op = ReduceOp.SUM
     body = _SOURCE % dict(EPOCH_WORD=EPOCH_WORD, CALL_WORD=CALL_WORD, BARRIER_WORD=BARRIER_WORD,
-                          ABORT_WORD=ABORT_WORD, SENT_WORDS=SENT_WORDS,
+                          ABORT_WORD=ABORT_WORD, GENERATION_WORD=GENERATION_WORD, SENT_WORDS=SENT_WORDS,
                           RECEIVED_WORDS=RECEIVED_WORDS, DELIVERED_WORDS=DELIVERED_WORDS,
                           MAX_BLOCKS=MAX_BLOCKS, WIDTH=pushed.WIDTH, OUTPUT=pushed.OUTPUT,
                           THREADS=THREADS)

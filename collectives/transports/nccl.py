@@ -296,6 +296,9 @@ class NcclTransport(Transport):
             self.comm.check_async_error()
         except self.nccl.NcclError as exc:
             raise TransportError(f"{operation} on rank {self.rank}: NCCL reported {exc}") from exc
+        peer = getattr(self, "peer_executor", None)     # what a peer-memory kernel reported
+        if peer is not None:
+            peer.check(operation)
 
     # -- generic point-to-point (batched into one group at the first wait) ----------------
 

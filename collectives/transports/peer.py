@@ -59,7 +59,8 @@ class PeerMemory:
             self.peer_flags_array = cupy.asarray(np.array(self.peer_flags, np.uint64))
             self._error_host = runtime.hostAlloc(16, _MAPPED)
             ctypes.memset(self._error_host, 0, 16)
-            self.error_ptr = runtime.hostGetDevicePointer(self._error_host, 0)
+            self._words = (ctypes.c_int32 * 4).from_address(self._error_host)
+            self.error_ptr = self._error_host    # unified addressing: the same pointer
         self.data_ptr, self.capacity = 0, 0
         self.peer_data, self.peer_data_array = [], None
         self._opened = [p for r, p in enumerate(self.peer_flags) if r != self.rank]
@@ -105,16 +106,27 @@ class PeerMemory:
     # -- errors --------------------------------------------------------------------------
 
     def error(self):
-        """(kind, step, peer) the kernel reported, or None: read from mapped host memory."""
-        words = (ctypes.c_int32 * 4).from_address(self._error_host)
+        """(kind, step, peer) the kernel reported, or None: read from mapped host memory.
+        (3, -1, rank) once the memory is closed."""
+        words = self._words
+        if words is None:
+            return 3, -1, self.rank
         if words[0] == 0:
             return None
         return int(words[0]), int(words[1]), int(words[2])
 
-    def aborted(self) -> bool:
-        value = np.zeros(1, np.uint64)
-        self.cupy.cuda.runtime.memcpy(value.ctypes.data, self.flags_ptr + 8 * ABORT_WORD, 8, 2)
-        return bool(value[0])
+    def raise_abort(self, peers: bool) -> None:
+        """Set this rank's abort word (and every peer's, with ``peers``): a kernel of this
+        group still waiting stops at its next poll. Written from a stream of its own, which a
+        running kernel does not block."""
+        cupy = self.cupy
+        runtime = cupy.cuda.runtime
+        word = np.array([self.rank + 1], np.uint64)
+        stream = cupy.cuda.Stream(non_blocking=True)
+        targets = self.peer_flags if peers else [self.flags_ptr]
+        for base in targets:
+            runtime.memcpyAsync(base + 8 * ABORT_WORD, word.ctypes.data, 8, 1, stream.ptr)
+        stream.synchronize()
 
     # -- closing -------------------------------------------------------------------------
 
@@ -127,10 +139,16 @@ class PeerMemory:
             runtime.free(self.data_ptr)
         self.data_ptr, self.capacity, self.peer_data = 0, 0, []
 
-    def close(self):
+    def close(self, abort_peers: bool = False):
+        """Free everything (once). A kernel of this rank still waiting is stopped first; with
+        ``abort_peers`` (this rank gave up a call) the peers' kernels too, instead of each
+        spinning to its own deadline."""
         runtime = self.cupy.cuda.runtime
+        if not self.flags_ptr:
+            return
         try:
             with self.cupy.cuda.Device(self.transport.device):
+                self.raise_abort(abort_peers)
                 runtime.deviceSynchronize()
                 self._release_data()
                 for ptr in self._opened:
@@ -140,6 +158,7 @@ class PeerMemory:
                     runtime.free(self.flags_ptr)
                     self.flags_ptr = 0
                 if self._error_host:
+                    self._words = None
                     runtime.freeHost(self._error_host)
                     self._error_host = 0
         except Exception:          # closing after a failed call: the process frees it all
