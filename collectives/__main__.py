@@ -1,9 +1,13 @@
-"""``python -m collectives info``: what this installation can do here, and why not."""
+"""``python -m collectives info``: what this installation can do here, and why not, and every
+COLLECTIVES_* setting with its value here (``--settings-table``: the README's table of them).
+``python -m collectives tune show FILE``: a tuning file (``bench.py --tune``) as a table."""
 from __future__ import annotations
 
 import importlib
 import platform
 import sys
+
+from . import settings
 
 
 def _version(module_name: str) -> str:
@@ -86,16 +90,33 @@ def info() -> str:
     lines.extend(f"  {line}" for line in _kernels())
     lines.append("algorithms:")
     lines.extend(f"  {c:15s} {', '.join(a)}" for c, a in capabilities().items())
+    lines.append("settings (value here; [when read]):")
+    lines.extend(f"  {line}" for line in settings.describe())
     return "\n".join(lines)
 
 
+USAGE = ("usage: python -m collectives info [--settings-table]\n"
+         "       python -m collectives tune show FILE")
+
+
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] != ["info"]:
-        print("usage: python -m collectives info", file=sys.stderr)
-        return 2
-    print(info())
-    return 0
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv == ["info"]:
+        print(info())
+        return 0
+    if argv == ["info", "--settings-table"]:
+        print(settings.markdown_table())
+        return 0
+    if len(argv) == 3 and argv[:2] == ["tune", "show"]:
+        from .tuning import show
+        try:
+            print(show(argv[2]))
+        except ValueError as exc:
+            print(f"python -m collectives tune show: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    print(USAGE, file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

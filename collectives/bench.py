@@ -34,8 +34,9 @@ the algorithm it chose; the summary gives auto's time relative to the best measu
 at each size, and the time of its choice's own row relative to the best (auto's row and that
 row run one schedule, so their quotient is the run's noise, shown too). ``--calibrate FILE``
 fits α, β, γ on this transport first (``cost.calibrate``), saves them and runs the sweep with
-them; ``--tune FILE`` afterwards stores every row's measured/predicted ratio in that tuning
-file, for ``auto`` to use (``measured.py``); ``--simulate P`` needs no transport: it prints
+them; ``--tune FILE`` afterwards stores the winner at each (collective, size) in that tuning
+file, with the medians behind it (``tuning.decisions_from_records``): groups made with
+``COLLECTIVES_TUNING=FILE`` put those in their decision table; ``--simulate P`` needs no transport: it prints
 the model's table for P ranks and verifies the schedules at P in the simulator
 (``bench_model``).
 
@@ -74,7 +75,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .algorithms import capabilities, cost, measured
+from . import settings, tuning
+from .algorithms import capabilities, cost
 from .ops import ReduceOp
 
 BENCH_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
@@ -478,8 +480,19 @@ def _local_groups(args):
     if not args.world_size or args.world_size < 1:
         raise ValueError("bench --backend local needs --world-size N (N >= 1)")
     world = LocalWorld(args.world_size)
-    return [(ProcessGroup(world.transport(r), backend="local", timeout=args.timeout), np)
-            for r in range(args.world_size)]
+    groups = [None] * args.world_size
+
+    def make(rank):       # a thread per rank: making a group is collective (tables compared)
+        groups[rank] = (ProcessGroup(world.transport(rank), backend="local",
+                                     timeout=args.timeout), np)
+    threads = [threading.Thread(target=make, args=(r,)) for r in range(args.world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if any(g is None for g in groups):
+        raise RuntimeError("bench --backend local: a rank's group could not be made")
+    return groups
 
 
 BACKENDS = {"mpi": _mpi_groups, "local": _local_groups}
@@ -1019,10 +1032,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tuning", metavar="FILE",
                    help="the model's parameters from this tuning file (sets COLLECTIVES_TUNING)")
     p.add_argument("--tune", metavar="FILE",
-                   help="after the sweep, store every algorithm row's measured/predicted "
-                   "ratio in the tuning file FILE (with the parameters this run used): jobs "
-                   "run with COLLECTIVES_TUNING=FILE then have auto pick what measured "
-                   "fastest here (may be the --calibrate file)")
+                   help="after the sweep, store the winner at each (collective, size) in the "
+                   "tuning file FILE: the least median over --rounds where it beats the "
+                   "runner-up by more than the run's noise, else the model's pick, with the "
+                   "medians behind it; groups made with COLLECTIVES_TUNING=FILE then have auto "
+                   "run those (may be the --calibrate file; `python -m collectives tune show "
+                   "FILE` prints it)")
     p.add_argument("--simulate", type=int, metavar="P",
                    help="no transport: print the model's predicted table for P ranks (the "
                    "--backend's parameters) and verify the schedules at P in the simulator")
@@ -1075,7 +1090,8 @@ def config_from_args(args) -> Config:
 
 def calibrate_groups(groups, path: str, timeout: float):
     """Fit α, β, γ on the groups' transport (a collective call), save them to ``path`` from
-    rank 0, and point this process's run-time (``COLLECTIVES_TUNING``) at the file."""
+    rank 0, point this process (``COLLECTIVES_TUNING``) at the file and rebuild the groups'
+    decision tables from it."""
     def one(group):
         params = cost.calibrate(group, timeout=timeout)
         if group.rank == 0:
@@ -1083,19 +1099,25 @@ def calibrate_groups(groups, path: str, timeout: float):
         _barrier(group)            # the file exists before any rank reads it
         return params
     params = on_every_group(groups, one)
-    os.environ[cost.ENV_TUNING] = path
+    os.environ[settings.TUNING.name] = path
+    on_every_group(groups, lambda group: group.retable())
     return params
 
 
 def tune(path: str, rows, transport: str, itemsize: int) -> None:
-    """``--tune``: the run's measured/predicted ratios into the tuning file (measured.py),
-    relative to the parameters the run used. Rank 0 only, after the sweep."""
+    """``--tune``: the run's winners into the tuning file, what the decision table reads
+    (``tuning.decisions_from_records``: the least median over rounds where it beats the
+    runner-up by more than the run's noise, else the model's pick), with the medians behind
+    each. Rank 0 only, after the sweep."""
     params = cost.load_params(transport)
-    table = measured.from_rows(rows, params, itemsize)
-    measured.save(path, transport, params, table)
-    points = sum(len(curve) for algorithms in table.values() for curve in algorithms.values())
-    print(f"# tuned {transport}: {points} measured/predicted ratios over "
-          f"{len(table)} (collective, world size) -> {path}", flush=True)
+    decisions = tuning.decisions_from_records(rows, params, itemsize)
+    tuning.save(path, transport, params, decisions)
+    chosen = [row for table in decisions.values() for row in table]
+    by_model = sum(row["by"] == "model" for row in chosen)
+    noise = f"{chosen[0]['noise']:.1%} ({chosen[0]['noise_from']})" if chosen else "-"
+    print(f"# tuned {transport}: {len(chosen)} decisions over {len(decisions)} (collective, "
+          f"world size), {by_model} within the run's noise {noise} left to the model "
+          f"-> {path}", flush=True)
 
 
 def describe_params(params) -> str:
@@ -1139,7 +1161,7 @@ def main(argv=None) -> int:
         config = config_from_args(args)
         if args.tuning:
             cost.load_params(args.backend, args.tuning)       # unreadable: say so now
-            os.environ[cost.ENV_TUNING] = args.tuning
+            os.environ[settings.TUNING.name] = args.tuning
         if args.simulate is not None and (args.calibrate or args.tune):
             raise ValueError("--simulate runs no transport, so it cannot --calibrate or "
                              "--tune; give it a tuning file with --tuning FILE")
@@ -1215,7 +1237,7 @@ def main(argv=None) -> int:
                           "mpiexec -n N python benchmarks/bench.py"), flush=True)
         transport = groups[0][0].transport.name
         print(f"# model ({transport}): {describe_params(cost.load_params(transport))} from "
-              f"{os.environ.get(cost.ENV_TUNING) or 'the defaults'}", flush=True)
+              f"{settings.TUNING() or 'the defaults'}", flush=True)
     records = run(groups, config, on_record=show)
     wrong = sum(r["wrong"] for r in records)
     if leader:

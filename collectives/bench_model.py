@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import asdict
 
+from . import settings
 from .algorithms import capabilities, cost
 from .algorithms.schedule import build_plan, plan_args
 from .algorithms.simulate import verify
@@ -133,7 +134,7 @@ def simulate_main(args, config) -> int:
     itemsize = parse_dtype(config.dtype).itemsize
     params = cost.load_params(args.backend)
     print(f"# collectives bench --simulate {p}: {args.backend} model, "
-          f"{describe_params(params)} from {os.environ.get(cost.ENV_TUNING) or 'the defaults'}"
+          f"{describe_params(params)} from {settings.TUNING() or 'the defaults'}"
           f", dtype {config.dtype}", flush=True)
     start = time.perf_counter()
     rows = predicted_rows(p, config.collectives, algorithms, config.sizes, params, itemsize)

@@ -43,6 +43,7 @@ import numpy as np
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
+from . import settings
 from .algorithms import capabilities
 from .algorithms.schedule import Plan, Recv, Region, Send, Step, build_plan, plan_args
 from .bench import BUS_FACTOR, Case, element_count, format_size, parse_sizes, tune
@@ -103,7 +104,7 @@ def bench(group, cupy, args, host):
                          if nbytes <= args.graph_max and a != "auto"]
             variants += [("ring", seg) for seg in args.segments if "ring" in have[collective]]
             native_t = {}
-            user_segment = os.environ.get(executor.ENV_SEGMENT)
+            user_segment = settings.NCCL_SEGMENT_BYTES.raw()
             for name, seg in variants:
                 label = name if seg is None else f"{name}:seg={format_size(seg)}"
                 if name == "auto":      # show what auto chose, as the main suite does

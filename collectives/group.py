@@ -1,9 +1,11 @@
 """ProcessGroup: a set of ranks over one transport.
 
 The group is the one layer that sees arguments, algorithms and transports together: it
-validates a call completely (before any byte moves), picks the algorithm (explicit argument,
-then ``COLLECTIVES_ALGORITHM``, then ``auto``), assigns the call its tag in program order,
-and returns a ready-to-run operation. Buffers here are flat, contiguous numpy or cupy arrays;
+validates a call completely (before any byte moves), picks the algorithm (the explicit
+argument, else a look-up in the group's decision table, ``collectives/tuning.py``: built once
+when the group is made from ``COLLECTIVES_ALGORITHM``, the tuning file and the cost model,
+its hash compared across the ranks then), assigns the call its tag in program order, and
+returns a ready-to-run operation. Buffers here are flat, contiguous numpy or cupy arrays;
 turning tensors into such views is the facade's job.
 
 Calls are matched across ranks by their order (the tag is a sequence number), so one group's
@@ -18,26 +20,24 @@ come from any thread.
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from threading import get_ident
 
 import numpy as np
 
-from .algorithms import AUTO, NATIVE, check_algorithm, choose
-from .algorithms.cost import ENV_TUNING
-from .algorithms.schedule import ROOTED, Matrix, buffer_sizes, build_plan, plan_args
+from .algorithms import AUTO, NATIVE, check_algorithm
+from .algorithms.schedule import COLLECTIVES, ROOTED, Matrix, buffer_sizes, build_plan, plan_args
 from .algorithms.transforms import read_input_first, windowed
-from . import debug, signature
+from . import debug, settings, signature, tuning
 from .errors import CollectiveError
 from . import executors
 from .kernels.reduce import BFLOAT16, check_op, fast_reducer, finish_average, reducer
 from .ops import ReduceOp
 
-ENV_ALGORITHM = "COLLECTIVES_ALGORITHM"
-# issue 7: steps merged into windows of this many (transforms.windowed); 1 = off
-ENV_WINDOW = "COLLECTIVES_WINDOW"
+ENV_ALGORITHM = settings.ALGORITHM.name
+# steps merged into windows of this many (transforms.windowed); 1 = off
+ENV_WINDOW = settings.WINDOW.name
 # host-buffer transports whose executors walk plans step by step (NCCL's groups steps itself)
 WINDOWED_TRANSPORTS = ("local", "mpi", "socket")
 _REPEATS_KEPT = 256
@@ -55,29 +55,8 @@ class ConcurrentCalls(CollectiveError):
 TAG_BITS = 32
 
 
-def window_setting(text: str | None) -> int:
-    """$COLLECTIVES_WINDOW: how many independent steps may be in flight at once (1 = off)."""
-    if text is None or not text.strip():
-        return 1
-    try:
-        window = int(text)
-    except ValueError:
-        raise ValueError(f"{ENV_WINDOW}: {text!r} is not an integer (1 = off)") from None
-    if window < 1:
-        raise ValueError(f"{ENV_WINDOW}: must be >= 1, got {window}")
-    return window
-
-
-def algorithm_overrides(text: str | None) -> dict[str, str]:
-    """Parse ``all_reduce=ring,all_gather=recursive_doubling`` (the environment override)."""
-    overrides = {}
-    for item in filter(None, (part.strip() for part in (text or "").split(","))):
-        collective, sep, name = item.partition("=")
-        if not sep:
-            raise ValueError(f"{ENV_ALGORITHM}: {item!r} is not of the form collective=algorithm")
-        check_algorithm(collective.strip(), name.strip(), native_available=True)
-        overrides[collective.strip()] = name.strip()
-    return overrides
+window_setting = settings.WINDOW.parse          # text of $COLLECTIVES_WINDOW -> steps in flight
+algorithm_overrides = tuning.parse_overrides    # text of $COLLECTIVES_ALGORITHM -> {collective: name}
 
 
 class ProcessGroup:
@@ -102,10 +81,41 @@ class ProcessGroup:
         self._gate = threading.Lock()   # held by the thread inside a collective call
         self._caller = None         # (thread id, operation) holding it
         self._broken = None         # why concurrent calls failed this group
-        self.overrides = algorithm_overrides(os.environ.get(ENV_ALGORITHM))
         self.execute = executors.select(transport)      # what runs this group's plans
-        # issue 7: may be reassigned per group (benchmarks); read by _runner on every call
-        self.window = window_setting(os.environ.get(ENV_WINDOW))
+        # may be reassigned per group (benchmarks); read by _runner on every call
+        self.window = settings.WINDOW()
+        self.table = None
+        self.retable()
+
+    def retable(self) -> None:
+        """(Re)build the decision table from the settings (``COLLECTIVES_ALGORITHM``,
+        ``COLLECTIVES_TUNING``) and check that every rank built the same one: a collective
+        call, made by every rank when the group is made (and by the benchmark after it
+        calibrates). Under ``COLLECTIVES_DEBUG=INFO`` the table is logged once."""
+        table = tuning.DecisionTable.for_group(self.size, self.transport, window=self.window)
+        self.table = table
+        self._repeats.clear()
+        if self.size > 1:
+            self._agree(table)
+        if debug.level() != "OFF" and self.rank == 0:
+            debug.logger("collectives").info(
+                f"group {self.name or self.group_id}: {table.format(computed_only=True)}")
+
+    @property
+    def overrides(self) -> dict[str, str]:
+        return self.table.overrides
+
+    def _agree(self, table) -> None:
+        """One small all_gather of every rank's table digest (and what it was built from),
+        over a fixed schedule (not the table's: that is what may differ)."""
+        mine = self.xp.asarray(np.frombuffer(table.agreement_record(), dtype=np.uint8))
+        every = self.xp.empty(self.size * mine.size, dtype=np.uint8)
+        self.prepare("all_gather", input=mine, output=every, algorithm="ring")()
+        every = (every.get() if hasattr(every, "get") else every).reshape(self.size, -1)
+        problem = tuning.disagreement([row.tobytes() for row in every], self.rank,
+                                      "ProcessGroup")
+        if problem:
+            raise CollectiveError(problem)
 
     @property
     def rank(self) -> int:
@@ -215,15 +225,16 @@ class ProcessGroup:
     # -- algorithms ------------------------------------------------------------------------
 
     def resolve_algorithm(self, collective: str, algorithm: str | None, nbytes: int) -> str:
-        name = algorithm or self.overrides.get(collective) or AUTO
-        native = self.transport.native is not None
+        """The call's ``algorithm=`` if given, else the decision table's row (which holds
+        COLLECTIVES_ALGORITHM, the tuning file and the model) for its size."""
+        name = algorithm or AUTO
         try:
-            check_algorithm(collective, name, native_available=native)
+            if name == AUTO and collective in COLLECTIVES:
+                return self.table.algorithm(collective, nbytes)
+            check_algorithm(collective, name, native_available=self.transport.native is not None)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{collective} on rank {self.rank}: {exc}") from None
-        if name == AUTO:
-            name = choose(collective, self.size, nbytes, transport=self.transport.name)
-        return name
+        return self.table.algorithm(collective, nbytes) if name == AUTO else name
 
     # -- the one entry point ---------------------------------------------------------------
 
@@ -309,7 +320,6 @@ class ProcessGroup:
             return None
         try:
             key = (collective, root, op, algorithm, timeout, self.timeout,
-                   os.environ.get(ENV_TUNING),
                    None if input is None else (input.dtype, input.size),
                    None if output is None else (output.dtype, output.size))
             hash(key)
@@ -388,8 +398,8 @@ class ProcessGroup:
         record = self.xp.asarray(debug.fingerprint(**mine))
         n = record.size
         execute = self.execute
-        plan = build_plan("all_gather", choose("all_gather", self.size, n), self.rank,
-                          self.size, (n,) * self.size)
+        plan = build_plan("all_gather", self.table.algorithm("all_gather", n * self.size),
+                          self.rank, self.size, (n,) * self.size)
         tag = self.next_tag()
 
         def check():

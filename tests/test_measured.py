@@ -1,7 +1,7 @@
 """Measured corrections (``algorithms/measured.py``): the ratios a ``bench.py --tune`` run
-stores, how ``auto`` applies them (interpolated, held at the ends, the machine's offset for
+stored, how the model applies them (interpolated, held at the ends, the machine's offset for
 unmeasured algorithms, nothing for unmeasured world sizes), the file round trip and its
-errors, and the bench CLI writing a file whose ratios make ``auto`` pick the measured winner."""
+errors. (``bench.py --tune`` now writes decisions: tests/test_tuning.py.)"""
 import json
 import math
 
@@ -131,28 +131,3 @@ def test_malformed_tables_name_the_file_and_the_place(tmp_path, raw, says):
     with pytest.raises(ValueError) as info:
         measured.load("mpi", str(path))
     assert says in str(info.value) and str(path) in str(info.value)
-
-
-def test_bench_tune_writes_ratios_that_make_auto_pick_the_measured_winner(tmp_path):
-    from test_bench import TINY, bench, ok
-    tuning, out = tmp_path / "tuning.json", tmp_path / "run.json"
-    result = ok(bench("--backend", "local", "--world-size", "4", "--sizes", "4K,64K",
-                      "--collectives", "all_reduce", "--algorithms", "ring,tree,direct",
-                      "--tune", str(tuning), "--json", str(out), *TINY))
-    assert f"-> {tuning}" in result.stdout
-    records = json.loads(out.read_text())["records"]
-    loaded = measured.load("local", str(tuning))
-    params = cost.load_params("local", str(tuning))
-    for size in (4 * KIB, 64 * KIB):
-        times = {r["algorithm"]: r["time_p50_us"] * 1e-6 for r in records if r["size"] == size}
-        pick, seconds = cost.choose("all_reduce", 4, size, "local", sorted(times),
-                                    params=params, corrections=loaded)
-        assert pick == min(times, key=times.get)
-        assert seconds == pytest.approx(times[pick], rel=1e-4)   # the prediction is the time
-    assert math.isfinite(loaded.factor("all_reduce", 4, "recursive_doubling", 4 * KIB))
-
-
-def test_simulate_refuses_tune(tmp_path):
-    from test_bench import bench
-    result = bench("--simulate", "8", "--tune", str(tmp_path / "t.json"))
-    assert result.returncode == 2 and "--tune" in result.stderr

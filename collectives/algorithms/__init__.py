@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import sys
 
 from . import ring  # noqa: F401  (each module registers its schedules)
@@ -17,8 +16,9 @@ from . import ring_bidirectional  # noqa: F401
 from . import direct  # noqa: F401
 from . import cost
 from .schedule import COLLECTIVES, REGISTRY, Plan, build_plan
+from .. import settings
 
-ENV_DEBUG = "COLLECTIVES_DEBUG"     # the same variable collectives.debug reads
+ENV_DEBUG = settings.DEBUG.name     # the same variable collectives.debug reads
 
 AUTO = "auto"
 NATIVE = "native"
@@ -39,14 +39,16 @@ def check_algorithm(collective: str, name: str, *, native_available: bool = Fals
 
 
 def choose(collective: str, size: int, nbytes: int, transport: str = "") -> str:
-    """``auto``: the registered algorithm with the least predicted time (cost.py's α-β-γ
-    model, with ``transport``'s parameters from the tuning file or its defaults, times the
-    measured ratios a ``bench.py --tune`` run left in that file: measured.py). A pure
-    function of its arguments and the tuning file, so every rank picks the same schedule.
+    """The model's choice: the registered algorithm with the least predicted time (cost.py's
+    α-β-γ model, with ``transport``'s parameters from the tuning file or its defaults, times
+    the measured ratios an older ``bench.py --tune`` run left in that file: measured.py). A
+    pure function of its arguments and the tuning file (``COLLECTIVES_TUNING`` as it is now).
+    Groups do not call this per call: their ``auto`` is a look-up in the decision table
+    (``collectives/tuning.py``), which falls back to the model for what nothing measured.
     ``nbytes`` follows ``cost.uniform_counts``' convention (what the process group passes).
     Under ``COLLECTIVES_DEBUG=INFO`` (or DETAIL) each choice is logged with its prediction."""
-    ranked = _ranked(collective, size, nbytes, transport, os.environ.get(cost.ENV_TUNING))
-    if os.environ.get(ENV_DEBUG, "").upper() in ("INFO", "DETAIL"):
+    ranked = _ranked(collective, size, nbytes, transport, settings.TUNING())
+    if settings.DEBUG() != "OFF":
         _log_choice(collective, size, nbytes, transport, ranked)
     return ranked[0][1]
 
@@ -80,7 +82,7 @@ def _log_choice(collective, size, nbytes, transport, ranked):
             f"parameters) -> {best}, predicted {_seconds(best_time)}")
     if rest:
         text += f"; runner-up {rest[0][1]} {_seconds(rest[0][0])}"
-    if os.environ.get(ENV_DEBUG, "").upper() == "DETAIL" and len(rest) > 1:
+    if settings.DEBUG() == "DETAIL" and len(rest) > 1:
         text += "; others " + ", ".join(f"{name} {_seconds(t)}" for t, name in rest[1:])
     log.info(text)
 

@@ -87,8 +87,9 @@ def load(transport: str, path: str | None = None) -> Corrections:
     """``transport``'s corrections from the tuning file (``path``, else ``COLLECTIVES_TUNING``);
     none where the file or its entry has none. Malformed tables are a ValueError naming the
     file: a rank that silently ignored them would pick differently from the others."""
+    from .. import settings
     from .cost import ENV_TUNING, read_tuning
-    path = os.environ.get(ENV_TUNING) if path is None else path
+    path = settings.TUNING() if path is None else path
     if not path:
         return NONE
     entry = read_tuning(path).get(transport)

@@ -1,0 +1,542 @@
+"""The decision table: which algorithm ``auto`` runs, per collective and size class, per group.
+
+A group builds its table once, when it is made (``DecisionTable.for_group``); at call time
+``auto`` is a look-up in it. Sources, most specific first:
+
+1. the call's ``algorithm=`` (never reaches the table: the group runs what was asked for);
+2. ``COLLECTIVES_ALGORITHM`` (``all_reduce=ring,...``): every size of that collective;
+3. the tuning file (``COLLECTIVES_TUNING``): the winners ``bench.py --tune`` measured on this
+   machine for this transport and world size, each holding for its size class and for the
+   classes between two measured ones (the nearer measured class; the smaller on a tie);
+4. the α-β-γ model (``algorithms/cost.py``, with the file's parameters or the transport's
+   defaults) for what nothing measured covers: other world sizes, sizes outside the measured
+   range, collectives the run did not measure.
+
+Size classes are powers of two of the call's size in bytes (``call_size``' convention):
+class 0 holds empty calls, class c >= 1 the sizes [2^(c-1), 2^c); the last class holds
+everything larger. The model prices a class at its smallest size. Model rows are worked out
+at their first use and kept (pricing every class at once costs seconds at p = 8: the model
+replays every rank's plan), so what the ranks agree on is the table's sources, hashed
+(``digest``): world size, transport, overrides, window, and the transport's entry of the
+tuning file. Equal sources give equal tables on every rank, since the model is a pure
+function of them; the group compares the digests when it is made (``check_agreement``).
+
+The tuning file (JSON): ``{transport: {"alpha", "beta", "gamma", shape terms, "decisions":
+{collective: {"<world size>": [{"bytes", "algorithm", "by", "median_us": {algorithm: µs},
+"noise", "rounds"}, ...]}}, "measured": ratios}}``. ``"by"`` says how the winner was found:
+``measured`` (it beat the runner-up by more than the run's noise) or ``model`` (it did not,
+and the model's preference among the algorithms within the noise decided). Files written
+before ``decisions`` existed carry only the ``measured`` ratios (measured / predicted,
+``algorithms/measured.py``): their winner at each measured size is the algorithm whose
+ratio times the model's prediction, i.e. whose measured time, is least.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+
+from . import settings
+from .algorithms import capabilities, cost
+from .algorithms.measured import KEY as RATIOS_KEY
+from .algorithms.measured import parse as parse_ratios
+from .algorithms.schedule import COLLECTIVES
+
+DECISIONS = "decisions"
+LAST_CLASS = 41                 # 1 TiB and up share the last class
+DIGEST_BYTES = 16
+LABEL_BYTES = 240               # what each rank says about its sources when digests differ
+AGREEMENT_RECORD = DIGEST_BYTES + LABEL_BYTES
+SOURCES = ("override", "measured", "model")
+
+
+def size_class(nbytes: int) -> int:
+    """The size class of a call of ``nbytes`` bytes."""
+    return min(int(nbytes).bit_length(), LAST_CLASS)
+
+
+def class_bytes(cls: int) -> int:
+    """The smallest size of class ``cls`` (where the model prices it)."""
+    return 0 if cls <= 0 else 1 << (cls - 1)
+
+
+def format_bytes(n: int) -> str:
+    for suffix, scale in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale}{suffix}"
+    return str(n)
+
+
+def class_label(first: int, last: int | None = None) -> str:
+    """``64K-256K``: the sizes of classes ``first`` .. ``last`` (bounds inclusive, exclusive)."""
+    last = first if last is None else last
+    lo = format_bytes(class_bytes(first))
+    if last >= LAST_CLASS:
+        return f"{lo}+"
+    if first == 0 and last == 0:
+        return "0"
+    return f"{lo}-{format_bytes(class_bytes(last + 1))}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One row: the schedule and the executor's knobs for a (collective, size class)."""
+    algorithm: str
+    by: str                     # "override", "measured" or "model"
+    window: int = 1             # steps in flight (host transports; 1 = off)
+    segment: int | None = None  # bytes per segment (0: whole messages; None: the executor's own)
+    note: str = ""
+
+
+def _where(path: str) -> str:
+    return f"{settings.TUNING.name}={path}"
+
+
+def parse_overrides(text: str | None, native_available: bool = True) -> dict[str, str]:
+    """``all_reduce=ring,all_gather=tree`` (COLLECTIVES_ALGORITHM) as {collective: name}."""
+    from .algorithms import check_algorithm
+    name = settings.ALGORITHM.name
+    overrides = {}
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        collective, sep, algorithm = item.partition("=")
+        if not sep:
+            raise ValueError(f"{name}: {item!r} is not of the form collective=algorithm")
+        try:
+            check_algorithm(collective.strip(), algorithm.strip(),
+                            native_available=native_available)
+        except ValueError as exc:
+            raise ValueError(f"{name}={text!r}: {exc}") from None
+        overrides[collective.strip()] = algorithm.strip()
+    return overrides
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a tuning file
+
+
+def read_entry(path: str, transport: str) -> dict:
+    """The transport's entry of the tuning file at ``path`` ({} where it has none)."""
+    if not path:
+        return {}
+    entry = cost.read_tuning(path).get(transport)
+    if entry is None:
+        return {}
+    if not isinstance(entry, dict):
+        raise ValueError(f"{_where(path)}: entry {transport!r} must be an object")
+    return entry
+
+
+def validate_entry(entry: dict, path: str = "") -> None:
+    """Raise ValueError, naming the file and the place, where the entry's decisions or ratios
+    are malformed (without pricing anything)."""
+    rows = entry.get(DECISIONS, {})
+    if not isinstance(rows, dict):
+        raise ValueError(f"{_where(path)}: {DECISIONS!r} must be {{collective: {{world size: "
+                         f"[rows]}}}}")
+    for collective, sizes in rows.items():
+        if collective not in COLLECTIVES or not isinstance(sizes, dict):
+            raise ValueError(f"{_where(path)}: {DECISIONS!r}: {collective!r} is not a "
+                             f"collective with a table of world sizes (known: "
+                             f"{', '.join(COLLECTIVES)})")
+        for p, listed in sizes.items():
+            if not str(p).isdigit() or int(p) < 1:
+                raise ValueError(f"{_where(path)}: {DECISIONS!r}: {collective} world size "
+                                 f"{p!r} must be a positive integer")
+            _checked_rows(listed, collective, f"{_where(path)}: {collective} p={p}")
+    if RATIOS_KEY in entry:
+        parse_ratios(entry[RATIOS_KEY], f"{_where(path)}: {RATIOS_KEY!r}")
+
+
+def measured_points(entry: dict, collective: str, size: int, params, path: str = "") -> list:
+    """[(bytes, algorithm, row)] the file measured for ``collective`` on ``size`` ranks,
+    sorted by size: its ``decisions`` where it has them, else the winners of its ratios."""
+    where = f"{_where(path)}: {collective} p={size}"
+    rows = entry.get(DECISIONS) or {}
+    listed = rows.get(collective, {}).get(str(size)) if isinstance(rows, dict) and \
+        isinstance(rows.get(collective), dict) else None
+    if listed is not None:
+        return _checked_rows(listed, collective, where)
+    if RATIOS_KEY not in entry:
+        return []
+    curves = parse_ratios(entry[RATIOS_KEY], f"{_where(path)}: {RATIOS_KEY!r}").get(
+        (collective, size), {})
+    valid = set(capabilities()[collective])
+    times: dict[int, dict[str, float]] = {}
+    for name, points in curves.items():
+        if name not in valid:
+            continue
+        for nbytes, ratio in points:
+            seconds = ratio * cost.estimate(collective, name, size, nbytes, params)
+            times.setdefault(nbytes, {})[name] = seconds * 1e6
+    out = []
+    for nbytes in sorted(times):
+        medians = times[nbytes]
+        best = min(sorted(medians), key=medians.get)
+        out.append((nbytes, best, {"bytes": nbytes, "algorithm": best, "by": "measured",
+                                   "median_us": medians}))
+    return out
+
+
+def _checked_rows(listed, collective, where) -> list:
+    if not isinstance(listed, list):
+        raise ValueError(f"{where}: expected a list of rows {{bytes, algorithm, ...}}")
+    valid = set(capabilities()[collective])
+    out, seen = [], set()
+    for row in listed:
+        try:
+            nbytes, name = int(row["bytes"]), row["algorithm"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: row {row!r} needs bytes and algorithm ({exc})") from None
+        if nbytes < 0 or name not in valid or nbytes in seen:
+            raise ValueError(f"{where}: row {row!r}: bytes must be >= 0, appear once, and "
+                             f"algorithm one of {', '.join(sorted(valid))}")
+        seen.add(nbytes)
+        out.append((nbytes, name, row))
+    return sorted(out, key=lambda item: item[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# The table
+
+
+class DecisionTable:
+    """``lookup(collective, nbytes)`` -> Decision; see the module docstring."""
+
+    def __init__(self, size: int, transport: str, *, tuning: str = "", overrides=None,
+                 window: int = 1, segment: int | None = None, native_available: bool = False):
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"decision table: world size must be a positive integer, "
+                             f"got {size!r}")
+        self.size, self.transport, self.tuning = size, transport, tuning or ""
+        self.overrides = dict(overrides or {})
+        for collective, name in self.overrides.items():
+            if name == "native" and not native_available:
+                raise ValueError(f"{settings.ALGORITHM.name}: {collective}={name}, but the "
+                                 f"{transport or 'this'} transport has no native collectives")
+        self.window, self.segment = window, segment
+        self.entry = read_entry(self.tuning, transport)
+        self.params = cost.load_params(transport, self.tuning)
+        self._measured: dict[str, list] = {}     # collective -> measured points (lazily)
+        self._rows: dict[tuple[str, int], Decision] = {}
+        # What decides the schedules (the knobs are rank-local: the ends of a message need not
+        # window or segment alike, and a transport may segment by what each rank sees)
+        sources = {"size": size, "transport": transport,
+                   "overrides": sorted(self.overrides.items()), "params": repr(self.params),
+                   "entry": self.entry}
+        blob = json.dumps(sources, sort_keys=True, default=repr).encode()
+        self.digest = hashlib.sha256(blob).digest()[:DIGEST_BYTES]
+        validate_entry(self.entry, self.tuning)      # malformed: an error now, on every rank
+
+    @classmethod
+    def for_group(cls, size: int, transport, *, window: int = 1) -> "DecisionTable":
+        """The table of a group of ``size`` ranks over ``transport``, from the settings."""
+        native = transport.native is not None
+        # host transports say how they cut messages (None: whole); others cut in the executor
+        segment = (transport.segment_bytes or 0) if hasattr(transport, "segment_bytes") \
+            else None
+        return cls(size, transport.name, tuning=settings.TUNING(),
+                   overrides=parse_overrides(settings.ALGORITHM(), native), window=window,
+                   segment=segment, native_available=native)
+
+    @property
+    def hash(self) -> str:
+        return self.digest.hex()
+
+    def label(self) -> str:
+        """What the sources were, for messages (the tuning file and the override)."""
+        text = f"{settings.TUNING.name}={self.tuning or '(unset)'}"
+        if self.overrides:
+            text += f", {settings.ALGORITHM.name}=" + ",".join(
+                f"{c}={a}" for c, a in sorted(self.overrides.items()))
+        return text
+
+    # -- look-up ---------------------------------------------------------------------------
+
+    def algorithm(self, collective: str, nbytes: int) -> str:
+        """``auto``'s schedule for a call of ``nbytes`` bytes: one dictionary look-up once
+        the row exists."""
+        cls = size_class(nbytes)
+        row = self._rows.get((collective, cls))
+        if row is None:
+            row = self.decision(collective, cls)
+        return row.algorithm
+
+    def lookup(self, collective: str, nbytes: int) -> Decision:
+        return self.decision(collective, size_class(nbytes))
+
+    def decision(self, collective: str, cls: int) -> Decision:
+        key = (collective, cls)
+        row = self._rows.get(key)
+        if row is None:
+            row = self._rows[key] = self._decide(collective, cls)
+            if row.by == "model" and settings.DEBUG() != "OFF":
+                from . import debug
+                debug.logger("collectives").info(
+                    f"decision table ({self.transport}, {self.size} ranks, {self.hash[:8]}): "
+                    f"{collective} {class_label(cls)} -> {row.algorithm} ({row.note})")
+        return row
+
+    def _knobs(self, name: str, by: str, note: str) -> Decision:
+        return Decision(name, by, self.window, self.segment, note)
+
+    def _decide(self, collective: str, cls: int) -> Decision:
+        if collective not in COLLECTIVES:
+            raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+        if collective in self.overrides:
+            return self._knobs(self.overrides[collective], "override",
+                               settings.ALGORITHM.name)
+        points = self._points(collective)
+        if points:
+            classes = [size_class(nbytes) for nbytes, _, _ in points]
+            if classes[0] <= cls <= classes[-1]:
+                # the nearer measured class; the smaller on a tie
+                i = min(range(len(points)), key=lambda k: (abs(classes[k] - cls), classes[k]))
+                nbytes, name, row = points[i]
+                note = f"measured at {format_bytes(nbytes)}"
+                if row.get("by") == "model":
+                    note += " (within the noise: the model's pick)"
+                return self._knobs(name, "measured", note)
+        return self._model(collective, cls)
+
+    def _model(self, collective: str, cls: int) -> Decision:
+        candidates = capabilities()[collective]
+        if not candidates:
+            raise ValueError(f"{collective} has no algorithm registered")
+        ranked = cost.ranking(collective, self.size, class_bytes(cls), self.params, candidates)
+        (best_time, best), rest = ranked[0], ranked[1:]
+        note = f"predicted {_seconds(best_time)}"
+        if rest:
+            note += f"; runner-up {rest[0][1]} {_seconds(rest[0][0])}"
+        return self._knobs(best, "model", note)
+
+    def _points(self, collective: str) -> list:
+        points = self._measured.get(collective)
+        if points is None:
+            points = self._measured[collective] = measured_points(
+                self.entry, collective, self.size, self.params, self.tuning) \
+                if self.entry else []
+        return points
+
+    # -- printing --------------------------------------------------------------------------
+
+    def rows(self, collectives=None, classes=None, *, computed_only: bool = False):
+        """[(collective, first class, last class, Decision)], runs of equal rows merged.
+        ``computed_only``: the model rows not yet worked out are left out (cheap)."""
+        out = []
+        for collective in collectives or COLLECTIVES:
+            span = [0] if collective == "barrier" else list(classes or range(LAST_CLASS + 1))
+            run = None
+            for cls in span:
+                if computed_only and (collective, cls) not in self._rows and \
+                        collective not in self.overrides and not self._covered(collective, cls):
+                    run = None
+                    continue
+                row = self.decision(collective, cls)
+                if run and run[3].algorithm == row.algorithm and run[3].by == row.by \
+                        and run[2] == cls - 1:
+                    run[2] = cls
+                else:
+                    run = [collective, cls, cls, row]
+                    out.append(run)
+        return [tuple(r) for r in out]
+
+    def _covered(self, collective, cls) -> bool:
+        points = self._points(collective)
+        return bool(points) and size_class(points[0][0]) <= cls <= size_class(points[-1][0])
+
+    def format(self, collectives=None, classes=None, *, computed_only: bool = False) -> str:
+        head = (f"decision table: {self.size} rank{'s' if self.size != 1 else ''} over "
+                f"{self.transport or '(any)'}, hash {self.hash[:16]}; {self.label()}; "
+                f"model: {_describe(self.params)}")
+        lines = [head, f"  {'collective':15s} {'bytes':13s} {'algorithm':19s} {'by':9s} "
+                       f"{'window':>6s} {'segment':>8s}  why"]
+        for collective, first, last, row in self.rows(collectives, classes,
+                                                      computed_only=computed_only):
+            segment = "executor" if row.segment is None else \
+                format_bytes(row.segment) if row.segment else "whole"
+            lines.append(f"  {collective:15s} {class_label(first, last):13s} "
+                         f"{row.algorithm:19s} {row.by:9s} {row.window:>6d} {segment:>8s}  "
+                         f"{row.note}")
+        if computed_only:
+            lines.append("  (other sizes: the model, worked out and logged at first use)")
+        return "\n".join(lines)
+
+    # -- every rank agrees -------------------------------------------------------------------
+
+    def agreement_record(self) -> bytes:
+        label = self.label().encode()[:LABEL_BYTES]
+        return self.digest + label.ljust(LABEL_BYTES, b"\0")
+
+
+def disagreement(records, rank: int, operation: str = "ProcessGroup") -> str | None:
+    """None when every rank's agreement record carries the same digest; else the message that
+    names the groups of ranks and their sources."""
+    groups: dict[bytes, list[int]] = {}
+    labels = {}
+    for r, record in enumerate(records):
+        digest = bytes(record[:DIGEST_BYTES])
+        groups.setdefault(digest, []).append(r)
+        labels.setdefault(digest, bytes(record[DIGEST_BYTES:]).rstrip(b"\0").decode(
+            errors="replace"))
+    if len(groups) == 1:
+        return None
+    parts = [f"ranks {members} have table {digest.hex()[:8]} ({labels[digest]})"
+             for digest, members in groups.items()]
+    return (f"{operation} on rank {rank}: the ranks' decision tables differ, so auto would "
+            f"pick different schedules for one call and deadlock: " + "; ".join(parts)
+            + f". Give every rank the same {settings.TUNING.name} file (same content) and "
+            f"the same {settings.ALGORITHM.name}")
+
+
+def _seconds(value: float) -> str:
+    if not math.isfinite(value):
+        return "inf"
+    return f"{value * 1e6:.1f} us" if value < 1e-3 else f"{value * 1e3:.3f} ms"
+
+
+def _describe(params) -> str:
+    def rate(seconds_per_byte):
+        return f"{1e-9 / seconds_per_byte:.3g} GB/s" if seconds_per_byte else "unbounded"
+    return (f"alpha {params.alpha * 1e6:.2f} us, 1/beta {rate(params.beta)}, "
+            f"1/gamma {rate(params.gamma)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing (bench.py --tune) and showing (python -m collectives tune show)
+
+
+CANDIDATE_EXCLUDED = ("native", "auto")
+
+
+def _row_times(row) -> list[float]:
+    """A bench row's per-round times in µs (one value without rounds)."""
+    if row.get("round_p50_us"):
+        return [float(t) for t in row["round_p50_us"]]
+    if "time_p50_us" in row:
+        return [float(row["time_p50_us"])]
+    return [float(row["time_s"]) * 1e6]
+
+
+def _median(values):
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+
+
+def run_noise(records) -> tuple[float, str]:
+    """(the run's noise as a fraction, how it was measured): the median over rows of one
+    schedule's spread over rounds ((max - min) / median of its round p50s); without rounds,
+    the median gap between auto's row and its choice's own row (one schedule measured
+    twice); without either, 0 (every measured difference counts)."""
+    spreads = [(max(t) - min(t)) / _median(t) for t in map(_row_times, records)
+               if len(t) > 1 and _median(t) > 0]
+    if spreads:
+        return _median(spreads), "spread over rounds"
+    gaps = []
+    for auto in (r for r in records if r.get("algorithm") == "auto"):
+        twin = next((r for r in records if r.get("algorithm") == auto.get("chosen")
+                     and r["collective"] == auto["collective"] and r["size"] == auto["size"]
+                     and r.get("world_size") == auto.get("world_size")), None)
+        if twin:
+            a, b = _median(_row_times(auto)), _median(_row_times(twin))
+            if a > 0 and b > 0:
+                gaps.append(abs(math.log(a / b)))
+    if gaps:
+        return math.expm1(_median(gaps)), "auto row vs its choice's row"
+    return 0.0, "none measured"
+
+
+def decisions_from_records(records, params, itemsize: int = 4) -> dict:
+    """{(collective, world size): [row]} from a bench run's records: at each size the
+    algorithm with the least median over rounds if it beats the runner-up by more than the
+    run's noise ("by": "measured"), else the model's pick among those within the noise of it
+    ("by": "model"). Each row keeps every algorithm's median and the noise. Baselines
+    (native), auto, labelled variants (``ring:graph``) and rows with wrong results are no
+    candidates."""
+    noise, how = run_noise(records)
+    table: dict = {}
+    for row in records:
+        name, collective = row["algorithm"], row["collective"]
+        if ":" in name or name in CANDIDATE_EXCLUDED or row.get("wrong") or \
+                name not in capabilities().get(collective, ()):
+            continue
+        key = (collective, int(row["world_size"]))
+        at = table.setdefault(key, {}).setdefault(int(row["size"]), {})
+        at.setdefault(name, []).extend(_row_times(row))
+    out = {}
+    for (collective, p), by_size in table.items():
+        rows = []
+        for nbytes, times in sorted(by_size.items()):
+            medians = {name: _median(t) for name, t in times.items()}
+            rounds = max(len(t) for t in times.values())
+            order = sorted(medians, key=lambda n: (medians[n], n))
+            best = order[0]
+            margin = medians[order[1]] / medians[best] if len(order) > 1 and medians[best] > 0 \
+                else math.inf
+            row = {"bytes": nbytes, "algorithm": best, "by": "measured",
+                   "median_us": {n: round(medians[n], 3) for n in order},
+                   "noise": round(noise, 4), "noise_from": how, "rounds": rounds}
+            if margin - 1.0 <= noise:
+                tied = [n for n in order if medians[n] <= medians[best] * (1.0 + noise)]
+                ranked = cost.ranking(collective, p, nbytes, params, tied, itemsize)
+                row.update(algorithm=ranked[0][1], by="model")
+            rows.append(row)
+        out[collective, p] = rows
+    return out
+
+
+def save(path: str, transport: str, params, decisions: dict) -> None:
+    """Write ``decisions`` into ``transport``'s entry of the tuning file at ``path`` (atomic):
+    the (collective, world size) pairs measured replace the file's, others stay; the entry's
+    parameters become ``params`` (the model the ties were broken with)."""
+    import os
+    data = cost.read_tuning(path) if os.path.exists(path) else {}
+    old = data.get(transport) if isinstance(data.get(transport), dict) else {}
+    merged = {c: dict(sizes) for c, sizes in old.get(DECISIONS, {}).items()}
+    for (collective, p), rows in decisions.items():
+        merged.setdefault(collective, {})[str(p)] = rows
+    cost.save_params(path, transport, params)           # rewrites the entry's parameters
+    data = cost.read_tuning(path)
+    if RATIOS_KEY in old and cost.load_params(transport, path) == params:
+        data[transport][RATIOS_KEY] = old[RATIOS_KEY]    # ratios relative to these parameters
+    data[transport][DECISIONS] = merged
+    cost.write_tuning(path, data)
+    for (collective, p) in decisions:                   # what we write, we can read back
+        measured_points(data[transport], collective, p, params, path)
+
+
+def show(path: str) -> str:
+    """A tuning file as tables: each transport's parameters, then per collective and world
+    size the winner at each measured size, how it was found, and the medians behind it."""
+    data = cost.read_tuning(path)
+    lines = [f"tuning file {path}"]
+    for transport in sorted(data):
+        entry = read_entry(path, transport)
+        params = cost.load_params(transport, path)
+        lines.append(f"{transport}: {_describe(params)}")
+        shapes = set()
+        for key in (DECISIONS, RATIOS_KEY):
+            for collective, sizes in (entry.get(key) or {}).items():
+                if isinstance(sizes, dict):
+                    shapes.update((collective, int(p)) for p in sizes if str(p).isdigit())
+        if not shapes:
+            lines.append("  (no measured decisions: the model decides every size)")
+            continue
+        lines.append(f"  {'collective':15s} {'ranks':>5s} {'bytes':>7s} {'algorithm':19s} "
+                     f"{'by':9s} {'margin':>7s} {'noise':>6s}  medians (us)")
+        for collective, p in sorted(shapes, key=lambda s: (COLLECTIVES.index(s[0])
+                                                           if s[0] in COLLECTIVES else 99, s[1])):
+            for nbytes, name, row in measured_points(entry, collective, p, params, path):
+                medians = row.get("median_us", {})
+                others = sorted(t for n, t in medians.items() if n != name)
+                margin = f"{others[0] / medians[name]:.2f}x" if others and medians.get(name) \
+                    else "-"
+                noise = f"{row['noise']:.2f}" if isinstance(row.get("noise"), (int, float)) \
+                    else "-"
+                cells = ", ".join(f"{n} {t:.1f}" for n, t in sorted(medians.items(),
+                                                                   key=lambda i: i[1]))
+                lines.append(f"  {collective:15s} {p:5d} {format_bytes(nbytes):>7s} "
+                             f"{name:19s} {row.get('by', 'measured'):9s} {margin:>7s} "
+                             f"{noise:>6s}  {cells}")
+    return "\n".join(lines)
