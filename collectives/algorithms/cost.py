@@ -81,6 +81,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, replace
 
+from .. import settings
 from ..errors import CollectiveError
 from .measured import NONE as NO_CORRECTIONS
 from .measured import Corrections
@@ -88,7 +89,7 @@ from .measured import load as load_corrections
 from .lowered import LOCAL, POST, stepwise
 from .schedule import COLLECTIVES, REGISTRY, Copy, build_plan, partition, plan_args
 
-ENV_TUNING = "COLLECTIVES_TUNING"
+ENV_TUNING = settings.TUNING.name
 
 
 @dataclass(frozen=True)
@@ -261,7 +262,7 @@ def load_params(transport: str, path: str | None = None) -> Params:
     """The parameters for ``transport``: from the tuning file (``path``, else the file named by
     ``COLLECTIVES_TUNING``) when it has an entry for it, else ``DEFAULTS``. A named file that
     cannot be read is a ValueError: silently falling back could make ranks disagree."""
-    path = os.environ.get(ENV_TUNING) if path is None else path
+    path = settings.TUNING() if path is None else path
     if path:
         entry = read_tuning(path).get(transport)
         if entry is not None:
