@@ -43,7 +43,8 @@ from .auth import warn_if_remote
 from .errors import CollectiveTimeout
 from .store import FileStore, Store, StoreError, StoreGone, StoreTimeout, TCPStore
 
-AGENT_STORE_ENV = (settings.USE_AGENT_STORE.name, "TORCHELASTIC_USE_AGENT_STORE")
+TORCH_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"       # torchrun's, written True/False
+AGENT_STORE_ENV = (settings.USE_AGENT_STORE.name, TORCH_AGENT_STORE)
 _PREFIX = "collectives/rendezvous"
 _served: set = set()      # (host, port) of the store servers this process has run
 _joined: set = set()      # and of rank 0's servers it has checked in at
@@ -75,9 +76,8 @@ def _check(rank, world_size, init_method):
 
 
 def _uses_agent_store() -> bool:
-    # torchrun writes its variable as True/False; ours goes through the settings' flag parser
     return settings.USE_AGENT_STORE() or \
-        os.environ.get(AGENT_STORE_ENV[1], "").lower() in ("1", "true", "yes")
+        os.environ.get(TORCH_AGENT_STORE, "").lower() in ("1", "true", "yes")
 
 
 def _tcp_store(host, port, rank, world_size, timeout):
