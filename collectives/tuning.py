@@ -496,14 +496,13 @@ def save(path: str, transport: str, params, decisions: dict) -> None:
     merged = {c: dict(sizes) for c, sizes in old.get(DECISIONS, {}).items()}
     for (collective, p), rows in decisions.items():
         merged.setdefault(collective, {})[str(p)] = rows
+    validate_entry({DECISIONS: merged}, path)          # what we write, we can read back
     cost.save_params(path, transport, params)           # rewrites the entry's parameters
     data = cost.read_tuning(path)
     if RATIOS_KEY in old and cost.load_params(transport, path) == params:
         data[transport][RATIOS_KEY] = old[RATIOS_KEY]    # ratios relative to these parameters
     data[transport][DECISIONS] = merged
     cost.write_tuning(path, data)
-    for (collective, p) in decisions:                   # what we write, we can read back
-        measured_points(data[transport], collective, p, params, path)
 
 
 def show(path: str) -> str:
