@@ -16,8 +16,8 @@ import random
 import numpy as np
 
 from collectives.algorithms import pushed
-from collectives.algorithms.pushed import (ARRIVE, BARRIER, COPY, EPOCH, PUSH, REDUCE,
-                                           INPUT, OUTPUT, SCRATCH, CALLER_OUTPUT)
+from collectives.algorithms.pushed import (ARRIVE, BARRIER, COPY, EPOCH, PUSH, REDUCE, SEND,
+                                           TAKE, INPUT, OUTPUT, SCRATCH, CALLER_OUTPUT)
 
 
 class Stuck(RuntimeError):
@@ -40,8 +40,9 @@ class Group:
         # staging output and scratch, poisoned so reading what nobody wrote is visible
         self.out = [np.full(staging, np.nan) for _ in range(size)]
         self.scratch = [np.full(staging, np.nan) for _ in range(size)]
+        self.inbox = [[np.full(staging, np.nan) for _ in (0, 1)] for _ in range(size)]
 
-    def run(self, calls, reduce=np.add, *, piece=3, deadline=100000, absent=()):
+    def run(self, calls, reduce=np.add, *, piece=3, deadline=100000, absent=(), eager=0):
         """Several calls, each a list ``[(plan, input, output)]`` of one entry per rank
         (arrays float64 or None). A rank starts its next call when it has finished the
         previous one, whatever the others do (as kernels on one stream). Ranks in ``absent``
@@ -53,7 +54,8 @@ class Group:
                 continue
             mine = [call[rank] for call in calls]
             for w in range(self.workers):
-                running.append(self._worker(rank, w, mine, reduce, piece, barriers, deadline))
+                running.append(self._worker(rank, w, mine, reduce, piece, barriers, deadline,
+                                            eager))
         while running:
             worker = self.random.choice(running)
             try:
@@ -71,9 +73,9 @@ class Group:
                 raise Stuck(rank, step, rank, "its own workers")
             yield
 
-    def _worker(self, rank, w, calls, reduce, piece, barriers, deadline):
+    def _worker(self, rank, w, calls, reduce, piece, barriers, deadline, eager):
         for plan, input, output in calls:
-            program = pushed.lower(plan)
+            program = pushed.lower(plan, eager)
             yield from self._call(rank, w, program, input, output, reduce, piece, barriers,
                                   deadline)
             # the kernel's end: bookkeeping once every worker is done, before the next call
@@ -104,10 +106,10 @@ class Group:
                 yield from self._barrier(rank, w, barriers, step, deadline)
             elif kind == EPOCH:
                 if w == 0:
-                    self.epoch[rank] = (call << 24) | int(row[2])
+                    self.epoch[rank] = ((call + 1) << 24) | int(row[2])
             elif kind == PUSH:
                 peer, sb, so, db, do, count, their_step, k = map(int, row[2:10])
-                target = (call << 24) | their_step
+                target = ((call + 1) << 24) | their_step
                 yield from wait(lambda: self.epoch[peer] >= target, step, peer,
                                 "its receive to be posted")
                 theirs = {OUTPUT: self.out[peer], SCRATCH: self.scratch[peer]}[db]
@@ -117,6 +119,31 @@ class Group:
                     theirs[do + a:do + b] = mine[sb][so + a:so + b]
                     yield
                 self.delivered[peer, rank, w] = self.sent[rank, peer] + k + 1
+            elif kind == SEND:
+                peer, sb, so, slot, count, k = map(int, row[2:8])
+                # the slot's half was last used two calls ago: the peer must have started
+                # the previous call (so it is done with the one before)
+                target = (call << 24) if call >= 2 else 0
+                yield from wait(lambda: self.epoch[peer] >= target, step, peer,
+                                "the previous call")
+                theirs = self.inbox[peer][call & 1]
+                lo, hi = pushed.share(count, w, workers)
+                for a in range(lo, hi, piece):
+                    b = min(hi, a + piece)
+                    theirs[slot + a:slot + b] = mine[sb][so + a:so + b]
+                    yield
+                self.delivered[peer, rank, w] = self.sent[rank, peer] + k + 1
+            elif kind == TAKE:
+                peer, k, db, do, slot, count = map(int, row[2:8])
+                target = self.received[rank, peer] + k + 1
+                yield from wait(lambda: self.delivered[rank, peer].min() >= target, step, peer,
+                                "its message")
+                inbox = self.inbox[rank][call & 1]
+                lo, hi = pushed.share(count, w, workers)
+                for a in range(lo, hi, piece):
+                    b = min(hi, a + piece)
+                    mine[db][do + a:do + b] = inbox[slot + a:slot + b]
+                    yield
             elif kind == ARRIVE:
                 peer, k = int(row[2]), int(row[3])
                 target = self.received[rank, peer] + k + 1

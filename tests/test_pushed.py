@@ -66,15 +66,16 @@ def _check(collective, p, counts, root, inputs, outputs):
 
 
 @pytest.mark.parametrize("collective,algorithm", CASES)
-@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8])
-def test_every_schedule_through_the_protocol(collective, algorithm, p):
+@pytest.mark.parametrize("p,eager", [(1, 0), (2, 3), (3, 0), (4, 1 << 20), (5, 3), (8, 0),
+                                     (8, 3)])     # eagerly: no message, the small ones, all
+def test_every_schedule_through_the_protocol(collective, algorithm, p, eager):
     group = Group(p, workers=3, seed=p)
     for n in (1, p - 1 or 1, 2 * p + 3):
         counts = _counts(collective, p, n)
         root = (n + 1) % p
         calls = [_call(collective, algorithm, p, counts, root, seed, out_of_place=seed % 2)
-                 for seed in range(3)]
-        group.run([c[0] for c in calls])
+                 for seed in range(4)]
+        group.run([c[0] for c in calls], eager=eager)
         for _, inputs, outputs in calls:
             _check(collective, p, counts, root, inputs, outputs)
 
@@ -86,7 +87,7 @@ def test_workers_and_interleavings(workers):
         calls = [_call("all_reduce", a, 4, 37, 0, seed * 10 + i, out_of_place=i % 2)
                  for i, a in enumerate(["ring", "tree", "recursive_doubling", "direct",
                                         "ring_bidirectional"])]
-        group.run([c[0] for c in calls], piece=2)
+        group.run([c[0] for c in calls], piece=2, eager=20 * (seed % 2))
         for _, inputs, outputs in calls:
             _check("all_reduce", 4, 37, 0, inputs, outputs)
 
@@ -96,6 +97,18 @@ def test_a_dead_rank_ends_the_call_naming_it():
     entries, _, _ = _call("all_reduce", "ring", 3, 12, 0, 0)
     with pytest.raises(Stuck, match="waiting for rank 2"):
         group.run([entries], absent={2}, deadline=2000)
+
+
+def test_eager_messages_go_to_inbox_slots_and_others_wait_for_their_receive():
+    plan = build_plan("all_reduce", "ring", 0, 4, 64)
+    kinds = [int(row[0]) for row in pushed.lower(plan, 16).code]
+    assert pushed.SEND in kinds and pushed.TAKE in kinds and pushed.PUSH not in kinds
+    kinds = [int(row[0]) for row in pushed.lower(plan, 15).code]
+    assert pushed.PUSH in kinds and pushed.ARRIVE in kinds and pushed.SEND not in kinds
+    program = pushed.lower(plan, 16)
+    slots = [int(row[5]) for row in program.code if row[0] == pushed.SEND]
+    assert all(slot % pushed.SLOT_ALIGN == 0 for slot in slots)
+    assert program.inbox == 6 * 16          # 2(p-1) messages of 16 elements
 
 
 def test_staging_is_only_where_messages_land():

@@ -35,6 +35,27 @@ def buffers(cupy, collective, count, p, dtype, rank, seed):
     return cupy.asarray(data), cupy.zeros(n_out, dtype)
 
 
+def graph_time(cupy, stream, call, iters, reps):
+    """Seconds per call of ``iters`` calls captured in one graph, p50 of ``reps`` replays."""
+    for _ in range(3):
+        call()                   # warm up on this stream (staging grown, plans cached)
+    stream.synchronize()
+    stream.begin_capture()
+    for _ in range(iters):
+        call()
+    graph = stream.end_capture()
+    graph.launch(stream)
+    stream.synchronize()
+    samples = []
+    for _ in range(reps):
+        start = stream.record()
+        graph.launch(stream)
+        end = stream.record()
+        end.synchronize()
+        samples.append(cupy.cuda.get_elapsed_time(start, end) / 1e3 / iters)
+    return float(np.median(samples))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="4K,64K,256K,1M,4M,16M")
@@ -127,6 +148,29 @@ def main():
             ratio = " ".join(f"{t * 1e6:8.1f}/{times['native'][i] / t:4.2f}"
                              for i, t in enumerate(ts))
             say(f"{collective:15} {label:20} {ratio}", flush=True)
+    # device time alone: the same calls captured in a CUDA graph and replayed (no host cost)
+    say("device time per call in CUDA graphs (µs; NCCL's / ours):")
+    stream = cupy.cuda.Stream(non_blocking=True)
+    for collective in args.collectives.split(","):
+        for nbytes in sizes:
+            count = max(1, nbytes // 4 // (p if collective in ("reduce_scatter", "all_gather",
+                                                             "all_to_all") else 1))
+            d_in, d_out = buffers(cupy, collective, count, p, np.float32, rank, 0)
+            cells = []
+            base = None
+            for algorithm in ["native"] + [a for a in ("ring", "recursive_doubling", "direct")
+                                           if a in have[collective]]:
+                def call(algorithm=algorithm):
+                    group.prepare(collective, input=d_in, output=d_out, algorithm=algorithm)()
+                try:
+                    with stream:
+                        t = host.max(graph_time(cupy, stream, call, 20, 5))
+                except Exception as exc:      # noqa: BLE001
+                    say(f"  {collective} {algorithm}: graph failed: {type(exc).__name__}: {exc}")
+                    t = host.max(float("nan"))
+                base = t if algorithm == "native" else base
+                cells.append(f"{algorithm} {t * 1e6:.1f}/{base / t:.2f}")
+            say(f"  {collective:15} {nbytes:>10}: " + "  ".join(cells), flush=True)
     # fixed cost per step: ring all_reduce at 4 KiB, time / steps
     d_in, d_out = buffers(cupy, "all_reduce", 1024, p, np.float32, rank, 0)
     for label, g in (("peer", group), ("nccl", baseline)):

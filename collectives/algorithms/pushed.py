@@ -7,7 +7,8 @@ peer-memory executor runs it on the GPU, ``tests`` run it on threads over host m
 The protocol, per call and rank (``epoch`` and ``delivered`` live in each rank's flag words,
 readable and writable by every rank of the group):
 
-* At the start of its step j a rank publishes ``epoch = (call << 24) | j``: everything of its
+* At the start of its step j a rank publishes ``epoch = ((call + 1) << 24) | j`` (never 0, the
+  flags' initial value): everything of its
   steps before j is done, so the regions its step-j receives land in are free.
 * A send of step j waits until the receiving rank's epoch reaches the step of the matching
   receive (its k-th receive from this rank, as its k-th send to it: messages between a pair
@@ -28,6 +29,15 @@ came before. The sender's workers each store their own ``delivered`` word, and a
 waits for all of them. Barriers go where one worker may depend on another's share: before
 each step (a send reads what earlier ops wrote), between a step's sends and local ops that
 overwrite what the sends read, and between two local ops that conflict (``hazards``).
+
+Small messages go *eagerly* (``lower(plan, eager)``: those of at most ``eager`` elements):
+the sender does not wait for the receive to be posted, it writes into a slot of the
+receiver's inbox (one slot per message of the call, laid out alike on both sides from the
+receiver's plan) and the receiver copies the slot into its region when the message has
+arrived (``TAKE``). Each step then costs one hop between GPUs instead of a round trip. Inboxes
+alternate between two halves by call parity, so a slot is written again only two calls
+later: the sender first waits until the receiver has started the previous call (its epoch),
+which has almost always happened long before.
 
 Where regions live: a receive writes into the receiver's memory, so every region any receive
 lands in must be in memory other ranks can write (the group's staging buffers). ``scratch``
@@ -56,7 +66,12 @@ ARRIVE = 3      # [2] peer [3] message number from that peer
 COPY = 4        # [2] dst buffer [3] dst offset [4] src buffer [5] src offset [6] count
 REDUCE = 5      # [2] dst buffer [3] dst offset [4] a buffer [5] a offset [6] b buffer
                 # [7] b offset [8] count
+SEND = 6        # eager: [2] peer [3] src buffer [4] src offset [5] slot in the peer's inbox
+                # [6] count [7] message number to that peer
+TAKE = 7        # [2] peer [3] message number from that peer [4] dst buffer [5] dst offset
+                # [6] slot in this rank's inbox [7] count
 WIDTH = 10
+SLOT_ALIGN = 16  # elements: inbox slots start 16-byte aligned whatever the dtype
 
 # Buffers (what the executor passes): the caller's input, the plan's output (the caller's or
 # the staging copy), the staging scratch, and the caller's output (copy-out target).
@@ -74,7 +89,8 @@ class Program(NamedTuple):
     largest: int              # elements of the largest message of any rank (for ``blocks``)
     scratch_at: int           # where scratch starts in every rank's staging memory, in
                               # elements (after the largest staged output of any rank)
-    staging: int              # elements of staging memory every rank needs for this call
+    scratch_max: int          # the largest scratch of any rank (then the inboxes)
+    inbox: int                # elements of one inbox half (the largest of any rank)
 
 
 def plans_of(plan: Plan) -> list:
@@ -88,9 +104,10 @@ def plans_of(plan: Plan) -> list:
             for r in range(plan.size)]
 
 
-def lower(plan: Plan) -> Program:
-    """The push program of ``plan`` (cached on it)."""
-    return plan.derived("_pushed", None, lambda: _lower(plan, plans_of(plan)))
+def lower(plan: Plan, eager: int = 0) -> Program:
+    """The push program of ``plan`` (cached on it); messages of at most ``eager`` elements go
+    eagerly (every rank of the call must pass the same ``eager``)."""
+    return plan.derived("_pushed", eager, lambda: _lower(plan, plans_of(plan), eager))
 
 
 def _output_count(plan):
@@ -105,7 +122,7 @@ def staged(plan: Plan) -> bool:
     return any(r.region.buffer == "output" for step in plan.steps for r in step.recvs)
 
 
-def _lower(plan, plans):
+def _lower(plan, plans, eager):
     rank, size = plan.rank, plan.size
     for other in plans:
         for step in other.steps:
@@ -113,12 +130,25 @@ def _lower(plan, plans):
                 if r.region.buffer == "input":
                     raise ValueError(f"{plan.collective} ({plan.algorithm}): rank {other.rank} "
                                      f"receives into its input, which peers cannot write")
-    # Where each receiver's k-th message from each sender lands, and in which of its steps.
-    landing = {}                              # (src, dst) -> [(step, region)]
+    # Where each receiver's k-th message from each sender lands, in which of its steps, and
+    # its inbox slot if it goes eagerly (-1 if not).
+    landing = {}                              # (src, dst) -> [(step, region, slot)]
+    inboxes = []
     for other in plans:
+        inbox = 0
         for index, step in enumerate(other.steps):
             for r in step.recvs:
-                landing.setdefault((r.peer, other.rank), []).append((index, r.region))
+                slot = -1
+                if r.region.count <= eager:
+                    slot = inbox
+                    inbox += -(-r.region.count // SLOT_ALIGN) * SLOT_ALIGN
+                landing.setdefault((r.peer, other.rank), []).append((index, r.region, slot))
+        inboxes.append(inbox)
+    mine = {}                                 # (src, k) -> slot, for this rank's receives
+    for (src, dst), pairs in landing.items():
+        if dst == rank:
+            for k, (_, _, slot) in enumerate(pairs):
+                mine[src, k] = slot
 
     code = []
     emit = code.append
@@ -141,19 +171,30 @@ def _lower(plan, plans):
                 raise ValueError(f"{plan.collective} ({plan.algorithm}): rank {rank} sends "
                                  f"message {k + 1} to rank {s.peer}, which receives only "
                                  f"{len(pairs)} from it")
-            their_step, region = pairs[k]
+            their_step, region, slot = pairs[k]
             if region.count != s.region.count:
                 raise ValueError(f"{plan.collective} ({plan.algorithm}): rank {rank} step "
                                  f"{index + 1} sends {s.region.count} elements to rank "
                                  f"{s.peer}, whose step {their_step + 1} receives "
                                  f"{region.count}")
-            emit((PUSH, index, s.peer, _BUFFER[s.region.buffer], s.region.offset,
-                  _BUFFER[region.buffer], region.offset, s.region.count, their_step, k))
+            if slot >= 0:
+                emit((SEND, index, s.peer, _BUFFER[s.region.buffer], s.region.offset, slot,
+                      s.region.count, k))
+            else:
+                emit((PUSH, index, s.peer, _BUFFER[s.region.buffer], s.region.offset,
+                      _BUFFER[region.buffer], region.offset, s.region.count, their_step, k))
             reads.append(hazards.access(s))
-        for r in step.recvs:
-            emit((ARRIVE, index, r.peer, received[r.peer]))
-            received[r.peer] += 1
         done = reads                       # accesses other workers may still be making
+        for r in step.recvs:
+            k = received[r.peer]
+            received[r.peer] += 1
+            slot = mine[r.peer, k]
+            if slot >= 0:                  # each worker copies its share of the slot
+                emit((TAKE, index, r.peer, k, _BUFFER[r.region.buffer], r.region.offset,
+                      slot, r.region.count))
+                done.append(hazards.access(r))
+            else:                          # every worker of the sender wrote its share
+                emit((ARRIVE, index, r.peer, k))
         for op in step.local:
             accessed = hazards.access(op)
             if any(hazards.conflict(accessed, other) for other in done):
@@ -183,9 +224,8 @@ def _lower(plan, plans):
     largest = max((t.region.count for other in plans for step in other.steps
                    for t in step.sends), default=0)
     outputs = [_staged_output(other) for other in plans]
-    scratch_at = max(outputs)
     return Program(table, out_staged, outputs[rank], plan.scratch, tuple(sent), tuple(received),
-                   largest, scratch_at, scratch_at + max(other.scratch for other in plans))
+                   largest, max(outputs), max(other.scratch for other in plans), max(inboxes))
 
 
 def _staged_output(plan):

@@ -61,17 +61,21 @@ class _Entry:
     __slots__ = ("program", "code", "tallies", "function", "blocks", "staging", "scratch_at",
                  "values", "params", "pointers")
 
-    def __init__(self, plan, dtype, op, limit, memory):
+    def __init__(self, plan, dtype, op, limit, eager, memory):
         import cupy
-        program = pushed.lower(plan)
+        program = pushed.lower(plan, eager // dtype.itemsize)
         self.program = program
         self.code = cupy.asarray(program.code)
         self.tallies = cupy.asarray(np.array(program.sends + program.recvs, np.int64))
         self.function = cuda_peer.program_kernel(op, dtype).kernel.ptr    # the CUfunction
         largest = program.largest * dtype.itemsize
         self.blocks = int(min(limit, max(1, -(-largest // BLOCK_BYTES))))
-        self.scratch_at = _align(program.scratch_at * dtype.itemsize)
-        self.staging = self.scratch_at + (program.staging - program.scratch_at) * dtype.itemsize
+        # staging memory, alike on every rank: output, scratch, two inbox halves
+        itemsize = dtype.itemsize
+        self.scratch_at = _align(program.scratch_at * itemsize)
+        inbox_at = _align(self.scratch_at + program.scratch_max * itemsize)
+        inbox_half = _align(program.inbox * itemsize)
+        self.staging = inbox_at + 2 * inbox_half
         u64, i32 = ctypes.c_uint64, ctypes.c_int32
         # in the kernel's parameter order; the four buffers (and the peers' tables, which
         # move when the staging memory grows) are set per call
@@ -79,7 +83,7 @@ class _Entry:
                        u64(self.tallies.data.ptr), u64(0), u64(0), u64(0), u64(0), u64(0),
                        u64(0), u64(self.scratch_at), u64(memory.flags_ptr),
                        u64(memory.error_ptr), i32(plan.rank), i32(plan.size),
-                       i32(dtype.itemsize), u64(0)]
+                       i32(dtype.itemsize), u64(0), u64(inbox_at), u64(inbox_half)]
         self.pointers = (ctypes.c_void_p * len(self.values))(
             *[ctypes.addressof(v) for v in self.values])
         self.params = ctypes.addressof(self.pointers)
@@ -98,6 +102,7 @@ class PeerExecutor:
         self.transport = transport
         self.memory = memory
         self.limit = max_blocks()
+        self.eager = settings.PEER_EAGER_BYTES()
         self.failed = None
         self._entries = {}
         transport.before_close(lambda: memory.close(abort_peers=transport._aborted))
@@ -150,7 +155,7 @@ class PeerExecutor:
         if not cuda_peer.supported(op, dtype) or (not plan.args and plan.collective != "barrier"):
             entry = False
         else:
-            entry = _Entry(plan, dtype, op, self.limit, self.memory)
+            entry = _Entry(plan, dtype, op, self.limit, self.eager, self.memory)
         if len(self._entries) > 4096:
             self._entries.clear()
         self._entries[key] = (plan, entry)     # the plan kept: its id is not reused meanwhile
@@ -186,7 +191,12 @@ def make_executor(transport):
     if path == "nccl":
         transport.peer_path = "off (COLLECTIVES_GPU_PATH=nccl)"
         return None
-    memory, why = open_peer_memory(transport)
+    try:
+        memory, why = open_peer_memory(transport)
+    except Exception as exc:     # a CUDA without IPC (or a stand-in CuPy): the same on all ranks
+        if path == "peer":
+            raise
+        memory, why = None, f"peer memory unusable ({type(exc).__name__}: {exc})"
     transport.peer_path = why
     if memory is None:
         if path == "peer":

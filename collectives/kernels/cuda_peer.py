@@ -33,7 +33,7 @@ MAX_BLOCKS = 128          # delivered words per sender in a rank's flags
 
 # Flag words (uint64) of one rank; DELIVERED is [sender][block].
 EPOCH_WORD, CALL_WORD, BARRIER_WORD, ABORT_WORD, GENERATION_WORD = 0, 1, 2, 3, 4
-SENT_WORDS, RECEIVED_WORDS, DELIVERED_WORDS = 256, 512, 1024
+SENT_WORDS, RECEIVED_WORDS, SEEN_WORDS, DELIVERED_WORDS = 256, 512, 768, 1024
 MAX_RANKS = 256
 FLAG_BYTES = (DELIVERED_WORDS + MAX_RANKS * MAX_BLOCKS) * 8
 
@@ -58,6 +58,7 @@ typedef STORAGE S;
 #define GENERATION_WORD %(GENERATION_WORD)d
 #define SENT_WORDS %(SENT_WORDS)d
 #define RECEIVED_WORDS %(RECEIVED_WORDS)d
+#define SEEN_WORDS %(SEEN_WORDS)d
 #define DELIVERED_WORDS %(DELIVERED_WORDS)d
 #define MAX_BLOCKS %(MAX_BLOCKS)d
 #define WIDTH %(WIDTH)d
@@ -165,7 +166,8 @@ COMBINE
 extern "C" __global__ void __launch_bounds__(%(THREADS)d)
 run_program(const i64* code, int n, const i64* tallies, char* in, char* out, char* scratch,
             char* caller_out, const u64* peer_data, const u64* peer_flags, u64 scratch_at,
-            u64* flags, int* error, int rank, int size, int itemsize, u64 timeout_ns) {
+            u64* flags, int* error, int rank, int size, int itemsize, u64 timeout_ns,
+            u64 inbox_at, u64 inbox_half) {
     __shared__ int stop;
     __shared__ u64 deadline;
     if (threadIdx.x == 0) {
@@ -185,17 +187,18 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
         case 0:   /* BARRIER */
             grid_barrier(c, step, &stop);
             break;
-        case 1:   /* EPOCH */
-            if (blockIdx.x == 0 && threadIdx.x == 0) {
+        case 1:   /* EPOCH: into every rank's SEEN word for this rank, so waits poll locally */
+            if (blockIdx.x == 0 && threadIdx.x < size) {
                 __threadfence_system();
-                release(flags + EPOCH_WORD, (call << 24) | (u64)r[2]);
+                u64* seen = (u64*)peer_flags[threadIdx.x] + SEEN_WORDS + rank;
+                release(seen, ((call + 1) << 24) | (u64)r[2]);
             }
             break;
-        case 2: { /* PUSH */
+        case 2: { /* PUSH (rendezvous): the receiver has posted the receive */
             const int peer = (int)r[2];
             if (threadIdx.x == 0) {
-                const u64* epoch = (const u64*)peer_flags[peer] + EPOCH_WORD;
-                if (!wait_for(c, epoch, (call << 24) | (u64)r[8], step, peer)) stop = 1;
+                if (!wait_for(c, flags + SEEN_WORDS + peer, ((call + 1) << 24) | (u64)r[8], step,
+                              peer)) stop = 1;
             }
             __syncthreads();
             if (stop) break;
@@ -224,6 +227,46 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
                 if (!wait_for(c, word, target, step, peer)) stop = 1;
             }
             __syncthreads();
+            break;
+        }
+        case 6: { /* SEND (eager): into the receiver's inbox slot */
+            const int peer = (int)r[2];
+            if (threadIdx.x == 0 && call >= 2) {    /* the slot's half: two calls ago */
+                if (!wait_for(c, flags + SEEN_WORDS + peer, call << 24, step, peer))
+                    stop = 1;
+            }
+            __syncthreads();
+            if (stop) break;
+            i64 lo, hi;
+            share(r[6], align, &lo, &hi);
+            const char* src = bases[r[3]] + (r[4] + lo) * itemsize;
+            char* dst = (char*)peer_data[peer] + inbox_at + (call & 1) * inbox_half
+                        + (r[5] + lo) * itemsize;
+            if (hi > lo) copy_bytes(dst, src, (hi - lo) * itemsize);
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                __threadfence_system();
+                u64* word = (u64*)peer_flags[peer] + DELIVERED_WORDS
+                            + (u64)rank * MAX_BLOCKS + blockIdx.x;
+                release(word, flags[SENT_WORDS + peer] + (u64)r[7] + 1);
+            }
+            break;
+        }
+        case 7: { /* TAKE: the eager message has arrived; copy this block's share out */
+            const int peer = (int)r[2];
+            const u64 target = flags[RECEIVED_WORDS + peer] + (u64)r[3] + 1;
+            if (threadIdx.x < gridDim.x) {
+                const u64* word = flags + DELIVERED_WORDS + (u64)peer * MAX_BLOCKS + threadIdx.x;
+                if (!wait_for(c, word, target, step, peer)) stop = 1;
+            }
+            __syncthreads();
+            if (stop) break;
+            i64 lo, hi;
+            share(r[7], align, &lo, &hi);
+            const char* src = (const char*)peer_data[rank] + inbox_at + (call & 1) * inbox_half
+                              + (r[6] + lo) * itemsize;
+            if (hi > lo) copy_bytes(bases[r[4]] + (r[5] + lo) * itemsize, src,
+                                    (hi - lo) * itemsize);
             break;
         }
         case 4: { /* COPY */
@@ -299,7 +342,7 @@ def source(op, dtype) -> str:
         op = ReduceOp.SUM
     body = _SOURCE % dict(EPOCH_WORD=EPOCH_WORD, CALL_WORD=CALL_WORD, BARRIER_WORD=BARRIER_WORD,
                           ABORT_WORD=ABORT_WORD, GENERATION_WORD=GENERATION_WORD, SENT_WORDS=SENT_WORDS,
-                          RECEIVED_WORDS=RECEIVED_WORDS, DELIVERED_WORDS=DELIVERED_WORDS,
+                          RECEIVED_WORDS=RECEIVED_WORDS, SEEN_WORDS=SEEN_WORDS, DELIVERED_WORDS=DELIVERED_WORDS,
                           MAX_BLOCKS=MAX_BLOCKS, WIDTH=pushed.WIDTH, OUTPUT=pushed.OUTPUT,
                           THREADS=THREADS)
     return (body.replace("STORAGE", _STORAGE[dtype])
