@@ -111,7 +111,7 @@ class ProcessGroup:
         mine = self.xp.asarray(np.frombuffer(table.agreement_record(), dtype=np.uint8))
         every = self.xp.empty(self.size * mine.size, dtype=np.uint8)
         self.prepare("all_gather", input=mine, output=every, algorithm="ring")()
-        every = (every.get() if hasattr(every, "get") else every).reshape(self.size, -1)
+        every = (every if self.xp is np else self.xp.asnumpy(every)).reshape(self.size, -1)
         problem = tuning.disagreement([row.tobytes() for row in every], self.rank,
                                       "ProcessGroup")
         if problem:
