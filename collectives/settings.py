@@ -216,6 +216,7 @@ NCCL_GRAPH = declare("COLLECTIVES_NCCL_GRAPH", flag, False, CALL, "1: a repeated
 NCCL_SEGMENT_BYTES = declare("COLLECTIVES_NCCL_SEGMENT_BYTES", byte_size, None, CALL, "Segment size of every nccl plan (0: whole messages; default: 64 MiB for collectives that reduce, else whole)", kind=_BYTES)
 GPU_PATH = declare("COLLECTIVES_GPU_PATH", choice("auto", "peer", "nccl"), "auto", GROUP, "How nccl groups run plans: auto = peer memory where every GPU of the group is on one host with peer access, else NCCL send/recv; peer = peer memory or an error; nccl = NCCL send/recv always", kind="auto, peer or nccl")
 PEER_EAGER_BYTES = declare("COLLECTIVES_PEER_EAGER_BYTES", byte_size, 1 << 20, GROUP, "Peer-memory messages up to this size go eagerly (into the receiver's inbox, one hop) instead of waiting for the receive (0: never)", kind=_BYTES)
+PEER_BLOCK_BYTES = declare("COLLECTIVES_PEER_BLOCK_BYTES", byte_size, 64 << 10, GROUP, "The peer-memory kernel runs one thread block per this many bytes of the call's largest message (up to COLLECTIVES_PEER_BLOCKS)", kind=_BYTES)
 PEER_BLOCKS = declare("COLLECTIVES_PEER_BLOCKS", integer(1), 32, GROUP, "Most thread blocks the peer-memory kernel runs a plan on (one per 64 KiB of the largest message)", kind="integer >= 1")
 NCCL_P2P_CHUNKSIZE = declare("COLLECTIVES_NCCL_P2P_CHUNKSIZE", byte_size, 65536, GROUP, "NCCL_P2P_NVL_CHUNKSIZE set before the first communicator unless already set (0: NCCL's default)", kind=_BYTES)
 # -- building ----------------------------------------------------------------------------------

@@ -11,3 +11,8 @@ echo "peer_check exit: ${PIPESTATUS[0]}"
 if [ "${SUITE:-0}" = 1 ]; then
   COLLECTIVES_GPU_TEST_SECONDS=200 timeout 420 python3 -m pytest -m gpu tests/gpu -q -x 2>&1 | tail -30 | tee "$out/gpu_suite.txt"
 fi
+# timings only, at other block sizes: SWEEP="16K 256K"
+for bytes in ${SWEEP:-}; do
+  echo "== COLLECTIVES_PEER_BLOCK_BYTES=$bytes"
+  COLLECTIVES_PEER_BLOCK_BYTES=$bytes timeout 120 $mpi -x COLLECTIVES_PEER_BLOCK_BYTES -n "$n" python3 tools/peer_check.py --no-checks --no-graphs --collectives all_reduce,reduce_scatter --algorithms ring,direct,recursive_doubling 2>&1 | tee "$out/sweep_$bytes.txt"
+done

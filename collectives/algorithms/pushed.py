@@ -144,6 +144,10 @@ def _lower(plan, plans, eager):
                     inbox += -(-r.region.count // SLOT_ALIGN) * SLOT_ALIGN
                 landing.setdefault((r.peer, other.rank), []).append((index, r.region, slot))
         inboxes.append(inbox)
+    # A rank publishes its epoch where some sender waits for it: at its first step (eager
+    # senders wait for the previous call's) and where a receive is not eager.
+    waited = {0} | {index for pairs in (p for (src, dst), p in landing.items() if dst == rank)
+                    for index, _, slot in pairs if slot < 0}
     mine = {}                                 # (src, k) -> slot, for this rank's receives
     for (src, dst), pairs in landing.items():
         if dst == rank:
@@ -161,7 +165,8 @@ def _lower(plan, plans, eager):
     for index, step in enumerate(plan.steps):
         if code:
             emit((BARRIER, index))
-        emit((EPOCH, index, index))
+        if index in waited:
+            emit((EPOCH, index, index))
         reads = []
         for s in step.sends:
             k = sent[s.peer]

@@ -38,8 +38,6 @@ from ..errors import CollectiveTimeout, TransportError
 from ..kernels import cuda_peer
 from . import nccl
 
-BLOCK_BYTES = 64 << 10
-
 
 def _launch(*args):
     from cupy.cuda import driver
@@ -69,7 +67,7 @@ class _Entry:
         self.tallies = cupy.asarray(np.array(program.sends + program.recvs, np.int64))
         self.function = cuda_peer.program_kernel(op, dtype).kernel.ptr    # the CUfunction
         largest = program.largest * dtype.itemsize
-        self.blocks = int(min(limit, max(1, -(-largest // BLOCK_BYTES))))
+        self.blocks = int(min(limit, max(1, -(-largest // settings.PEER_BLOCK_BYTES()))))
         # staging memory, alike on every rank: output, scratch, two inbox halves
         itemsize = dtype.itemsize
         self.scratch_at = _align(program.scratch_at * itemsize)
