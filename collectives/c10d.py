@@ -523,7 +523,11 @@ class ProcessGroupCollectives(dist.ProcessGroup):
         transport = transports.module(GPU_TRANSPORT).create(
             rank=self._main.rank, world_size=self._main.size, store=self._store,
             timeout=self._main.timeout, device=device.index)
-        self._gpu = ProcessGroup(transport, **self._gpu_args)
+        try:
+            self._gpu = ProcessGroup(transport, **self._gpu_args)
+        except BaseException:
+            transport.close()       # every rank fails alike; a later call starts anew
+            raise
         return self._gpu
 
     def _device(self, operation, items):
