@@ -108,10 +108,11 @@ class ProcessGroup:
     def _agree(self, table) -> None:
         """One small all_gather of every rank's table digest (and what it was built from),
         over a fixed schedule (not the table's: that is what may differ)."""
-        mine = self.xp.asarray(np.frombuffer(table.agreement_record(), dtype=np.uint8))
-        every = self.xp.empty(self.size * mine.size, dtype=np.uint8)
+        xp = self.xp or np
+        mine = xp.asarray(np.frombuffer(table.agreement_record(), dtype=np.uint8))
+        every = xp.empty(self.size * mine.size, dtype=np.uint8)
         self.prepare("all_gather", input=mine, output=every, algorithm="ring")()
-        every = (every if self.xp is np else self.xp.asnumpy(every)).reshape(self.size, -1)
+        every = (every if xp is np else xp.asnumpy(every)).reshape(self.size, -1)
         problem = tuning.disagreement([row.tobytes() for row in every], self.rank,
                                       "ProcessGroup")
         if problem:

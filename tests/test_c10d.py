@@ -433,9 +433,13 @@ def test_ddp_and_fsdp2_2_ranks_match_gloo(two_ranks):
 
 def test_ddp_and_fsdp2_3_ranks_forced_ring(three_ranks):
     """On 3 ranks with COLLECTIVES_ALGORITHM=all_reduce=ring: the backend chooses as the
-    facade does (the INFO log shows auto's other choices and none for all_reduce); PowerSGD
-    over several buckets is bitwise identical across ranks (gloo, whose order of calls from
-    callbacks depends on timing, hangs there)."""
+    facade does (the INFO log shows each group's decision table, all_reduce by the override,
+    and the model's rows as they are first used, none for all_reduce); PowerSGD over several
+    buckets is bitwise identical across ranks (gloo, whose order of calls from callbacks
+    depends on timing, hangs there)."""
     ours, output = three_ranks
-    assert "auto: reduce_scatter" in output and "auto: all_reduce" not in output
+    assert "COLLECTIVES_ALGORITHM=all_reduce=ring" in output
+    assert re.search(r"all_reduce +0\+ +ring +override", output), output
+    assert re.search(r"\): reduce_scatter \S+ -> ", output), output
+    assert not re.search(r"\): all_reduce \S+ -> ", output), output
     _check_training(ours, 3)
