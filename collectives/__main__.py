@@ -73,7 +73,7 @@ def _kernels() -> list[str]:
 
 def info() -> str:
     from . import transports
-    from .algorithms import capabilities
+    from .algorithms import ALIASES, capabilities
 
     lines = [f"collectives {_package_version()} from {_package_dir()}",
              f"python {platform.python_version()} ({sys.executable}) on {platform.machine()}",
@@ -89,7 +89,11 @@ def info() -> str:
     lines.append("compiled kernels:")
     lines.extend(f"  {line}" for line in _kernels())
     lines.append("algorithms:")
-    lines.extend(f"  {c:15s} {', '.join(a)}" for c, a in capabilities().items())
+    for collective, names in capabilities().items():
+        also = [f"{a} = {n}" for a, n in sorted(ALIASES.get(collective, {}).items())
+                if n in names]
+        lines.append(f"  {collective:15s} {', '.join(names)}"
+                     + (f" (also {', '.join(also)})" if also else ""))
     lines.append("settings (value here; [when read]):")
     lines.extend(f"  {line}" for line in settings.describe())
     return "\n".join(lines)

@@ -26,7 +26,7 @@ from threading import get_ident
 
 import numpy as np
 
-from .algorithms import AUTO, NATIVE, check_algorithm
+from .algorithms import AUTO, NATIVE, canonical, check_algorithm
 from .algorithms.schedule import COLLECTIVES, ROOTED, Matrix, buffer_sizes, build_plan, plan_args
 from .algorithms.transforms import read_input_first, windowed
 from . import debug, settings, signature, tuning
@@ -235,7 +235,8 @@ class ProcessGroup:
             check_algorithm(collective, name, native_available=self.transport.native is not None)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{collective} on rank {self.rank}: {exc}") from None
-        return self.table.algorithm(collective, nbytes) if name == AUTO else name
+        return self.table.algorithm(collective, nbytes) if name == AUTO else \
+            canonical(collective, name)
 
     # -- the one entry point ---------------------------------------------------------------
 

@@ -95,7 +95,7 @@ def _where(path: str) -> str:
 
 def parse_overrides(text: str | None, native_available: bool = True) -> dict[str, str]:
     """``all_reduce=ring,all_gather=tree`` (COLLECTIVES_ALGORITHM) as {collective: name}."""
-    from .algorithms import check_algorithm
+    from .algorithms import canonical, check_algorithm
     name = settings.ALGORITHM.name
     overrides = {}
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
@@ -107,7 +107,7 @@ def parse_overrides(text: str | None, native_available: bool = True) -> dict[str
                             native_available=native_available)
         except ValueError as exc:
             raise ValueError(f"{name}={text!r}: {exc}") from None
-        overrides[collective.strip()] = algorithm.strip()
+        overrides[collective.strip()] = canonical(collective.strip(), algorithm.strip())
     return overrides
 
 

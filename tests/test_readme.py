@@ -109,6 +109,9 @@ BLOCKS = {
         continues="from collectives.algorithms.schedule import algorithm, partition, "
                   "sendrecv"),
     # The cost model
+    "collectives INFO: group 0: decision table: 4 ranks over socket, hash 0f23a9ad4c1192c2; "
+    "COLLECTIVES_TUNING=tuning.json; model: alpha 80.00 us, 1/beta 3.5 GB/s, 1/gamma 5 GB/s":
+        Exempt("what COLLECTIVES_DEBUG=INFO prints, not a command"),
     "mpiexec -n 8 python benchmarks/bench.py --calibrate tuning.json --tune tuning.json "
     "--rounds 3": Shell(),
     # Benchmarks

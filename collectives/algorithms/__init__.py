@@ -1,7 +1,9 @@
 """Pure schedules: which steps each rank performs, for each collective and algorithm.
 
-No I/O and no transport here. ``CAPABILITIES`` is the table of what exists; asking for
-anything else is a ValueError that lists the valid names.
+No I/O and no transport here. ``capabilities()`` is the table of what exists; ``ALIASES``
+adds the names users look for (Open MPI's and the literature's: rabenseifner, bruck,
+van_de_geijn, dissemination, binomial), each another name of the schedule that implements
+it; asking for anything else is a ValueError that lists the valid names.
 """
 from __future__ import annotations
 
@@ -23,19 +25,47 @@ ENV_DEBUG = settings.DEBUG.name     # the same variable collectives.debug reads
 AUTO = "auto"
 NATIVE = "native"
 
+# collective -> {name users look for: the registered schedule that implements it}. Each
+# schedule's docstring says where it switches shape (Rabenseifner and van de Geijn from 16
+# elements per block, below that recursive doubling and a binomial tree).
+ALIASES = {
+    "all_reduce": {"rabenseifner": "recursive_doubling"},
+    "reduce": {"rabenseifner": "recursive_doubling", "binomial": "tree"},
+    "all_to_all": {"bruck": "recursive_doubling"},
+    "broadcast": {"van_de_geijn": "recursive_doubling", "binomial": "tree"},
+    "gather": {"binomial": "tree"},
+    "scatter": {"binomial": "tree"},
+    "barrier": {"dissemination": "recursive_doubling"},
+}
 
-def capabilities() -> dict[str, tuple[str, ...]]:
-    """collective -> the algorithm names implemented for it (sorted)."""
-    return {c: tuple(sorted(REGISTRY.get(c, {}))) for c in COLLECTIVES}
+
+def capabilities(aliases: bool = False) -> dict[str, tuple[str, ...]]:
+    """collective -> the algorithm names implemented for it (sorted); with ``aliases``, the
+    other names they answer to as well (``ALIASES``). ``auto`` chooses among the former."""
+    table = {c: tuple(sorted(REGISTRY.get(c, {}))) for c in COLLECTIVES}
+    if aliases:
+        table = {c: names + tuple(sorted(a for a, name in ALIASES.get(c, {}).items()
+                                         if name in names))
+                 for c, names in table.items()}
+    return table
+
+
+def canonical(collective: str, name: str) -> str:
+    """The registered schedule behind ``name`` (``name`` itself unless it is an alias)."""
+    return ALIASES.get(collective, {}).get(name, name)
 
 
 def check_algorithm(collective: str, name: str, *, native_available: bool = False) -> None:
-    """Raise ValueError unless ``name`` is an algorithm ``collective`` has."""
+    """Raise ValueError unless ``name`` is an algorithm (or an alias of one) ``collective``
+    has."""
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
-    valid = list(capabilities()[collective]) + [AUTO] + ([NATIVE] if native_available else [])
-    if name not in valid:
-        raise ValueError(f"{collective} has no algorithm {name!r}; valid: {', '.join(valid)}")
+    names = capabilities()[collective]
+    valid = list(names) + [AUTO] + ([NATIVE] if native_available else [])
+    other = {a: n for a, n in ALIASES.get(collective, {}).items() if n in names}
+    if name not in valid and name not in other:
+        listed = valid + [f"{a} (= {n})" for a, n in sorted(other.items())]
+        raise ValueError(f"{collective} has no algorithm {name!r}; valid: {', '.join(listed)}")
 
 
 def choose(collective: str, size: int, nbytes: int, transport: str = "") -> str:
@@ -91,4 +121,5 @@ def _seconds(value: float) -> str:
     return f"{value * 1e6:.1f} us" if value < 1e-3 else f"{value * 1e3:.3f} ms"
 
 
-__all__ = ["AUTO", "NATIVE", "Plan", "build_plan", "capabilities", "check_algorithm", "choose"]
+__all__ = ["ALIASES", "AUTO", "NATIVE", "Plan", "build_plan", "canonical", "capabilities",
+           "check_algorithm", "choose"]
