@@ -59,13 +59,13 @@ class _Entry:
     __slots__ = ("program", "code", "tallies", "function", "blocks", "staging", "scratch_at",
                  "values", "params", "pointers")
 
-    def __init__(self, plan, dtype, op, limit, eager, memory):
+    def __init__(self, plan, dtype, op, limit, eager, fences, memory):
         import cupy
         program = pushed.lower(plan, eager // dtype.itemsize)
         self.program = program
         self.code = cupy.asarray(program.code)
         self.tallies = cupy.asarray(np.array(program.sends + program.recvs, np.int64))
-        self.function = cuda_peer.program_kernel(op, dtype).kernel.ptr    # the CUfunction
+        self.function = cuda_peer.program_kernel(op, dtype, fences).kernel.ptr   # CUfunction
         largest = program.largest * dtype.itemsize
         self.blocks = int(min(limit, max(1, -(-largest // settings.PEER_BLOCK_BYTES()))))
         # staging memory, alike on every rank: output, scratch, two inbox halves
@@ -101,6 +101,7 @@ class PeerExecutor:
         self.memory = memory
         self.limit = max_blocks()
         self.eager = settings.PEER_EAGER_BYTES()
+        self.fences = int(settings.PEER_FENCES())
         self.failed = None
         self._entries = {}
         transport.before_close(lambda: memory.close(abort_peers=transport._aborted))
@@ -153,7 +154,7 @@ class PeerExecutor:
         if not cuda_peer.supported(op, dtype) or (not plan.args and plan.collective != "barrier"):
             entry = False
         else:
-            entry = _Entry(plan, dtype, op, self.limit, self.eager, self.memory)
+            entry = _Entry(plan, dtype, op, self.limit, self.eager, self.fences, self.memory)
         if len(self._entries) > 4096:
             self._entries.clear()
         self._entries[key] = (plan, entry)     # the plan kept: its id is not reused meanwhile

@@ -64,13 +64,41 @@ typedef STORAGE S;
 #define WIDTH %(WIDTH)d
 #define OUTPUT %(OUTPUT)d
 
+/* Flag words between GPUs. FENCES 0: acquire loads and release stores at system scope;
+   1: relaxed polls and stores with one acq_rel fence at system scope around them; 2:
+   volatile accesses with __threadfence_system (the classic pattern). */
+#ifndef FENCES
+#define FENCES 0
+#endif
 __device__ __forceinline__ u64 acquire(const u64* p) {
     u64 v;
+#if FENCES == 0
     asm volatile("ld.acquire.sys.global.u64 %%0, [%%1];" : "=l"(v) : "l"(p) : "memory");
+#elif FENCES == 1
+    asm volatile("ld.relaxed.sys.global.u64 %%0, [%%1];" : "=l"(v) : "l"(p) : "memory");
+#else
+    v = *(volatile const u64*)p;
+#endif
     return v;
 }
+/* after a poll saw its value: what the writer released is visible to this thread */
+__device__ __forceinline__ void acquired() {
+#if FENCES == 1
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+#elif FENCES == 2
+    __threadfence_system();
+#endif
+}
 __device__ __forceinline__ void release(u64* p, u64 v) {
+#if FENCES == 0
     asm volatile("st.release.sys.global.u64 [%%0], %%1;" :: "l"(p), "l"(v) : "memory");
+#elif FENCES == 1
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+    asm volatile("st.relaxed.sys.global.u64 [%%0], %%1;" :: "l"(p), "l"(v) : "memory");
+#else
+    __threadfence_system();
+    *(volatile u64*)p = v;
+#endif
 }
 __device__ __forceinline__ u64 now() {
     u64 t;
@@ -108,6 +136,7 @@ __device__ bool wait_for(const Ctx& c, const u64* p, u64 target, int step, int p
             if (now() > c.deadline) { fail(c, 1, step, peer); return false; }
         }
     }
+    acquired();
     return true;
 }
 
@@ -189,7 +218,6 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
             break;
         case 1:   /* EPOCH: into every rank's SEEN word for this rank, so waits poll locally */
             if (blockIdx.x == 0 && threadIdx.x < size) {
-                __threadfence_system();
                 u64* seen = (u64*)peer_flags[threadIdx.x] + SEEN_WORDS + rank;
                 release(seen, ((call + 1) << 24) | (u64)r[2]);
             }
@@ -212,7 +240,6 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
                stores the barrier ordered before it) */
             __syncthreads();
             if (threadIdx.x == 0) {
-                __threadfence_system();
                 u64* word = (u64*)peer_flags[peer] + DELIVERED_WORDS
                             + (u64)rank * MAX_BLOCKS + blockIdx.x;
                 release(word, flags[SENT_WORDS + peer] + (u64)r[9] + 1);
@@ -245,7 +272,6 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
             if (hi > lo) copy_bytes(dst, src, (hi - lo) * itemsize);
             __syncthreads();
             if (threadIdx.x == 0) {
-                __threadfence_system();
                 u64* word = (u64*)peer_flags[peer] + DELIVERED_WORDS
                             + (u64)rank * MAX_BLOCKS + blockIdx.x;
                 release(word, flags[SENT_WORDS + peer] + (u64)r[7] + 1);
@@ -333,7 +359,7 @@ def supported(op, dtype) -> bool:
                                    ReduceOp.MAX, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR))
 
 
-def source(op, dtype) -> str:
+def source(op, dtype, fences: int = 0) -> str:
     """The CUDA source for ``op`` on ``dtype`` (``op`` None: a program without reductions)."""
     from ..algorithms import pushed
     dtype = np.dtype(dtype)
@@ -345,13 +371,13 @@ def source(op, dtype) -> str:
                           RECEIVED_WORDS=RECEIVED_WORDS, SEEN_WORDS=SEEN_WORDS, DELIVERED_WORDS=DELIVERED_WORDS,
                           MAX_BLOCKS=MAX_BLOCKS, WIDTH=pushed.WIDTH, OUTPUT=pushed.OUTPUT,
                           THREADS=THREADS)
-    return (body.replace("STORAGE", _STORAGE[dtype])
+    return (f"#define FENCES {fences}\n" + body.replace("STORAGE", _STORAGE[dtype])
             .replace("COMBINE", _combine(op, dtype)))
 
 
 @functools.lru_cache(maxsize=None)
-def program_kernel(op, dtype):
+def program_kernel(op, dtype, fences: int = 0):
     """The compiled ``run_program`` for ``op`` on ``dtype`` (NVRTC, cached per process)."""
     import cupy
-    module = cupy.RawModule(code=source(op, dtype), options=("-std=c++14",))
+    module = cupy.RawModule(code=source(op, dtype, fences), options=("-std=c++14",))
     return module.get_function("run_program")
