@@ -1,4 +1,4 @@
-"""Fit the cost model's parameters to measured runs, for ``auto``'s choices (issue 6).
+"""Fit the cost model's parameters to measured runs, for ``auto``'s choices.
 
     python benchmarks/fit_model.py --transport nccl run4.json run2.json
     python benchmarks/fit_model.py --transport mpi run8.json=tuning.json --fields ports,local_alpha

@@ -15,7 +15,7 @@ picked the fastest schedule, 1.25 that its pick is 25% slower than the best. The
 shows the model's error for the pick (measured / predicted) and, where auto's choice among
 *all* registered algorithms is one the run did not measure, that name in brackets: such a
 row cannot be judged from this file. Closing lines: the worst ratio per file and per
-collective (issue 6's target: every ratio within 1.10).
+collective (the target: every ratio within 1.10).
 
 Nothing is measured here and no device is needed: it only reads JSON and runs the model.
 Rows of baselines (``native``), of ``auto`` itself and the nccl bench's ``:ceiling`` and

@@ -26,6 +26,7 @@ from .errors import TIMED_OUT, CollectiveError, CollectiveTimeout, TransportErro
 from .group import ProcessGroup
 from .ops import ReduceOp, check_complex as _check_complex
 from .state import GroupMember, group, seconds as _seconds
+from .transports import mpi as _mpi_transport
 from .work import Future, Work
 
 __all__ = [
@@ -46,9 +47,6 @@ __all__ = [
 
 reduce_op = ReduceOp      # torch's deprecated alias
 
-# Launchers that set these are MPI launchers (MPICH/Hydra, Intel MPI, Open MPI, PMIx, MVAPICH).
-_MPI_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-            "HYDI_CONTROL_FD", "MPI_LOCALRANKID", "MV2_COMM_WORLD_RANK")
 LOCAL = "local"
 
 
@@ -100,8 +98,7 @@ def is_gloo_available() -> bool:
 
 
 def _launched_by_mpi() -> bool:
-    return any(name in os.environ for name in _MPI_ENV) and \
-        importlib.util.find_spec("mpi4py") is not None
+    return _mpi_transport.launched() and importlib.util.find_spec("mpi4py") is not None
 
 
 def _backend_name(backend, init_method, store) -> str:

@@ -36,6 +36,9 @@ class ReduceOp(enum.IntEnum):
         raise ValueError(f"unknown reduce op {op!r}; known: {', '.join(cls.__members__)}")
 
 
+# The collectives that take a reduction op (the others only move data).
+REDUCING = frozenset({"all_reduce", "reduce_scatter", "reduce"})
+
 # torch refuses these on complex tensors (it reduces complex as pairs of reals, where they
 # would give wrong answers silently); so does the facade, with torch's words. PRODUCT is the
 # exception: torch refuses it too, but our reductions multiply complex numbers as complex

@@ -19,14 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from collectives.kernels import numba_reduce  # noqa: E402
 from collectives.kernels.reduce import BFLOAT16, fast_reducer, reducer  # noqa: E402
 from collectives.ops import ReduceOp  # noqa: E402
-
-_SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text):
-    text = text.strip().upper().rstrip("IB")
-    return int(text[:-1]) * _SUFFIX[text[-1]] if text[-1] in _SUFFIX else int(text)
-
+from collectives.settings import byte_size  # noqa: E402
 
 def seconds_per_call(fn, dst, a, b, budget=0.2):
     fn(dst, a, b)
@@ -81,7 +74,7 @@ def main(argv=None):
           + " " + " ".join(f"{c + ' ratio':>16}" for c in columns[1:]))
     for dtype in dtypes:
         for size in args.sizes.split(","):
-            r = measure(dtype, parse_size(size), args.threads)
+            r = measure(dtype, byte_size(size), args.threads)
             gbs = [3 * r["bytes"] / r[c] / 1e9 for c in columns]
             ratios = [r["numpy"] / r[c] for c in columns[1:]]
             print(f"{r['dtype']:>9} {size:>9} " + " ".join(f"{g:15.2f}" for g in gbs) + " "

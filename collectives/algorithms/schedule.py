@@ -27,9 +27,6 @@ import functools
 from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple
 
-BUFFERS = ("input", "output", "scratch")
-
-
 class Region(NamedTuple):
     buffer: str
     offset: int

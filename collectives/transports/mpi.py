@@ -30,10 +30,22 @@ import time
 import numpy as np
 
 from ..errors import CollectiveError, CollectiveTimeout, TransportError
-from ..ops import ReduceOp
+from ..ops import REDUCING, ReduceOp
 from .base import Request, Transport
 
 ANY_SOURCE = -1
+# Variables an MPI launcher sets in every rank it starts (MPICH/Hydra, Intel MPI, Open MPI,
+# PMIx, MVAPICH): any of them means mpiexec/mpirun (or srun with PMI) started this process.
+LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK",
+                      "OMPI_COMM_WORLD_SIZE", "HYDI_CONTROL_FD", "MPI_LOCALRANKID",
+                      "MV2_COMM_WORLD_RANK")
+
+
+def launched() -> bool:
+    """Whether an MPI launcher started this process (asks the environment, imports no MPI)."""
+    return any(name in os.environ for name in LAUNCHER_VARIABLES)
+
+
 _SPIN_POLLS = 200          # Testall polls before the first yield: most steps finish here
 _YIELD_SECONDS = 1.0       # then yield the CPU (sleep(0)) until this long has passed: large
                            # messages progress only while someone polls (see _mpi_exec.pyx)
@@ -539,7 +551,6 @@ def _displacements(counts: tuple, scale: int) -> tuple:
     return scaled, tuple(displs)
 
 
-REDUCING = ("all_reduce", "reduce_scatter", "reduce")
 MOVING = ("all_gather", "all_to_all", "broadcast", "gather", "scatter", "barrier")
 
 

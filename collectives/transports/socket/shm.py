@@ -130,11 +130,3 @@ class Channel:
             self._map.close()
         except BufferError:
             pass              # freed with the last view
-
-
-def leftovers() -> list[str]:
-    """Names of this package's segments currently in /dev/shm (for tests and diagnosis)."""
-    try:
-        return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(PREFIX))
-    except OSError:
-        return []
