@@ -218,6 +218,7 @@ GPU_PATH = declare("COLLECTIVES_GPU_PATH", choice("auto", "peer", "nccl"), "auto
 PEER_EAGER_BYTES = declare("COLLECTIVES_PEER_EAGER_BYTES", byte_size, 1 << 20, GROUP, "Peer-memory messages up to this size go eagerly (into the receiver's inbox, one hop) instead of waiting for the receive (0: never)", kind=_BYTES)
 PEER_BLOCK_BYTES = declare("COLLECTIVES_PEER_BLOCK_BYTES", byte_size, 64 << 10, GROUP, "The peer-memory kernel runs one thread block per this many bytes of the call's largest message (up to COLLECTIVES_PEER_BLOCKS)", kind=_BYTES)
 PEER_FENCES = declare("COLLECTIVES_PEER_FENCES", choice("0", "1", "2"), "0", GROUP, "How the peer-memory kernel orders its flag words: 0 acquire/release at system scope, 1 relaxed with acq_rel fences, 2 volatile with __threadfence_system", kind="0, 1 or 2")
+PEER_LINE_BYTES = declare("COLLECTIVES_PEER_LINE_BYTES", byte_size, 64 << 10, GROUP, "Eager peer-memory messages up to this size travel in flagged lines (4 data bytes + a flag in 8; no fences, twice the bytes)", kind=_BYTES)
 PEER_BLOCKS = declare("COLLECTIVES_PEER_BLOCKS", integer(1), 32, GROUP, "Most thread blocks the peer-memory kernel runs a plan on (one per 64 KiB of the largest message)", kind="integer >= 1")
 NCCL_P2P_CHUNKSIZE = declare("COLLECTIVES_NCCL_P2P_CHUNKSIZE", byte_size, 65536, GROUP, "NCCL_P2P_NVL_CHUNKSIZE set before the first communicator unless already set (0: NCCL's default)", kind=_BYTES)
 # -- building ----------------------------------------------------------------------------------

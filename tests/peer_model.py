@@ -17,7 +17,8 @@ import numpy as np
 
 from collectives.algorithms import pushed
 from collectives.algorithms.pushed import (ARRIVE, BARRIER, COPY, EPOCH, PUSH, REDUCE, SEND,
-                                           TAKE, INPUT, OUTPUT, SCRATCH, CALLER_OUTPUT)
+                                           SEND_LL, TAKE, TAKE_LL, INPUT, OUTPUT, SCRATCH,
+                                           CALLER_OUTPUT)
 
 
 class Stuck(RuntimeError):
@@ -41,8 +42,10 @@ class Group:
         self.out = [np.full(staging, np.nan) for _ in range(size)]
         self.scratch = [np.full(staging, np.nan) for _ in range(size)]
         self.inbox = [[np.full(staging, np.nan) for _ in (0, 1)] for _ in range(size)]
+        self.line_flags = [[np.zeros(staging, np.int64) for _ in (0, 1)] for _ in range(size)]
 
-    def run(self, calls, reduce=np.add, *, piece=3, deadline=100000, absent=(), eager=0):
+    def run(self, calls, reduce=np.add, *, piece=3, deadline=100000, absent=(), eager=0,
+            lines=0):
         """Several calls, each a list ``[(plan, input, output)]`` of one entry per rank
         (arrays float64 or None). A rank starts its next call when it has finished the
         previous one, whatever the others do (as kernels on one stream). Ranks in ``absent``
@@ -55,7 +58,7 @@ class Group:
             mine = [call[rank] for call in calls]
             for w in range(self.workers):
                 running.append(self._worker(rank, w, mine, reduce, piece, barriers, deadline,
-                                            eager))
+                                            eager, lines))
         while running:
             worker = self.random.choice(running)
             try:
@@ -73,9 +76,9 @@ class Group:
                 raise Stuck(rank, step, rank, "its own workers")
             yield
 
-    def _worker(self, rank, w, calls, reduce, piece, barriers, deadline, eager):
+    def _worker(self, rank, w, calls, reduce, piece, barriers, deadline, eager, lines):
         for plan, input, output in calls:
-            program = pushed.lower(plan, eager)
+            program = pushed.lower(plan, eager, lines)
             yield from self._call(rank, w, program, input, output, reduce, piece, barriers,
                                   deadline)
             # the kernel's end: bookkeeping once every worker is done, before the next call
@@ -119,6 +122,29 @@ class Group:
                     theirs[do + a:do + b] = mine[sb][so + a:so + b]
                     yield
                 self.delivered[peer, rank, w] = self.sent[rank, peer] + k + 1
+            elif kind == SEND_LL:
+                peer, sb, so, slot, count, k = map(int, row[2:8])
+                target = (call << 24) if call >= 2 else 0
+                yield from wait(lambda: self.epoch[peer] >= target, step, peer,
+                                "the previous call")
+                theirs = self.inbox[peer][call & 1]
+                flags = self.line_flags[peer][call & 1]
+                lo, hi = pushed.share(count, w, workers)
+                for a in range(lo, hi, piece):
+                    b = min(hi, a + piece)
+                    theirs[slot + a:slot + b] = mine[sb][so + a:so + b]
+                    flags[slot + a:slot + b] = call + 1      # data and flag land together
+                    yield
+            elif kind == TAKE_LL:
+                peer, k, db, do, slot, count = map(int, row[2:8])
+                inbox = self.inbox[rank][call & 1]
+                flags = self.line_flags[rank][call & 1]
+                lo, hi = pushed.share(count, w, workers)
+                for a in range(lo, hi, piece):          # each piece as soon as it is there
+                    b = min(hi, a + piece)
+                    yield from wait(lambda: (flags[slot + a:slot + b] == call + 1).all(), step,
+                                    peer, "its message")
+                    mine[db][do + a:do + b] = inbox[slot + a:slot + b]
             elif kind == SEND:
                 peer, sb, so, slot, count, k = map(int, row[2:8])
                 # the slot's half was last used two calls ago: the peer must have started

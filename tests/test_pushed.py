@@ -66,16 +66,17 @@ def _check(collective, p, counts, root, inputs, outputs):
 
 
 @pytest.mark.parametrize("collective,algorithm", CASES)
-@pytest.mark.parametrize("p,eager", [(1, 0), (2, 3), (3, 0), (4, 1 << 20), (5, 3), (8, 0),
-                                     (8, 3)])     # eagerly: no message, the small ones, all
-def test_every_schedule_through_the_protocol(collective, algorithm, p, eager):
+@pytest.mark.parametrize("p,eager,lines", [(1, 0, 0), (2, 3, 0), (3, 0, 0), (4, 1 << 20, 2),
+                                           (5, 3, 3), (8, 0, 0), (8, 3, 1 << 20)])
+def test_every_schedule_through_the_protocol(collective, algorithm, p, eager, lines):
+    """eager and lines: no message, the small ones, all (lines applies within eager)"""
     group = Group(p, workers=3, seed=p)
     for n in (1, p - 1 or 1, 2 * p + 3):
         counts = _counts(collective, p, n)
         root = (n + 1) % p
         calls = [_call(collective, algorithm, p, counts, root, seed, out_of_place=seed % 2)
                  for seed in range(4)]
-        group.run([c[0] for c in calls], eager=eager)
+        group.run([c[0] for c in calls], eager=eager, lines=lines)
         for _, inputs, outputs in calls:
             _check(collective, p, counts, root, inputs, outputs)
 
@@ -87,7 +88,8 @@ def test_workers_and_interleavings(workers):
         calls = [_call("all_reduce", a, 4, 37, 0, seed * 10 + i, out_of_place=i % 2)
                  for i, a in enumerate(["ring", "tree", "recursive_doubling", "direct",
                                         "ring_bidirectional"])]
-        group.run([c[0] for c in calls], piece=2, eager=20 * (seed % 2))
+        group.run([c[0] for c in calls], piece=2, eager=20 * (seed % 2),
+                  lines=10 * (seed % 3))
         for _, inputs, outputs in calls:
             _check("all_reduce", 4, 37, 0, inputs, outputs)
 

@@ -17,7 +17,11 @@ for bytes in ${SWEEP:-}; do
   COLLECTIVES_PEER_BLOCK_BYTES=$bytes timeout 120 $mpi -x COLLECTIVES_PEER_BLOCK_BYTES -n "$n" python3 tools/peer_check.py --no-checks --no-graphs --collectives all_reduce,reduce_scatter --algorithms ring,direct,recursive_doubling 2>&1 | tee "$out/sweep_$bytes.txt"
 done
 # device time (graphs) with each way of ordering flags: FENCES="0 1 2"
-for f in ${FENCES:-}; do
+for f in ${FENCES:-}; do   # also LINES="0" to time without flagged lines
   echo "== COLLECTIVES_PEER_FENCES=$f"
   COLLECTIVES_PEER_FENCES=$f timeout 120 $mpi -x COLLECTIVES_PEER_FENCES -n "$n" python3 tools/peer_check.py --no-checks --collectives all_reduce,all_to_all --algorithms ring,direct --sizes 4K,64K,1M 2>&1 | grep -A20 "device time" | tee "$out/fences_$f.txt"
+done
+for l in ${LINES:-}; do
+  echo "== COLLECTIVES_PEER_LINE_BYTES=$l"
+  COLLECTIVES_PEER_LINE_BYTES=$l timeout 120 $mpi -x COLLECTIVES_PEER_LINE_BYTES -n "$n" python3 tools/peer_check.py --no-checks --collectives all_reduce,all_to_all --algorithms ring,direct --sizes 4K,64K,1M 2>&1 | grep -A20 "device time" | tee "$out/lines_$l.txt"
 done

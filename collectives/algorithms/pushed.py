@@ -70,6 +70,9 @@ SEND = 6        # eager: [2] peer [3] src buffer [4] src offset [5] slot in the 
                 # [6] count [7] message number to that peer
 TAKE = 7        # [2] peer [3] message number from that peer [4] dst buffer [5] dst offset
                 # [6] slot in this rank's inbox [7] count
+SEND_LL = 8     # eager in lines of 4 data bytes + a 4-byte flag (NCCL's LL protocol): the
+                # receiver polls the data itself, no delivered word, no fences; as SEND
+TAKE_LL = 9     # as TAKE, each line waited for by the thread that copies it
 WIDTH = 10
 SLOT_ALIGN = 16  # elements: inbox slots start 16-byte aligned whatever the dtype
 
@@ -104,10 +107,13 @@ def plans_of(plan: Plan) -> list:
             for r in range(plan.size)]
 
 
-def lower(plan: Plan, eager: int = 0) -> Program:
+def lower(plan: Plan, eager: int = 0, lines: int = 0) -> Program:
     """The push program of ``plan`` (cached on it); messages of at most ``eager`` elements go
-    eagerly (every rank of the call must pass the same ``eager``)."""
-    return plan.derived("_pushed", eager, lambda: _lower(plan, plans_of(plan), eager))
+    eagerly, those of at most ``lines`` elements in flagged lines (``SEND_LL``); every rank of
+    the call must pass the same values."""
+    lines = min(lines, eager)
+    return plan.derived("_pushed", (eager, lines),
+                        lambda: _lower(plan, plans_of(plan), eager, lines))
 
 
 def _output_count(plan):
@@ -122,7 +128,7 @@ def staged(plan: Plan) -> bool:
     return any(r.region.buffer == "output" for step in plan.steps for r in step.recvs)
 
 
-def _lower(plan, plans, eager):
+def _lower(plan, plans, eager, lines):
     rank, size = plan.rank, plan.size
     for other in plans:
         for step in other.steps:
@@ -138,10 +144,12 @@ def _lower(plan, plans, eager):
         inbox = 0
         for index, step in enumerate(other.steps):
             for r in step.recvs:
-                slot = -1
-                if r.region.count <= eager:
+                slot, count = -1, r.region.count
+                if count <= eager:
                     slot = inbox
-                    inbox += -(-r.region.count // SLOT_ALIGN) * SLOT_ALIGN
+                    # a line slot holds 8 bytes per 4 bytes of data
+                    room = 2 * -(-count // 4) * 4 if count <= lines else count
+                    inbox += -(-room // SLOT_ALIGN) * SLOT_ALIGN
                 landing.setdefault((r.peer, other.rank), []).append((index, r.region, slot))
         inboxes.append(inbox)
     # A rank publishes its epoch where some sender waits for it: at its first step (eager
@@ -183,8 +191,8 @@ def _lower(plan, plans, eager):
                                  f"{s.peer}, whose step {their_step + 1} receives "
                                  f"{region.count}")
             if slot >= 0:
-                emit((SEND, index, s.peer, _BUFFER[s.region.buffer], s.region.offset, slot,
-                      s.region.count, k))
+                emit((SEND_LL if s.region.count <= lines else SEND, index, s.peer,
+                      _BUFFER[s.region.buffer], s.region.offset, slot, s.region.count, k))
             else:
                 emit((PUSH, index, s.peer, _BUFFER[s.region.buffer], s.region.offset,
                       _BUFFER[region.buffer], region.offset, s.region.count, their_step, k))
@@ -195,8 +203,8 @@ def _lower(plan, plans, eager):
             received[r.peer] += 1
             slot = mine[r.peer, k]
             if slot >= 0:                  # each worker copies its share of the slot
-                emit((TAKE, index, r.peer, k, _BUFFER[r.region.buffer], r.region.offset,
-                      slot, r.region.count))
+                emit((TAKE_LL if r.region.count <= lines else TAKE, index, r.peer, k,
+                      _BUFFER[r.region.buffer], r.region.offset, slot, r.region.count))
                 done.append(hazards.access(r))
             else:                          # every worker of the sender wrote its share
                 emit((ARRIVE, index, r.peer, k))

@@ -59,9 +59,9 @@ class _Entry:
     __slots__ = ("program", "code", "tallies", "function", "blocks", "staging", "scratch_at",
                  "values", "params", "pointers")
 
-    def __init__(self, plan, dtype, op, limit, eager, fences, memory):
+    def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory):
         import cupy
-        program = pushed.lower(plan, eager // dtype.itemsize)
+        program = pushed.lower(plan, eager // dtype.itemsize, lines // dtype.itemsize)
         self.program = program
         self.code = cupy.asarray(program.code)
         self.tallies = cupy.asarray(np.array(program.sends + program.recvs, np.int64))
@@ -101,6 +101,7 @@ class PeerExecutor:
         self.memory = memory
         self.limit = max_blocks()
         self.eager = settings.PEER_EAGER_BYTES()
+        self.lines = settings.PEER_LINE_BYTES()
         self.fences = int(settings.PEER_FENCES())
         self.failed = None
         self._entries = {}
@@ -154,7 +155,8 @@ class PeerExecutor:
         if not cuda_peer.supported(op, dtype) or (not plan.args and plan.collective != "barrier"):
             entry = False
         else:
-            entry = _Entry(plan, dtype, op, self.limit, self.eager, self.fences, self.memory)
+            entry = _Entry(plan, dtype, op, self.limit, self.eager, self.lines, self.fences,
+                           self.memory)
         if len(self._entries) > 4096:
             self._entries.clear()
         self._entries[key] = (plan, entry)     # the plan kept: its id is not reused meanwhile

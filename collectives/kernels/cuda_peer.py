@@ -222,77 +222,157 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
                 release(seen, ((call + 1) << 24) | (u64)r[2]);
             }
             break;
-        case 2: { /* PUSH (rendezvous): the receiver has posted the receive */
-            const int peer = (int)r[2];
-            if (threadIdx.x == 0) {
-                if (!wait_for(c, flags + SEEN_WORDS + peer, ((call + 1) << 24) | (u64)r[8], step,
-                              peer)) stop = 1;
-            }
-            __syncthreads();
-            if (stop) break;
-            i64 lo, hi;
-            share(r[7], align, &lo, &hi);
-            const char* src = bases[r[3]] + (r[4] + lo) * itemsize;
-            char* dst = (char*)peer_data[peer] + (r[5] == OUTPUT ? 0 : scratch_at)
-                        + (r[6] + lo) * itemsize;
-            if (hi > lo) copy_bytes(dst, src, (hi - lo) * itemsize);
-            /* the block's stores, then one release at system scope (cumulative over the
-               stores the barrier ordered before it) */
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                u64* word = (u64*)peer_flags[peer] + DELIVERED_WORDS
-                            + (u64)rank * MAX_BLOCKS + blockIdx.x;
-                release(word, flags[SENT_WORDS + peer] + (u64)r[9] + 1);
-            }
-            break;
-        }
-        case 3: { /* ARRIVE: every block of the sender has delivered its share */
-            const int peer = (int)r[2];
-            const u64 target = flags[RECEIVED_WORDS + peer] + (u64)r[3] + 1;
-            if (threadIdx.x < gridDim.x) {
-                const u64* word = flags + DELIVERED_WORDS + (u64)peer * MAX_BLOCKS + threadIdx.x;
-                if (!wait_for(c, word, target, step, peer)) stop = 1;
-            }
-            __syncthreads();
-            break;
-        }
-        case 6: { /* SEND (eager): into the receiver's inbox slot */
-            const int peer = (int)r[2];
-            if (threadIdx.x == 0 && call >= 2) {    /* the slot's half: two calls ago */
-                if (!wait_for(c, flags + SEEN_WORDS + peer, call << 24, step, peer))
+        case 2:   /* PUSH (rendezvous) */
+        case 6: { /* SEND (eager) */
+            /* The step's consecutive sends as one batch: their waits in parallel (thread t
+               for message t), every message's share copied, then one release each, in
+               parallel: a step pays one flag latency, not one per message. */
+            const int kind = (int)r[0];
+            int j = i + 1;
+            while (j < n && code[(i64)j * WIDTH] == kind && code[(i64)j * WIDTH + 1] == r[1]) j++;
+            const int m = j - i;
+            for (int t = threadIdx.x; t < m; t += blockDim.x) {
+                const i64* q = code + (i64)(i + t) * WIDTH;
+                const int peer = (int)q[2];
+                /* rendezvous: the receive is posted; eager: the slot's half is free (the
+                   receiver started the previous call, so it is done with the one before) */
+                const u64 target = kind == 2 ? (((call + 1) << 24) | (u64)q[8])
+                                             : (call >= 2 ? call << 24 : 0);
+                if (target && !wait_for(c, flags + SEEN_WORDS + peer, target, step, peer))
                     stop = 1;
             }
             __syncthreads();
             if (stop) break;
-            i64 lo, hi;
-            share(r[6], align, &lo, &hi);
-            const char* src = bases[r[3]] + (r[4] + lo) * itemsize;
-            char* dst = (char*)peer_data[peer] + inbox_at + (call & 1) * inbox_half
-                        + (r[5] + lo) * itemsize;
-            if (hi > lo) copy_bytes(dst, src, (hi - lo) * itemsize);
+            for (int k = i; k < j; k++) {
+                const i64* q = code + (i64)k * WIDTH;
+                const int peer = (int)q[2];
+                const i64 count = kind == 2 ? q[7] : q[6];
+                i64 lo, hi;
+                share(count, align, &lo, &hi);
+                const char* src = bases[q[3]] + (q[4] + lo) * itemsize;
+                char* dst = kind == 2
+                    ? (char*)peer_data[peer] + (q[5] == OUTPUT ? 0 : scratch_at)
+                      + (q[6] + lo) * itemsize
+                    : (char*)peer_data[peer] + inbox_at + (call & 1) * inbox_half
+                      + (q[5] + lo) * itemsize;
+                if (hi > lo) copy_bytes(dst, src, (hi - lo) * itemsize);
+            }
+            /* the block's stores, then one release per message (cumulative over the stores
+               the barrier ordered before it) */
             __syncthreads();
-            if (threadIdx.x == 0) {
+            for (int t = threadIdx.x; t < m; t += blockDim.x) {
+                const i64* q = code + (i64)(i + t) * WIDTH;
+                const int peer = (int)q[2];
+                const u64 number = kind == 2 ? (u64)q[9] : (u64)q[7];
                 u64* word = (u64*)peer_flags[peer] + DELIVERED_WORDS
                             + (u64)rank * MAX_BLOCKS + blockIdx.x;
-                release(word, flags[SENT_WORDS + peer] + (u64)r[7] + 1);
+                release(word, flags[SENT_WORDS + peer] + number + 1);
             }
+            i = j - 1;
             break;
         }
-        case 7: { /* TAKE: the eager message has arrived; copy this block's share out */
-            const int peer = (int)r[2];
-            const u64 target = flags[RECEIVED_WORDS + peer] + (u64)r[3] + 1;
-            if (threadIdx.x < gridDim.x) {
-                const u64* word = flags + DELIVERED_WORDS + (u64)peer * MAX_BLOCKS + threadIdx.x;
+        case 3:   /* ARRIVE (rendezvous): every block of the sender delivered its share */
+        case 7: { /* TAKE (eager): the same, then this block's share copied out of the slot */
+            const int kind = (int)r[0];
+            int j = i + 1;
+            while (j < n && code[(i64)j * WIDTH] == kind && code[(i64)j * WIDTH + 1] == r[1]) j++;
+            const int m = j - i;
+            for (int t = threadIdx.x; t < m * (int)gridDim.x; t += blockDim.x) {
+                const i64* q = code + (i64)(i + t / gridDim.x) * WIDTH;
+                const int peer = (int)q[2];
+                const u64 target = flags[RECEIVED_WORDS + peer] + (u64)q[3] + 1;
+                const u64* word = flags + DELIVERED_WORDS + (u64)peer * MAX_BLOCKS
+                                  + t %% gridDim.x;
                 if (!wait_for(c, word, target, step, peer)) stop = 1;
             }
             __syncthreads();
             if (stop) break;
-            i64 lo, hi;
-            share(r[7], align, &lo, &hi);
-            const char* src = (const char*)peer_data[rank] + inbox_at + (call & 1) * inbox_half
-                              + (r[6] + lo) * itemsize;
-            if (hi > lo) copy_bytes(bases[r[4]] + (r[5] + lo) * itemsize, src,
-                                    (hi - lo) * itemsize);
+            if (kind == 7) {
+                for (int k = i; k < j; k++) {
+                    const i64* q = code + (i64)k * WIDTH;
+                    i64 lo, hi;
+                    share(q[7], align, &lo, &hi);
+                    const char* src = (const char*)peer_data[rank] + inbox_at
+                                      + (call & 1) * inbox_half + (q[6] + lo) * itemsize;
+                    if (hi > lo) copy_bytes(bases[q[4]] + (q[5] + lo) * itemsize, src,
+                                            (hi - lo) * itemsize);
+                }
+            }
+            i = j - 1;
+            break;
+        }
+        case 8: { /* SEND_LL: 4 data bytes and the call's flag in each 8-byte line */
+            int j = i + 1;
+            while (j < n && code[(i64)j * WIDTH] == 8 && code[(i64)j * WIDTH + 1] == r[1]) j++;
+            const int m = j - i;
+            for (int t = threadIdx.x; t < m; t += blockDim.x) {
+                const i64* q = code + (i64)(i + t) * WIDTH;
+                if (call >= 2 && !wait_for(c, flags + SEEN_WORDS + q[2], call << 24, step,
+                                           (int)q[2])) stop = 1;
+            }
+            __syncthreads();
+            if (stop) break;
+            const u64 flag = (u64)(unsigned)(call + 1) << 32;
+            for (int k = i; k < j; k++) {
+                const i64* q = code + (i64)k * WIDTH;
+                const i64 bytes = q[6] * itemsize, lines = (bytes + 3) / 4;
+                i64 lo, hi;
+                share(lines, 1, &lo, &hi);
+                const unsigned char* src = (const unsigned char*)(bases[q[3]] + q[4] * itemsize);
+                u64* dst = (u64*)((char*)peer_data[q[2]] + inbox_at + (call & 1) * inbox_half
+                                  + q[5] * itemsize);
+                const bool words = (((u64)src) & 3) == 0;
+                for (i64 l = lo + threadIdx.x; l < hi; l += blockDim.x) {
+                    unsigned data = 0;
+                    if (words && 4 * l + 4 <= bytes) {
+                        data = ((const unsigned*)src)[l];
+                    } else {
+                        for (int b = 0; b < 4 && 4 * l + b < bytes; b++)
+                            data |= (unsigned)src[4 * l + b] << (8 * b);
+                    }
+                    asm volatile("st.volatile.global.u64 [%%0], %%1;" :: "l"(dst + l),
+                                 "l"(flag | data) : "memory");
+                }
+            }
+            i = j - 1;
+            break;
+        }
+        case 9: { /* TAKE_LL: each line waited for by the thread that copies it */
+            const u64 flag = (u64)(unsigned)(call + 1);
+            for (int k = i; k < n && code[(i64)k * WIDTH] == 9 && code[(i64)k * WIDTH + 1] == r[1];
+                 k++) {
+                const i64* q = code + (i64)k * WIDTH;
+                const i64 bytes = q[7] * itemsize, lines = (bytes + 3) / 4;
+                i64 lo, hi;
+                share(lines, 1, &lo, &hi);
+                const u64* src = (const u64*)((const char*)peer_data[rank] + inbox_at
+                                              + (call & 1) * inbox_half + q[6] * itemsize);
+                unsigned char* dst = (unsigned char*)(bases[q[4]] + q[5] * itemsize);
+                const bool words = (((u64)dst) & 3) == 0;
+                for (i64 l = lo + threadIdx.x; l < hi && !stop; l += blockDim.x) {
+                    u64 v;
+                    unsigned polls = 0;
+                    while (true) {
+                        asm volatile("ld.volatile.global.u64 %%0, [%%1];" : "=l"(v)
+                                     : "l"(src + l) : "memory");
+                        if ((v >> 32) == flag) break;
+                        if ((++polls & 255) == 0) {
+                            if (acquire(c.flags + ABORT_WORD)) { stop = 1; break; }
+                            if (now() > c.deadline) { fail(c, 1, step, (int)q[2]); stop = 1; break; }
+                        }
+                    }
+                    if (stop) break;
+                    const unsigned data = (unsigned)v;
+                    if (words && 4 * l + 4 <= bytes) {
+                        ((unsigned*)dst)[l] = data;
+                    } else {
+                        for (int b = 0; b < 4 && 4 * l + b < bytes; b++)
+                            dst[4 * l + b] = (unsigned char)(data >> (8 * b));
+                    }
+                }
+                i = k;
+            }
+            __syncthreads();
             break;
         }
         case 4: { /* COPY */
