@@ -17,8 +17,8 @@ than the previous one, its stream first waits for the previous call's (an event)
 message numbers therefore advance in the same order on every rank, as the plans require.
 
 ``blocks``: the kernel's thread blocks, from the largest message of the call (every rank
-computes the same number: the delivered words are per block), one per ``BLOCK_BYTES`` up to
-``max_blocks`` (COLLECTIVES_PEER_BLOCKS, default 32).
+computes the same number: the delivered words are per block), one per COLLECTIVES_PEER_BLOCK_BYTES (16 KiB) up to
+``max_blocks`` (COLLECTIVES_PEER_BLOCKS, default 64).
 
 Errors: a kernel that timed out or saw a peer abort leaves (kind, step, peer) in the error
 words; the next call on this group, and ``synchronize``, raise CollectiveTimeout or
@@ -57,7 +57,7 @@ class _Entry:
     (``cuLaunchKernel`` takes an array of pointers to the values); a call only rewrites the
     four buffer addresses. ~1 µs of host time, where CuPy's generic launch costs ~7."""
     __slots__ = ("program", "code", "tallies", "function", "blocks", "staging", "scratch_at",
-                 "values", "params", "pointers")
+                 "inbox", "values", "params", "pointers")
 
     def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory):
         import cupy
@@ -68,12 +68,13 @@ class _Entry:
         self.function = cuda_peer.program_kernel(op, dtype, fences).kernel.ptr   # CUfunction
         largest = program.largest * dtype.itemsize
         self.blocks = int(min(limit, max(1, -(-largest // settings.PEER_BLOCK_BYTES()))))
-        # staging memory, alike on every rank: output, scratch, two inbox halves
+        # staging memory, alike on every rank: output, then scratch; the inboxes apart (their
+        # halves must not move between calls: a sender may write the next call's half while
+        # the receiver still works in this call's staging layout)
         itemsize = dtype.itemsize
         self.scratch_at = _align(program.scratch_at * itemsize)
-        inbox_at = _align(self.scratch_at + program.scratch_max * itemsize)
-        inbox_half = _align(program.inbox * itemsize)
-        self.staging = inbox_at + 2 * inbox_half
+        self.staging = _align(self.scratch_at + program.scratch_max * itemsize)
+        self.inbox = _align(program.inbox * itemsize)
         u64, i32 = ctypes.c_uint64, ctypes.c_int32
         # in the kernel's parameter order; the four buffers (and the peers' tables, which
         # move when the staging memory grows) are set per call
@@ -81,7 +82,7 @@ class _Entry:
                        u64(self.tallies.data.ptr), u64(0), u64(0), u64(0), u64(0), u64(0),
                        u64(0), u64(self.scratch_at), u64(memory.flags_ptr),
                        u64(memory.error_ptr), i32(plan.rank), i32(plan.size),
-                       i32(dtype.itemsize), u64(0), u64(inbox_at), u64(inbox_half)]
+                       i32(dtype.itemsize), u64(0), u64(0), u64(0)]
         self.pointers = (ctypes.c_void_p * len(self.values))(
             *[ctypes.addressof(v) for v in self.values])
         self.params = ctypes.addressof(self.pointers)
@@ -126,13 +127,14 @@ class PeerExecutor:
         memory = self.memory
         cupy = self.cupy
         stream = cupy.cuda.get_current_stream()
-        if memory.capacity < entry.staging:
+        if memory.capacity < entry.staging or memory.inbox_half < entry.inbox:
             if stream.is_capturing():
                 raise TransportError(f"{operation or plan.collective} on rank {plan.rank}: "
                                      f"the peer staging memory must grow to {entry.staging} "
-                                     f"bytes, which cannot happen during graph capture; run "
-                                     f"the call once before capturing it")
-            memory.ensure(entry.staging)
+                                     f"bytes (inbox halves {entry.inbox}), which cannot happen "
+                                     f"during graph capture; run the call once before "
+                                     f"capturing it")
+            memory.ensure(entry.staging, entry.inbox)
         if memory.last_stream is not None and memory.last_stream.ptr != stream.ptr:
             stream.wait_event(memory.last_stream.record())
         memory.last_stream = stream
@@ -148,6 +150,8 @@ class PeerExecutor:
         values[7].value = memory.peer_data_array.data.ptr
         values[8].value = memory.peer_flags_array.data.ptr
         values[15].value = int((DEFAULT_TIMEOUT if timeout is None else timeout) * 1e9)
+        values[16].value = memory.peer_inbox_array.data.ptr
+        values[17].value = memory.inbox_half
         _launch(entry.function, entry.blocks, 1, 1, cuda_peer.THREADS, 1, 1, 0,
                 stream.ptr, entry.params, 0)
 

@@ -196,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(%(THREADS)d)
 run_program(const i64* code, int n, const i64* tallies, char* in, char* out, char* scratch,
             char* caller_out, const u64* peer_data, const u64* peer_flags, u64 scratch_at,
             u64* flags, int* error, int rank, int size, int itemsize, u64 timeout_ns,
-            u64 inbox_at, u64 inbox_half) {
+            const u64* peer_inbox, u64 inbox_half) {
     __shared__ int stop;
     __shared__ u64 deadline;
     if (threadIdx.x == 0) {
@@ -253,7 +253,7 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
                 char* dst = kind == 2
                     ? (char*)peer_data[peer] + (q[5] == OUTPUT ? 0 : scratch_at)
                       + (q[6] + lo) * itemsize
-                    : (char*)peer_data[peer] + inbox_at + (call & 1) * inbox_half
+                    : (char*)peer_inbox[peer] + (call & 1) * inbox_half
                       + (q[5] + lo) * itemsize;
                 if (hi > lo) copy_bytes(dst, src, (hi - lo) * itemsize);
             }
@@ -292,7 +292,7 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
                     const i64* q = code + (i64)k * WIDTH;
                     i64 lo, hi;
                     share(q[7], align, &lo, &hi);
-                    const char* src = (const char*)peer_data[rank] + inbox_at
+                    const char* src = (const char*)peer_inbox[rank]
                                       + (call & 1) * inbox_half + (q[6] + lo) * itemsize;
                     if (hi > lo) copy_bytes(bases[q[4]] + (q[5] + lo) * itemsize, src,
                                             (hi - lo) * itemsize);
@@ -319,7 +319,7 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
                 i64 lo, hi;
                 share(lines, 1, &lo, &hi);
                 const unsigned char* src = (const unsigned char*)(bases[q[3]] + q[4] * itemsize);
-                u64* dst = (u64*)((char*)peer_data[q[2]] + inbox_at + (call & 1) * inbox_half
+                u64* dst = (u64*)((char*)peer_inbox[q[2]] + (call & 1) * inbox_half
                                   + q[5] * itemsize);
                 const bool words = (((u64)src) & 3) == 0;
                 for (i64 l = lo + threadIdx.x; l < hi; l += blockDim.x) {
@@ -345,7 +345,7 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
                 const i64 bytes = q[7] * itemsize, lines = (bytes + 3) / 4;
                 i64 lo, hi;
                 share(lines, 1, &lo, &hi);
-                const u64* src = (const u64*)((const char*)peer_data[rank] + inbox_at
+                const u64* src = (const u64*)((const char*)peer_inbox[rank]
                                               + (call & 1) * inbox_half + q[6] * itemsize);
                 unsigned char* dst = (unsigned char*)(bases[q[4]] + q[5] * itemsize);
                 const bool words = (((u64)dst) & 3) == 0;

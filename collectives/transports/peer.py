@@ -63,6 +63,8 @@ class PeerMemory:
             self.error_ptr = self._error_host    # unified addressing: the same pointer
         self.data_ptr, self.capacity = 0, 0
         self.peer_data, self.peer_data_array = [], None
+        self.inbox_ptr, self.inbox_half = 0, 0
+        self.peer_inbox, self.peer_inbox_array = [], None
         self._opened = [p for r, p in enumerate(self.peer_flags) if r != self.rank]
         self.last_stream = None
 
@@ -87,21 +89,30 @@ class PeerMemory:
                                      f"memory ({exc})") from exc
         return out
 
-    def ensure(self, nbytes: int) -> None:
-        """Staging memory of at least ``nbytes`` on every rank (collective: every rank of the
-        call asks for the same size at the same call)."""
-        if nbytes <= self.capacity:
+    def ensure(self, nbytes: int, inbox: int = 0) -> None:
+        """Staging memory of at least ``nbytes`` and inbox halves of at least ``inbox`` bytes
+        on every rank (collective: every rank of the call asks for the same sizes at the same
+        call). Inboxes are a separate allocation, zeroed (a line's flag 0 never matches), whose
+        halves stay where they are until they grow."""
+        if nbytes <= self.capacity and inbox <= self.inbox_half:
             return
         cupy = self.cupy
         runtime = cupy.cuda.runtime
-        capacity = max(nbytes, 2 * self.capacity, 1 << 20)
         with cupy.cuda.Device(self.transport.device):
-            runtime.deviceSynchronize()          # nothing may still use the old area
-            self._release_data()
-            self.data_ptr = runtime.malloc(capacity)
-            self.capacity = capacity
-            self.peer_data = self._share(self.data_ptr)
-            self.peer_data_array = cupy.asarray(np.array(self.peer_data, np.uint64))
+            runtime.deviceSynchronize()          # nothing of this rank may still use them
+            if nbytes > self.capacity:
+                self._release(self.peer_data, self.data_ptr)
+                self.capacity = max(nbytes, 2 * self.capacity, 1 << 20)
+                self.data_ptr = runtime.malloc(self.capacity)
+                self.peer_data = self._share(self.data_ptr)
+                self.peer_data_array = cupy.asarray(np.array(self.peer_data, np.uint64))
+            if inbox > self.inbox_half or self.inbox_ptr == 0:
+                self._release(self.peer_inbox, self.inbox_ptr)
+                self.inbox_half = max(inbox, 2 * self.inbox_half, 1 << 16)
+                self.inbox_ptr = runtime.malloc(2 * self.inbox_half)
+                runtime.memset(self.inbox_ptr, 0, 2 * self.inbox_half)
+                self.peer_inbox = self._share(self.inbox_ptr)
+                self.peer_inbox_array = cupy.asarray(np.array(self.peer_inbox, np.uint64))
 
     # -- errors --------------------------------------------------------------------------
 
@@ -130,14 +141,13 @@ class PeerMemory:
 
     # -- closing -------------------------------------------------------------------------
 
-    def _release_data(self):
+    def _release(self, mapped, own):
         runtime = self.cupy.cuda.runtime
-        for r, ptr in enumerate(self.peer_data):
+        for r, ptr in enumerate(mapped):
             if r != self.rank:
                 runtime.ipcCloseMemHandle(ptr)
-        if self.data_ptr:
-            runtime.free(self.data_ptr)
-        self.data_ptr, self.capacity, self.peer_data = 0, 0, []
+        if own:
+            runtime.free(own)
 
     def close(self, abort_peers: bool = False):
         """Free everything (once). A kernel of this rank still waiting is stopped first; with
@@ -150,7 +160,10 @@ class PeerMemory:
             with self.cupy.cuda.Device(self.transport.device):
                 self.raise_abort(abort_peers)
                 runtime.deviceSynchronize()
-                self._release_data()
+                self._release(self.peer_data, self.data_ptr)
+                self._release(self.peer_inbox, self.inbox_ptr)
+                self.data_ptr = self.inbox_ptr = 0
+                self.peer_data, self.peer_inbox = [], []
                 for ptr in self._opened:
                     runtime.ipcCloseMemHandle(ptr)
                 self._opened = []
