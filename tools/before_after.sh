@@ -7,8 +7,8 @@ set -u
 old=$(cd "$1" && pwd); new=$(cd "$2" && pwd); out=$3; mkdir -p "$out/o" "$out/n"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
 M="mpiexec --allow-run-as-root --oversubscribe --bind-to none -x PYTHONPATH -x PYTHONUNBUFFERED -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x COLLECTIVES_GPU_PATH"
+(cd "$new" && . tools/device_build.sh "$out/n")          # installs Cython from new/.whl
 (cd "$old" && . "$new/tools/device_build.sh" "$out/o")
-(cd "$new" && . tools/device_build.sh "$out/n")
 cpu="-m collectives.bench --backend mpi --collectives all_reduce,all_to_all --algorithms ring,tree,direct,native --sizes 4K:1M --rounds 2 --no-progress"
 gpu="-m collectives.bench --backend nccl --collectives all_reduce,reduce_scatter --algorithms ring,recursive_doubling,direct,native --sizes 64K,1M,16M,256M"
 for i in 1 2; do
