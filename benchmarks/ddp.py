@@ -161,12 +161,23 @@ def rank_main(args) -> int:
             times[name].append([step(ddp, opt, x, device) for _ in range(args.steps)])
     dist.barrier()
     if rank == 0:
-        report(args, size, device, native_name, times)
+        report(args, size, device, native_name, times, gpu_path(dist.group.WORLD))
     dist.destroy_process_group()
     return 0
 
 
-def report(args, size, device, native_name, times):
+def gpu_path(group) -> str:
+    """How our group ran CUDA tensors: the executor the NCCL transport's group chose (peer
+    memory, or our schedules on NCCL send/recv, and why); "" on CPUs."""
+    gpu = getattr(group, "_gpu", None)
+    if gpu is None:
+        return ""
+    execute = gpu.execute
+    return f"{getattr(execute, '__module__', type(execute).__module__)} " \
+           f"({getattr(gpu.transport, 'peer_path', 'no peer-memory path')})"
+
+
+def report(args, size, device, native_name, times, path=""):
     import torch
     params = args.layers * (args.width * args.width + args.width)
     mib = params * 4 / 2**20
@@ -176,6 +187,8 @@ def report(args, size, device, native_name, times):
           f"{torch.__version__}: model {mib:.1f} MiB ({args.layers} x Linear({args.width}, "
           f"{args.width})), buckets {args.bucket_mb:g} MiB, batch {args.batch}, "
           f"{args.rounds} rounds x {args.steps} steps per backend")
+    if path:
+        print(f"  {OURS} on CUDA: {path}")
     summary = {}
     for name, rounds in times.items():
         flat = [t for rnd in rounds for t in rnd]
@@ -190,6 +203,7 @@ def report(args, size, device, native_name, times):
         record = {"benchmark": "ddp", "date": time.strftime("%Y-%m-%d"), "world_size": size,
                   "device": device.type, "where": where, "host": platform.node(),
                   "torch": torch.__version__, "model_mib": mib, "args": vars(args),
+                  "gpu_path": path,
                   "summary": summary, "ratios": ratios,
                   "times_ms": {k: [[t * 1e3 for t in rnd] for rnd in v]
                                for k, v in times.items()}}
