@@ -2,7 +2,7 @@
 and check that every test that passes on gloo passes on ours.
 
     .venv/bin/python tests/torch_suite/compare.py --selection full --world-size 3
-    .venv/bin/python tests/torch_suite/compare.py --selection ci      # what CI runs
+    .venv/bin/python tests/torch_suite/compare.py --selection ci      # 87 tests, ~2 min
 
 Each backend runs in its own process (``run.py``: the suite's module is imported once per
 process, with that backend's settings), one after the other: on a 2-core machine two suites at
@@ -107,7 +107,8 @@ def table(gloo, ours) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--selection", default="full", help="ci, full, or a file of names")
+    parser.add_argument("--selection", default="full",
+                        help="quick, ci, full, or a file of names")
     parser.add_argument("--world-size", type=int, default=3)
     parser.add_argument("--per-test", type=int, default=60, help="seconds per test")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per backend")

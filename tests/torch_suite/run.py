@@ -230,7 +230,7 @@ def main(argv=None):
     parser.add_argument("--backend", choices=BACKENDS, required=True)
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--selection", default="ci",
-                        help="ci, full, or a file of test names (one a line)")
+                        help="quick, ci, full, or a file of test names (one a line)")
     parser.add_argument("--tests", nargs="*", help="test names (instead of --selection)")
     parser.add_argument("--timeout", type=int, default=60, help="seconds per test")
     parser.add_argument("--out", help="write the JSON records here")
