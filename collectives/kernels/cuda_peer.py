@@ -263,6 +263,13 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
             for (int t = threadIdx.x; t < m; t += blockDim.x) {
                 const i64* q = code + (i64)(i + t) * WIDTH;
                 const int peer = (int)q[2];
+                /* one word per sender and block: of several messages to one peer (a
+                   bidirectional ring on 2 ranks) only the last stores its number, or the
+                   stores race and a lower number may land last */
+                bool last = true;
+                for (int u = t + 1; u < m; u++)
+                    if (code[(i64)(i + u) * WIDTH + 2] == peer) last = false;
+                if (!last) continue;
                 const u64 number = kind == 2 ? (u64)q[9] : (u64)q[7];
                 u64* word = (u64*)peer_flags[peer] + DELIVERED_WORDS
                             + (u64)rank * MAX_BLOCKS + blockIdx.x;
