@@ -232,9 +232,11 @@ class DecisionTable:
     def for_group(cls, size: int, transport, *, window: int = 1) -> "DecisionTable":
         """The table of a group of ``size`` ranks over ``transport``, from the settings."""
         native = transport.native is not None
-        # host transports say how they cut messages (None: whole); others cut in the executor
-        segment = (transport.segment_bytes or 0) if hasattr(transport, "segment_bytes") \
-            else None
+        # the host executors cut messages as the transport says (socket: segment_bytes; none:
+        # whole messages); device executors decide for themselves (nccl: per collective)
+        xp = transport.xp
+        segment = (getattr(transport, "segment_bytes", None) or 0) \
+            if xp is None or xp.__name__ == "numpy" else None
         return cls(size, transport.name, tuning=settings.TUNING(),
                    overrides=parse_overrides(settings.ALGORITHM(), native), window=window,
                    segment=segment, native_available=native)
