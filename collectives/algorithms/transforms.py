@@ -83,7 +83,7 @@ def segmented(plan: Plan, max_count: int) -> Plan:
         steps.append(step)
     if not changed:
         return plan
-    return Plan(plan.collective, plan.algorithm, plan.rank, plan.size, tuple(steps), plan.scratch)
+    return dataclasses.replace(plan, steps=tuple(steps))
 
 
 # ---------------------------------------------------------------------------------------------
