@@ -141,22 +141,34 @@ __device__ bool wait_for(const Ctx& c, const u64* p, u64 target, int step, int p
 }
 
 /* All blocks of this kernel: the last to arrive resets the count and moves the generation on
-   (the count starts at 0 in every kernel, whatever the previous one's grid). */
+   (the count starts at 0 in every kernel, whatever the previous one's grid). The barrier is
+   between blocks of one GPU, so its ordering is at GPU scope: a system-scope acquire or
+   release costs microseconds more, once per step. */
+__device__ __forceinline__ u64 acquire_gpu(const u64* p) {
+    u64 v;
+    asm volatile("ld.acquire.gpu.global.u64 %%0, [%%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
 __device__ bool grid_barrier(const Ctx& c, int step, int* stop) {
     __syncthreads();
     if (gridDim.x == 1) return !*stop;
     if (threadIdx.x == 0) {
         u64* generation = c.flags + GENERATION_WORD;
-        const u64 seen = acquire(generation);
+        const u64 seen = acquire_gpu(generation);
         __threadfence();
         if (atomicAdd(c.flags + BARRIER_WORD, 1ULL) == gridDim.x - 1) {
             atomicExch(c.flags + BARRIER_WORD, 0ULL);
-            __threadfence();
-            release(generation, seen + 1);
-        } else if (!wait_for(c, generation, seen + 1, step, c.rank)) {
-            *stop = 1;
+            asm volatile("st.release.gpu.global.u64 [%%0], %%1;" :: "l"(generation),
+                         "l"(seen + 1) : "memory");
+        } else {
+            unsigned polls = 0;
+            while (acquire_gpu(generation) == seen) {
+                if ((++polls & 255) == 0) {
+                    if (acquire(c.flags + ABORT_WORD)) { *stop = 1; break; }
+                    if (now() > c.deadline) { fail(c, 1, step, c.rank); *stop = 1; break; }
+                }
+            }
         }
-        __threadfence();
     }
     __syncthreads();
     return !*stop;
