@@ -17,7 +17,8 @@ from datetime import timedelta
 
 import pytest
 
-import collectives.store as store_mod
+import collectives.store.server as server_mod     # the flood limits
+import collectives.store.wire as store_mod       # the wire format and MAX_FRAME
 from collectives.store import StoreError, StoreTimeout, TCPStore
 
 SECRET = "hardening"
@@ -82,7 +83,7 @@ def test_silent_flood_keeps_threads_bounded_and_honest_clients_get_in(master):
         _settle(flood)
         grew = _store_threads() - before
         print(f"\n200 silent connections: {grew} more store threads")
-        assert grew <= 2 * store_mod.MAX_PENDING_HANDSHAKES + 2
+        assert grew <= 2 * server_mod.MAX_PENDING_HANDSHAKES + 2
         took = _honest_round_trip(master.port, "during")
         print(f"honest client during the flood: connected, set and got in {took:.3f} s")
         assert took < BOUND
@@ -120,7 +121,7 @@ def test_dripping_client_is_dropped_at_the_handshake_deadline(monkeypatch):
 
 def test_refused_connections_are_logged_once_then_summarised(monkeypatch, caplog):
     interval = 2.0
-    monkeypatch.setattr(store_mod, "LOG_SUMMARY_INTERVAL", interval)
+    monkeypatch.setattr(server_mod, "LOG_SUMMARY_INTERVAL", interval)
     store = TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=10, secret=SECRET)
     try:
         with caplog.at_level(logging.WARNING, logger="collectives.store"):

@@ -1,0 +1,170 @@
+"""TCPStore, torch.distributed.TCPStore's client (and, with ``is_master``, its server)."""
+from __future__ import annotations
+
+import errno
+import socket
+import threading
+import time
+
+from ..auth import AuthenticationError, client_handshake, job_secret
+from . import wire
+from .base import DEFAULT_TIMEOUT, Store, StoreError, StoreGone, StoreTimeout
+from .server import _StoreServer
+from .wire import _LEN, _OPS, _ERROR, _STORE_CONTEXT, _TIMEOUT, _pack, _read_frame
+
+_HELLO_WAIT = 30.0              # s a client waits for the challenge before it reconnects
+_AUTH_ATTEMPTS = 3              # handshake failures before a client calls it a wrong secret
+
+
+class TCPStore(Store):
+    """torch.distributed.TCPStore: ``is_master`` runs the server in this process.
+
+    ``port=0`` with ``is_master`` picks a free port (read it back from ``.port``). Clients
+    retry the connection until the timeout, so start order does not matter. ``secret``
+    defaults to $COLLECTIVES_SECRET. The server listens on ``host_name``'s interface only.
+    """
+
+    def __init__(self, host_name: str, port: int, world_size: int | None = None,
+                 is_master: bool = False, timeout=DEFAULT_TIMEOUT, wait_for_workers: bool = True,
+                 *, secret: bytes | str | None = None, multi_tenant: bool = False):
+        super().__init__(timeout)
+        self.host, self.world_size, self.is_master = host_name, world_size, is_master
+        self._secret = job_secret(secret)
+        self._server = None
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._socks: list[socket.socket] = []
+        self._closed = False
+        if is_master:
+            self._server = _StoreServer(host_name, int(port), self._secret, world_size)
+            port = self._server.port
+        self.port = int(port)
+        self._call("join", [])
+        if is_master and wait_for_workers and world_size:
+            if not self._server.wait_joined(world_size, self._timeout):
+                joined = self._server.joined
+                self.close()
+                raise StoreTimeout(f"TCPStore server on {host_name}:{self.port}: only {joined} of "
+                                   f"{world_size} workers connected within {self._timeout:.3g} s")
+
+    def _describe(self):
+        return f"TCPStore({self.host}:{self.port})"
+
+    def _connect(self) -> socket.socket:
+        """A new authenticated connection, retried until the store's timeout.
+
+        A server that is full, flooded or out of file descriptors closes a new connection
+        before its challenge (or leaves it queued): that is "busy", retried, never reported
+        as a wrong secret. It may also evict a handshake in flight to make room, which looks
+        like a refused secret: only _AUTH_ATTEMPTS refusals in a row are reported as one.
+        """
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        pause, last, refusals = 0.01, None, 0
+        while True:
+            left = None if deadline is None else max(deadline - time.monotonic(), 1e-3)
+            sock = None
+            try:
+                sock = socket.create_connection((self.host, self.port),
+                                                timeout=min(left or 10.0, 10.0))
+                sock.settimeout(min(left or _HELLO_WAIT, _HELLO_WAIT))
+                if not sock.recv(1, socket.MSG_PEEK):
+                    raise ConnectionResetError(
+                        errno.ECONNRESET, "the server closed the connection before its "
+                        "challenge: it is busy (at its connection limit, flooded or out of "
+                        "file descriptors)")
+                client_handshake(sock, self._secret, _STORE_CONTEXT)
+                sock.settimeout(None)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                return sock
+            except AuthenticationError as exc:
+                sock.close()
+                refusals, last = refusals + 1, exc
+                if refusals >= _AUTH_ATTEMPTS:
+                    raise StoreError(f"{self._describe()}: authentication failed: {exc}") from None
+            except OSError as exc:
+                if sock is not None:
+                    sock.close()
+                last = exc
+                if exc.errno not in (errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT,
+                                     errno.EHOSTUNREACH, errno.ENETUNREACH, None):
+                    raise StoreError(f"{self._describe()}: cannot connect: {exc}") from None
+            if deadline is not None and time.monotonic() >= deadline:
+                raise StoreTimeout(f"{self._describe()}: no server answered within "
+                                   f"{self._timeout:.3g} s (last error: {last})")
+            time.sleep(pause if deadline is None else min(pause, deadline - time.monotonic()))
+            pause = min(pause * 2, 0.5)
+
+    def _conn(self) -> socket.socket:
+        """This thread's connection: a blocking get in one thread never stalls another."""
+        sock = getattr(self._local, "sock", None)
+        if sock is None:
+            with self._lock:
+                if self._closed:
+                    raise StoreError(f"{self._describe()} is closed")
+            sock = self._connect()
+            self._local.sock = sock
+            with self._lock:
+                self._socks.append(sock)
+        return sock
+
+    def _call(self, op, fields):
+        size = 1 + sum(_LEN.size + len(f) for f in fields)
+        if size > wire.MAX_FRAME:
+            raise ValueError(f"{self._describe()}: {op}: a request of {size} bytes exceeds "
+                             f"MAX_FRAME ({wire.MAX_FRAME} bytes)")
+        sock = self._conn()
+        try:
+            sock.sendall(_pack(_OPS[op], fields))
+            status, out = _read_frame(sock)
+        except (OSError, ValueError) as exc:
+            raise StoreGone(f"{self._describe()}: {op} failed, the store server is gone "
+                            f"or broken: {exc}") from None
+        if status == _ERROR:
+            said = out[0].decode(errors="replace") if out else "an error without a message"
+            raise StoreError(f"{self._describe()}: {said}")
+        return status, out
+
+    @staticmethod
+    def _t(timeout):
+        return b"-1" if timeout is None else repr(float(timeout)).encode()
+
+    def _set(self, key, value):
+        self._call("set", [key.encode(), value])
+
+    def _get(self, key, timeout):
+        status, out = self._call("get", [key.encode(), self._t(timeout)])
+        return None if status == _TIMEOUT else out[0]
+
+    def _add(self, key, amount):
+        return int(self._call("add", [key.encode(), str(amount).encode()])[1][0])
+
+    def _wait(self, keys, timeout):
+        status, out = self._call("wait", [self._t(timeout)] + [k.encode() for k in keys])
+        return [m.decode() for m in out] if status == _TIMEOUT else []
+
+    def _compare_set(self, key, expected, desired):
+        return self._call("cas", [key.encode(), expected, desired])[1][0]
+
+    def _delete(self, key):
+        return self._call("delete", [key.encode()])[1][0] == b"1"
+
+    def _num_keys(self):
+        return int(self._call("num_keys", [])[1][0])
+
+    def _check(self, keys):
+        return self._call("check", [k.encode() for k in keys])[1][0] == b"1"
+
+    def close(self):
+        with self._lock:
+            self._closed = True
+            socks, self._socks = self._socks, []
+        for sock in socks:
+            sock.close()
+        if self._server is not None:
+            self._server.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
