@@ -17,8 +17,13 @@ than the previous one, its stream first waits for the previous call's (an event)
 message numbers therefore advance in the same order on every rank, as the plans require.
 
 ``blocks``: the kernel's thread blocks, from the largest message of the call (every rank
-computes the same number: the delivered words are per block), one per COLLECTIVES_PEER_BLOCK_BYTES (16 KiB) up to
-``max_blocks`` (COLLECTIVES_PEER_BLOCKS, default 64).
+computes the same number: the delivered words are per block), one per
+COLLECTIVES_PEER_BLOCK_BYTES (16 KiB) up to COLLECTIVES_PEER_BLOCKS (64).
+
+Caller buffers are never mapped into other processes (opening an IPC handle per call costs
+far more than a collective): ``input`` is read where it is, receives land in the group's
+staging memory, and ``output`` is staged (copied in where read before written, copied out at
+the end, both inside the kernel) only on a rank where some receive lands in it.
 
 Errors: a kernel that timed out or saw a peer abort leaves (kind, step, peer) in the error
 words; the next call on this group, and ``synchronize``, raise CollectiveTimeout or
@@ -32,19 +37,20 @@ import ctypes
 import numpy as np
 
 from .. import settings
-
 from ..algorithms import pushed
 from ..errors import CollectiveTimeout, TransportError
 from ..kernels import cuda_peer
 from . import nccl
 
+DEFAULT_TIMEOUT = 1800.0          # seconds a device wait may last when the call gives none
+
 
 def _launch(*args):
+    """cuLaunchKernel through CuPy's driver bindings (imported on the first call)."""
     from cupy.cuda import driver
     global _launch
     _launch = driver.launchKernel
     return _launch(*args)
-DEFAULT_TIMEOUT = 1800.0
 
 
 def max_blocks() -> int:
