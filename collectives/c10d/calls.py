@@ -1,0 +1,171 @@
+"""How a call reaches our groups: the backend's names, the routing of a call by its tensors'
+device (CPU tensors to the socket group, CUDA tensors to the GPU group), and the checks
+every method makes before anything moves (``_Checks``, mixed into the process group)."""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.distributed as dist
+
+from .. import tensors
+from ..ops import ReduceOp
+from ..state import seconds as _seconds
+
+BACKEND = "collectives"
+TRANSPORT = "socket"
+GPU_TRANSPORT = "nccl"              # CUDA tensors' transport (made at a group's first)
+# the callback lane's tags: a group id of the socket mesh's own (subgroup.GROUP_SHIFT above)
+LANE_ID = 1
+
+
+def _then(run, finish, *args):
+    def run_and_finish():
+        run()
+        finish(*args)
+    return run_and_finish
+
+
+def _in_order(runs):
+    def run_all():
+        for run in runs:
+            run()
+    return run_all
+
+
+def _tensors_in(items):
+    """The torch tensors of a call's arguments (lists of them, lists of lists)."""
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            yield item
+        elif isinstance(item, (list, tuple)):
+            yield from _tensors_in(item)
+
+
+def _on_device(operation):
+    """Route a collective by its tensors' device: CPU tensors run on the socket group (the
+    callback lane inside a callback), CUDA tensors on the GPU group, inside its call scope
+    (this rank's GPU, torch's current stream as CuPy's), so that every copy the call makes
+    and the collective itself are ordered after the work that produced the tensors."""
+    def wrap(method):
+        @functools.wraps(method)
+        def routed(self, *args, **kwargs):
+            device = self._device(operation, (args, list(kwargs.values())))
+            if device is None:
+                return method(self, *args, **kwargs)
+            group = self._gpu_group(device, operation)
+            outer, self._routed.group = getattr(self._routed, "group", None), group
+            try:
+                with group.transport.call_scope(list(_tensors_in(args)))():
+                    return method(self, *args, **kwargs)
+            finally:
+                self._routed.group = outer
+        return routed
+    return wrap
+
+
+class _Checks:
+    """The validation of torch's arguments, raised as ValueError/TypeError naming the
+    operation and the rank before any byte moves; ``self.group`` is the group the call runs
+    on (ProcessGroupCollectives.group)."""
+
+    def _where(self, operation) -> str:
+        return f"{operation} on rank {self.group.rank}"
+
+    def _flat(self, tensor, operation, name="tensor"):
+        """A flat view of a tensor (zero copy): numpy for CPU, CuPy for CUDA tensors, which
+        ``_on_device`` sent to the GPU group; anything else raises first."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{self._where(operation)}: {name} must be a torch.Tensor, got "
+                            f"{type(tensor).__name__}")
+        if tensor.device.type not in ("cpu", "cuda"):
+            raise TypeError(f"{self._where(operation)}: {name} is on {tensor.device}; the "
+                            f"{BACKEND} torch backend takes CPU and CUDA tensors")
+        if tensor.layout != torch.strided:
+            raise TypeError(f"{self._where(operation)}: {name} has layout {tensor.layout}; "
+                            f"only dense tensors are supported")
+        return tensors.flat(tensor, operation, self.group.rank, name)
+
+    def _flats(self, items, operation, name, length=None):
+        if not isinstance(items, (list, tuple)):
+            raise TypeError(f"{self._where(operation)}: {name} must be a list of tensors, got "
+                            f"{type(items).__name__}")
+        if length is not None and len(items) != length:
+            raise ValueError(f"{self._where(operation)}: {name} must hold {length} tensors (one "
+                             f"per rank of the group), got {len(items)}")
+        return [self._flat(t, operation, f"{name}[{i}]") for i, t in enumerate(items)]
+
+    def _single(self, items, operation, name="tensors"):
+        """torch passes a list of one tensor per device; this backend has one device."""
+        if not isinstance(items, (list, tuple)) or len(items) != 1:
+            got = len(items) if isinstance(items, (list, tuple)) else type(items).__name__
+            raise ValueError(f"{self._where(operation)}: {name} must be a list of exactly one "
+                             f"tensor (the {BACKEND} backend has one device per rank), got {got}")
+        return items[0]
+
+    def _same_dtype(self, operation, like, views, name):
+        for i, view in enumerate(views):
+            if view.dtype != like.dtype:
+                raise TypeError(f"{self._where(operation)}: {name}[{i}] has dtype {view.dtype}, "
+                                f"the tensor {like.dtype}; they must match")
+
+    def _root(self, opts, operation):
+        root = int(opts.rootRank)
+        if not 0 <= root < self.group.size:
+            raise ValueError(f"{self._where(operation)}: root rank {root} is out of range for a "
+                             f"group of size {self.group.size}")
+        if getattr(opts, "rootTensor", 0) != 0:
+            raise ValueError(f"{self._where(operation)}: rootTensor must be 0 (one tensor per "
+                             f"rank), got {opts.rootTensor}")
+        return root
+
+    def _op(self, opts, operation):
+        kind = getattr(opts.reduceOp, "op", opts.reduceOp)
+        if kind == dist.ReduceOp.PREMUL_SUM:
+            raise ValueError(f"{self._where(operation)}: ReduceOp.PREMUL_SUM is not supported "
+                             f"by the {BACKEND} backend; scale the tensor and use SUM")
+        return ReduceOp.parse(kind)
+
+    @staticmethod
+    def _timeout(opts):
+        """The call's own timeout (torch's opts.timeout), else None: the group's."""
+        limit = _seconds(getattr(opts, "timeout", None))
+        return limit if limit is not None and limit > 0 else None
+
+
+    def _pairs(self, outputs, inputs, operation):
+        if not isinstance(outputs, (list, tuple)) or not isinstance(inputs, (list, tuple)) \
+                or len(outputs) != len(inputs):
+            raise ValueError(f"{self._where(operation)}: outputs and inputs must be lists of "
+                             f"equal length")
+
+
+    def _rooted(self, lists, root, like, operation, name):
+        """gather's outputs / scatter's inputs: one list of one tensor per rank on the root,
+        each like ``like``; nothing elsewhere. Returns the root's views, else None."""
+        if self.group.rank != root:
+            if lists and any(len(entry) for entry in lists):
+                raise ValueError(f"{self._where(operation)}: {name} must be empty on ranks "
+                                 f"other than the root ({root})")
+            return None
+        views = self._flats(self._single(lists, operation, name), operation, name,
+                            self.group.size)
+        for i, view in enumerate(views):
+            if view.size != like.size or view.dtype != like.dtype:
+                raise ValueError(f"{self._where(operation)}: {name}[{i}] has {view.size} "
+                                 f"{view.dtype} elements; each must match the tensor "
+                                 f"({like.size} {like.dtype})")
+        return views
+
+    def _splits(self, sizes, total, per_row, name):
+        p = self.group.size
+        if not len(sizes):
+            if total % p:
+                raise ValueError(f"{self._where('all_to_all_single')}: {total} elements do not "
+                                 f"split evenly over {p} ranks; give {name}")
+            return [total // p] * p
+        sizes = [int(s) for s in sizes]
+        if len(sizes) != p or any(s < 0 for s in sizes) or sum(sizes) * per_row != total:
+            raise ValueError(f"{self._where('all_to_all_single')}: {name} {sizes} must be {p} "
+                             f"non-negative row counts adding up to the tensor's rows")
+        return [s * per_row for s in sizes]
