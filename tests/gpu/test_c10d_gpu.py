@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from test_nccl import HERE, TORCH_OK, TORCH_WHY, check_results, launch
+from gpu_jobs import HERE, TORCH_OK, TORCH_WHY, check_results, launch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not TORCH_OK, reason=TORCH_WHY)]
 WORKER = os.path.join(HERE, "c10d_worker.py")

@@ -24,7 +24,7 @@ import uuid
 
 import pytest
 
-from test_nccl import HERE, OK, WHY, _kill_job, check_results, gpu_count, launch, limit_for
+from gpu_jobs import HERE, OK, WHY, _kill_job, check_results, gpu_count, launch, limit_for
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not OK, reason=f"nccl backend unavailable: {WHY}")]

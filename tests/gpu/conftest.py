@@ -1,2 +1,0 @@
-def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs CUDA GPUs (the nccl backend); skipped elsewhere")

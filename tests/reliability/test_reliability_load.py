@@ -1,0 +1,100 @@
+"""Load: 10,000 small asynchronous collectives over three process groups at once (the world and
+two more groups, each with its own worker thread), interleaved with point-to-point ring
+traffic from the main thread, on the socket transport (3 processes) and under
+``mpiexec -n 2``. Every result is checked, resident memory is measured after a warm-up and at
+the end (growth must stay under ``RSS_LIMIT_MIB``), and the job is killed at its limit, so a
+hang fails the test. Numbers are printed (``pytest -s``).
+"""
+import pytest
+
+from mpiexec import needs_mpi
+from reliability_jobs import explain, mpi_job, socket_job
+
+pytestmark = pytest.mark.slow
+TOTAL = 10_000
+RSS_LIMIT_MIB = 4.0
+
+LOAD = """
+backend = os.environ["BACKEND"]
+dist.init_process_group(backend, timeout=60)
+rank, p = dist.get_rank(), dist.get_world_size()
+groups = [None, dist.new_group(), dist.new_group()]
+right, left = (rank + 1) % p, (rank - 1) % p
+total = int(os.environ["TOTAL"])
+BATCH = 60
+wrong = []
+
+def batch(start, count):
+    works, checks = [], []
+    for i in range(start, start + count):
+        g = groups[i % 3]
+        if i % 4 == 3:
+            mine = np.full(8, rank + i, np.int64)
+            outs = [np.empty(8, np.int64) for _ in range(p)]
+            works.append(dist.all_gather(outs, mine, group=g, async_op=True))
+            checks.append((i, "gather", outs))
+        else:
+            x = np.full(16, rank + i % 1000, np.float64)
+            works.append(dist.all_reduce(x, group=g, async_op=True))
+            checks.append((i, "reduce", x))
+        if i % 6 == 0:                    # point-to-point around the ring, in between
+            send = np.full(4, rank * 100000 + i, np.int64)
+            got = np.empty(4, np.int64)
+            r = dist.irecv(got, src=left, tag=i % 1000)
+            s = dist.isend(send, dst=right, tag=i % 1000)
+            works += [s, r]
+            checks.append((i, "p2p", got))
+    for w in works:
+        w.wait()
+    for i, kind, value in checks:
+        if kind == "reduce":
+            ok = (value == sum(r + i % 1000 for r in range(p))).all()
+        elif kind == "gather":
+            ok = all((v == r + i).all() for r, v in enumerate(value))
+        else:
+            ok = (value == left * 100000 + i).all()
+        if not ok:
+            wrong.append((i, kind))
+
+done = 0
+t0 = time.monotonic()
+batch(0, 600); done += 600                # warm-up: caches, buffers, threads
+rss_start = rss_mib()
+t1 = time.monotonic()
+while done < total:
+    count = min(BATCH, total - done)
+    batch(done, count)
+    done += count
+elapsed = time.monotonic() - t1
+rss_end = rss_mib()
+dist.barrier()
+report(rank=rank, done=done, wrong=len(wrong), first_wrong=wrong[:3], rss_start=rss_start,
+       rss_end=rss_end, seconds=elapsed, warmup=t1 - t0)
+dist.destroy_process_group()
+"""
+
+
+def _check(results, size, label):
+    assert len(results) == size, results
+    for r in results:
+        assert r["done"] == TOTAL and r["wrong"] == 0, r
+        growth = r["rss_end"] - r["rss_start"]
+        print(f"\n{label} rank {r['rank']}: {TOTAL} collectives (+ p2p) in "
+              f"{r['seconds'] + r['warmup']:.1f} s, {(r['seconds']) / (TOTAL - 600) * 1e6:.0f} "
+              f"us each after warm-up; RSS {r['rss_start']:.1f} -> {r['rss_end']:.1f} MiB "
+              f"({growth:+.2f})")
+        assert growth < RSS_LIMIT_MIB, r
+
+
+def test_load_socket_three_processes(tmp_path):
+    records = socket_job(tmp_path, LOAD, 3, env={"BACKEND": "gloo", "TOTAL": str(TOTAL)},
+                         limit=150)
+    assert all(r["rc"] == 0 for r in records), explain(records)
+    _check([r["results"][0] for r in records], 3, "socket")
+
+
+@needs_mpi
+def test_load_mpi_two_ranks(tmp_path):
+    record = mpi_job(tmp_path, LOAD, 2, env={"BACKEND": "mpi", "TOTAL": str(TOTAL)}, limit=150)
+    assert record["rc"] == 0, explain(record)
+    _check(sorted(record["results"], key=lambda r: r["rank"]), 2, "mpi")

@@ -1,0 +1,75 @@
+"""Reliability under ``mpiexec`` (the MPICH wheel's): a rank that raises aborts the whole job
+at once with a message naming it, mismatched calls under COLLECTIVES_DEBUG=DETAIL fail every
+rank naming the ranks and fields, a size mismatch without DETAIL is an error, and a rank that
+never arrives is a CollectiveTimeout naming operation, algorithm, rank, peer, step and time.
+The same job scripts as the socket tests; every job is killed at its limit, so a hang fails.
+"""
+import re
+
+from mpiexec import needs_mpi
+from reliability_jobs import (CI_BOUND, MISMATCHES, NEVER_ARRIVES, SIZE_MISMATCH,
+                              check_detail_reports, explain, mpi_job)
+
+pytestmark = needs_mpi
+MPI = {"BACKEND": "mpi"}
+
+
+def by_rank(record, size):
+    ranks = [[r for r in record["results"] if r.get("rank") == rank] for rank in range(size)]
+    assert all(ranks), explain(record)
+    return ranks
+
+
+RAISES = """
+dist.init_process_group("mpi", timeout=60)
+rank = dist.get_rank()
+x = np.ones(1000)
+dist.all_reduce(x)
+if rank == 1:
+    raise RuntimeError("rank 1 fails on purpose")
+dist.all_reduce(x)                 # the others wait here for rank 1
+report(rank=rank, unexpected="finished")
+"""
+
+
+def test_a_rank_that_raises_aborts_the_job_quickly_naming_it(tmp_path):
+    record = mpi_job(tmp_path, RAISES, 3, limit=60)
+    print(f"\nuncaught exception on rank 1 of 3: mpiexec exited {record['rc']} after "
+          f"{record['wall']:.2f} s (including start-up)")
+    assert record["rc"] not in (0, None), explain(record)
+    assert record["wall"] < 5 + CI_BOUND, explain(record)
+    assert "rank 1 of 3 raised an uncaught RuntimeError; aborting the MPI job" in \
+        record["stderr"], explain(record)
+    assert "rank 1 fails on purpose" in record["stderr"]
+    assert not record["results"], explain(record)
+
+
+def test_detail_mismatches_under_mpiexec(tmp_path):
+    record = mpi_job(tmp_path, MISMATCHES, 3, env={**MPI, "COLLECTIVES_DEBUG": "DETAIL"},
+                     limit=60)
+    assert record["rc"] == 0, explain(record)
+    check_detail_reports(by_rank(record, 3))
+
+
+def test_size_mismatch_without_detail_under_mpiexec(tmp_path):
+    record = mpi_job(tmp_path, SIZE_MISMATCH, 3, env=MPI, limit=60)
+    print("\n" + "\n".join(f"rank {r['rank']}: {r.get('type')} after {r.get('waited', 0):.2f} s:"
+                           f" {r.get('message')}" for r in record["results"]))
+    for results in by_rank(record, 3):
+        assert "type" in results[0], explain(record)       # an error, never quiet garbage
+    assert any("mismatched" in r["message"] for r in record["results"]), explain(record)
+
+
+def test_rank_that_never_arrives_under_mpiexec(tmp_path):
+    record = mpi_job(tmp_path, NEVER_ARRIVES, 3, env=MPI, limit=60)
+    assert record["rc"] == 0, explain(record)
+    for rank, results in enumerate(by_rank(record, 3)[:2]):
+        got = results[0]
+        print(f"\nrank {rank}: {got.get('type')} after {got.get('waited', 0):.2f} s: "
+              f"{got.get('message')}")
+        assert got.get("type") == "CollectiveTimeout", got
+        message = got["message"]
+        assert message.startswith(f"all_reduce (ring) on rank {rank}, step "), message
+        assert re.search(r"step \d+ of \d+", message) and re.search(r"waiting after 1\.\d+ s on rank(\(s\))? [0-2]", message), message
+        assert re.search(r"after 1\.\d+ s", message), message
+        assert 1.4 < got["waited"] < 1.5 + CI_BOUND
