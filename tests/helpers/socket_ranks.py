@@ -105,7 +105,7 @@ def send_sizes(t, sizes, late):
         return t.shm_peers
     bufs = [np.zeros(n, np.uint8) for n in sizes]
     reqs = [t.irecv(b, 0, 10 + i) for i, b in enumerate(bufs) if i not in late]
-    time.sleep(0.3)
+    time.sleep(0.3)     # makes the late path likely; the test holds for either order
     reqs += [t.irecv(b, 0, 10 + i) for i, b in enumerate(bufs) if i in late]
     t.wait_all(reqs, 60)
     t.send(np.zeros(1), 0, 99, 60)

@@ -56,7 +56,7 @@ def test_failure_stops_the_others_and_propagates_the_code(tmp_path):
     script = """
         import os, sys, time
         if os.environ["RANK"] == "1":
-            time.sleep(0.3)
+            time.sleep(0.3)        # fails once the others run (either way, they must stop)
             sys.exit(3)
         time.sleep(60)
     """

@@ -41,7 +41,7 @@ def _async_without_waiter(t, nbytes):
     # large over TCP: the socket refuses most of it, so EVENT_WRITE must be watched by the
     # progress thread; the peer's receive is posted late so the bytes also wait in the socket
     requests = [t.isend(send, peer, 100)]
-    time.sleep(0.05)
+    time.sleep(0.05)                   # a late receive on purpose (either order must work)
     requests.append(t.irecv(got, peer, 100))
     seconds = _test_until_done(requests)
     if not (got == peer + 1.0).all():
@@ -122,7 +122,7 @@ def test_peer_killed_while_the_caller_polls():
 def _timeout_while_polling(t):
     _exchanges(t, 5)                   # so the caller, not the progress thread, polls
     if t.rank == 1:
-        time.sleep(1.0)
+        time.sleep(1.0)                # a peer that never arrives, on purpose
         return None
     t0 = time.monotonic()
     try:

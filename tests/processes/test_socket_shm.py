@@ -73,7 +73,7 @@ def _any_source(t):
         reqs = [t.irecv(b, ANY_SOURCE, 3) for b in bufs]
         t.wait_all(reqs, 30)
         return sorted((r.source, bool((b == pattern(n, r.source)).all())) for r, b in zip(reqs, bufs))
-    time.sleep(0.1 * (t.rank - 1))
+    time.sleep(0.1 * (t.rank - 1))     # arrivals spread on purpose; any order must work
     t.send(pattern(n, t.rank), 0, 3, 30)
     return None
 

@@ -118,7 +118,7 @@ def test_size_mismatch_is_an_error():
 
 def _killed(t):
     if t.rank == t.size - 1:
-        time.sleep(0.3)
+        time.sleep(0.3)                  # on purpose: die while the others are mid-collective
         os.kill(os.getpid(), signal.SIGKILL)
     t0 = time.monotonic()
     try:
@@ -140,7 +140,7 @@ def test_killed_peer_fails_every_rank_quickly():
 
 def _timeout(t):
     if t.rank == 1:
-        time.sleep(1.0)
+        time.sleep(1.0)                  # a peer that never arrives, on purpose
         return None
     try:
         t.recv(np.zeros(1), 1, 9, 0.3)

@@ -150,8 +150,11 @@ try:
     x = np.full(10, dist.get_rank() + 1.0)
     dist.all_reduce(x)
     report(phase="joined", ok=bool((x == 3).all()))
-    time.sleep(1.0)                       # the store dies now; collectives do not need it
-    dist.all_reduce(x)
+    open(f"joined-{dist.get_rank()}", "w").close()
+    deadline = time.monotonic() + 30      # the test kills the store once every rank joined
+    while not os.path.exists("store-gone") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    dist.all_reduce(x)                    # collectives do not need the store
     report(phase="after", ok=bool((x == 6).all()))
 except CollectiveError as exc:
     report(waited=time.monotonic() - t0, **failure(exc))
@@ -177,6 +180,8 @@ def test_store_dies_during_rendezvous_every_rank_errors(tmp_path):
     killed = {}
 
     def kill_later():
+        # on purpose by the clock: ranks 0 and 1 are at the rendezvous well before 1.5 s,
+        # rank 2 starts at 3 s (its DELAY)
         time.sleep(1.5)
         killed["at"] = time.time()
         server.kill()
@@ -209,15 +214,17 @@ def test_store_dies_after_init_collectives_keep_working(tmp_path):
     import threading
 
     def kill_when_joined():
-        time.sleep(0.2)
-        while not (tmp_path / "joined").exists():
-            time.sleep(0.05)
+        deadline = time.monotonic() + 30
+        while not all((tmp_path / f"joined-{r}").exists() for r in range(2)):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
         server.kill()
-    body = STORE_CLIENT.replace('report(phase="joined"',
-                                'open("joined", "w").close(); report(phase="joined"')
+        server.wait()
+        (tmp_path / "store-gone").touch()
     threading.Thread(target=kill_when_joined, daemon=True).start()
     try:
-        records = socket_job(tmp_path, body, 2, env=env, limit=40)
+        records = socket_job(tmp_path, STORE_CLIENT, 2, env=env, limit=40)
     finally:
         server.kill()
         server.wait()
