@@ -42,26 +42,35 @@ def get_debug_level() -> DebugLevel:
     """The current debug level (COLLECTIVES_DEBUG), as torch's ``get_debug_level``.
 
     Returns:
-        A ``DebugLevel``; an unset COLLECTIVES_DEBUG is ``DebugLevel.OFF``, an unknown one a
-        ValueError naming it.
+        DebugLevel: an unset COLLECTIVES_DEBUG is ``DebugLevel.OFF``, an unknown one a
+            ValueError naming it.
     """
     return DebugLevel[level()]
 
 
 def set_debug_level(debug_level) -> None:
-    """Set the debug level of this process (writes COLLECTIVES_DEBUG, so that subprocesses and
-    every reader see the same level).
+    """Set the debug level of this process.
+
+    Writes COLLECTIVES_DEBUG, so that subprocesses and every reader see the same level.
 
     Args:
-        debug_level: a ``DebugLevel``, its integer value or its name in any case.
+        debug_level (DebugLevel, int or str): a level, its integer value or its name in any
+            case.
+
+    Returns:
+        None.
     """
     os.environ[ENV_DEBUG] = _parse_level(debug_level, "set_debug_level").name
 
 
 def set_debug_level_from_env() -> None:
-    """Set the debug level from the environment: COLLECTIVES_DEBUG if set, else torch's
-    TORCH_DISTRIBUTED_DEBUG (OFF when neither is). An unknown value is a ValueError, as in
-    torch."""
+    """Set the debug level from COLLECTIVES_DEBUG if set, else torch's TORCH_DISTRIBUTED_DEBUG.
+
+    OFF when neither is set; an unknown value is a ValueError, as in torch.
+
+    Returns:
+        None.
+    """
     for name in (ENV_DEBUG, ENV_TORCH_DEBUG):
         value = settings.DEBUG.raw() if name == ENV_DEBUG else os.environ.get(name)
         if value is not None:

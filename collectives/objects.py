@@ -65,7 +65,19 @@ def _run(pg, collective, **buffers):
 
 
 def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None):
-    """``object_list`` on ``src`` is copied, element by element, into every rank's list."""
+    """Broadcast picklable objects from ``src``.
+
+    Args:
+        object_list (list): on ``src``, the objects; elsewhere, as many slots, replaced element
+            by element.
+        src (int): the source's global rank.
+        group (ProcessGroup, optional): the group to work on; None is the default group.
+        device: accepted for torch's signature (the bytes travel on the group's device).
+        group_src (int, optional): the source's group rank, instead of ``src``.
+
+    Returns:
+        None.
+    """
     pg = _member(group, "broadcast_object_list")
     if pg is None:
         return
@@ -89,7 +101,16 @@ def broadcast_object_list(object_list, src=None, group=None, device=None, group_
 
 
 def all_gather_object(object_list, obj, group=None):
-    """``object_list`` (one slot per rank) receives every rank's ``obj``."""
+    """Gather every rank's picklable ``obj`` into ``object_list``.
+
+    Args:
+        object_list (list): one slot per rank, replaced with that rank's object.
+        obj: this rank's object.
+        group (ProcessGroup, optional): the group to work on; None is the default group.
+
+    Returns:
+        None.
+    """
     pg = _member(group, "all_gather_object")
     if pg is None:
         return
@@ -112,7 +133,18 @@ def all_gather_object(object_list, obj, group=None):
 
 
 def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=None):
-    """On ``dst``, ``object_gather_list`` (one slot per rank) receives every rank's ``obj``."""
+    """Gather every rank's picklable ``obj`` into ``object_gather_list`` on ``dst``.
+
+    Args:
+        obj: this rank's object.
+        object_gather_list (list, optional): on ``dst`` only, one slot per rank.
+        dst (int): the destination's global rank.
+        group (ProcessGroup, optional): the group to work on; None is the default group.
+        group_dst (int, optional): the destination's group rank, instead of ``dst``.
+
+    Returns:
+        None.
+    """
     pg = _member(group, "gather_object")
     if pg is None:
         return
@@ -143,8 +175,18 @@ def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=
 
 def scatter_object_list(scatter_object_output_list, scatter_object_input_list=None, src=None,
                         group=None, group_src=None):
-    """Rank i receives ``scatter_object_input_list[i]`` (given on ``src``) into
-    ``scatter_object_output_list[0]``."""
+    """Scatter picklable objects from ``src``: rank i receives entry i.
+
+    Args:
+        scatter_object_output_list (list): at least one slot; entry 0 receives the object.
+        scatter_object_input_list (list, optional): on ``src`` only, one object per rank.
+        src (int): the source's global rank.
+        group (ProcessGroup, optional): the group to work on; None is the default group.
+        group_src (int, optional): the source's group rank, instead of ``src``.
+
+    Returns:
+        None.
+    """
     pg = _member(group, "scatter_object_list")
     if pg is None:
         return

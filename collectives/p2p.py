@@ -58,13 +58,36 @@ def _finish(pg, request, tensor) -> None:
 
 
 def send(tensor, dst=None, group=None, tag=0, group_dst=None) -> None:
+    """Send ``tensor`` to ``dst``; returns once the tensor may be reused.
+
+    Args:
+        tensor (Tensor or array): the data.
+        dst (int): the receiver's global rank.
+        group (ProcessGroup, optional): the group to work on; None is the default group.
+        tag (int, optional): matches this send with a recv of the same tag.
+        group_dst (int, optional): the receiver's group rank, instead of ``dst``.
+
+    Returns:
+        None.
+    """
     pg, request, _ = _post("send", tensor, dst, group, tag, group_dst)
     if pg is not None:
         _finish(pg, request, tensor)
 
 
 def recv(tensor, src=None, group=None, tag=0, group_src=None):
-    """Returns the sender's global rank (any rank when ``src`` is None); -1 off the group."""
+    """Receive into ``tensor`` from ``src``, or from any rank when ``src`` is None.
+
+    Args:
+        tensor (Tensor or array): the output.
+        src (int, optional): the sender's global rank; None: any rank.
+        group (ProcessGroup, optional): the group to work on; None is the default group.
+        tag (int, optional): matches a send of the same tag.
+        group_src (int, optional): the sender's group rank, instead of ``src``.
+
+    Returns:
+        int: the sender's global rank; -1 on a rank outside ``group``.
+    """
     pg, request, peer = _post("recv", tensor, src, group, tag, group_src)
     if pg is None:
         return -1
@@ -73,6 +96,15 @@ def recv(tensor, src=None, group=None, tag=0, group_src=None):
 
 
 def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
+    """Send ``tensor`` to ``dst`` without waiting.
+
+    Args:
+        tensor, dst, group, tag, group_dst: as for send; leave ``tensor`` alone until the Work
+            completes.
+
+    Returns:
+        Work, or None on a rank outside ``group``.
+    """
     pg, request, _ = _post("send", tensor, dst, group, tag, group_dst)
     if pg is None:
         return None
@@ -80,7 +112,15 @@ def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
 
 
 def irecv(tensor, src=None, group=None, tag=0, group_src=None):
-    """Work whose ``source_rank`` (also ``_source_rank()``) is the sender once complete."""
+    """Receive into ``tensor`` without waiting.
+
+    Args:
+        tensor, src, group, tag, group_src: as for recv.
+
+    Returns:
+        Work, or None on a rank outside ``group``; its ``source_rank`` (also ``_source_rank()``)
+            is the sender's global rank once complete.
+    """
     pg, request, peer = _post("recv", tensor, src, group, tag, group_src)
     if pg is None:
         return None
@@ -109,7 +149,14 @@ class P2POp:
 
 
 def batch_isend_irecv(p2p_op_list):
-    """Post every operation at once; returns one Work per operation, in order."""
+    """Post every operation of the list at once.
+
+    Args:
+        p2p_op_list (list[P2POp]): the sends and receives, posted in order.
+
+    Returns:
+        list[Work]: one per operation, in order.
+    """
     if not isinstance(p2p_op_list, (list, tuple)) or not p2p_op_list or \
             not all(isinstance(p, P2POp) for p in p2p_op_list):
         raise ValueError("batch_isend_irecv: expects a non-empty list of P2POp")

@@ -19,10 +19,18 @@ class RankFailed(RuntimeError):
 
 
 def spawn_local(world_size: int, fn, *args, timeout=timedelta(seconds=60), **kwargs):
-    """Run ``fn(rank, *args, **kwargs)`` on every rank; return the results in rank order.
+    """Run ``fn(rank, *args, **kwargs)`` on every rank of a ``local`` world, ranks as threads.
 
-    ``timeout`` bounds every collective's wait (torch's init timeout), so a mismatched
-    program fails with CollectiveTimeout rather than hanging the caller.
+    Args:
+        world_size (int): the number of ranks.
+        fn (callable): the rank's program; the default group is initialized around it.
+        timeout (timedelta, optional, keyword-only): bounds every collective's wait (torch's
+            init timeout), so a mismatched program fails with CollectiveTimeout rather than
+            hanging the caller.
+        args, kwargs: passed to ``fn``.
+
+    Returns:
+        list: ``fn``'s results in rank order; a rank that raised makes it raise RankFailed.
     """
     from . import destroy_process_group, init_process_group, is_initialized
     world = LocalWorld(world_size)
