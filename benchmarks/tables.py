@@ -20,7 +20,7 @@ def size_label(n):
 
 def tables(path):
     data = json.load(open(path))
-    if "rows" in data:
+    if "rows" in data or "gpu" in data.get("meta", {}):
         return gpu_tables(path, data)
     meta, records = data.get("meta", {}), data["records"]
     out = [f"`{path}`: {meta.get('backend', '?')}, {meta.get('world_size', '?')} ranks, "
@@ -60,8 +60,10 @@ def tables(path):
 
 
 def gpu_tables(path, data):
-    """bench --backend nccl output: ratios to NCCL native, the p2p ceiling, graph replay."""
-    meta, rows = data["meta"], data["rows"]
+    """bench --backend nccl output: ratios to NCCL native, the p2p ceiling, graph replay.
+    Reads the records of every backend (and the ``rows`` older GPU runs wrote)."""
+    meta = data["meta"]
+    rows = [_old_gpu_row(r) for r in data["rows"]] if "rows" in data else data["records"]
     out = [f"`{path}`: {meta.get('world_size')} x {meta.get('gpu')}, NCCL {meta.get('nccl')}, "
            f"CuPy {meta.get('cupy')}"]
     by = defaultdict(dict)
@@ -78,20 +80,30 @@ def gpu_tables(path, data):
                 "|" + "---|" * (3 + len(names)) + "---|---|---|"]
         for size in sorted(s for c, s in by if c == collective):
             row = by[(collective, size)]
-            t0 = row["native"]["time_us"]
+            t0 = row["native"]["time_p50_us"]
             cells = []
             for n in names:
                 r = row.get(n)
-                cells.append("–" if r is None else f"{r['vs_native']:.2f} ({r.get('vs_ceiling', 0):.2f})")
-            best_t = min(row[n]["time_us"] for n in names if n in row)
-            graphs = [(r["time_us"], a) for a, r in row.items() if a.endswith(":graph")]
+                cells.append("–" if r is None else f"{r['ratio_to_native']:.2f} "
+                             f"({r.get('ratio_to_ceiling') or 0:.2f})")
+            best_t = min(row[n]["time_p50_us"] for n in names if n in row)
+            graphs = [(r["time_p50_us"], a) for a, r in row.items() if a.endswith(":graph")]
             graph = f"{t0 / min(graphs)[0]:.2f} ({min(graphs)[1].split(':')[0]})" if graphs else "–"
-            auto = next((r for a, r in row.items() if a.startswith("auto")), None)
-            auto_cells = (f"{auto['algorithm'][5:]} | {auto['time_us'] / best_t:.2f}"
+            auto = row.get("auto")
+            auto_cells = (f"{auto['chosen']} | {auto['time_p50_us'] / best_t:.2f}"
                           if auto else "– | –")
             out.append(f"| {size_label(size)} | {t0:.1f} | {row['native']['busbw_gbs']:.0f} | "
                        + " | ".join(cells) + f" | {graph} | {auto_cells} |")
     return "\n".join(out)
+
+
+def _old_gpu_row(r):
+    """A row of the GPU bench's former schema in the fields every backend writes now."""
+    r = dict(r, time_p50_us=r["time_us"], ratio_to_native=r.get("vs_native"),
+             ratio_to_ceiling=r.get("vs_ceiling"))
+    if r["algorithm"].startswith("auto:"):
+        r.update(algorithm="auto", chosen=r["algorithm"][5:])
+    return r
 
 
 if __name__ == "__main__":

@@ -169,11 +169,12 @@ def test_the_bench_header_and_info_explain_the_shadowing(tmp_path, monkeypatch):
     give the shadowing reason instead of "reinstall with Cython and an MPI compiler"."""
     from collectives import __main__ as info
     from collectives import bench
+    from collectives.bench import machine
     from collectives.executors import compiled
     package, site = _fake_tree(tmp_path)
     monkeypatch.setattr(compiled, "status", lambda: "extension not built (cannot import name "
                         "'_mpi_exec'); reinstall with Cython and an MPI compiler")
-    monkeypatch.setattr(bench, "_package_dir", lambda: package)
+    monkeypatch.setattr(machine, "_package_dir", lambda: package)
     monkeypatch.setattr(info, "_package_dir", lambda: package)
     monkeypatch.setattr(sys, "path", [str(tmp_path / "checkout"), site])
     group = SimpleNamespace(transport=SimpleNamespace(name="mpi", execute=None))

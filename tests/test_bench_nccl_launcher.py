@@ -1,6 +1,6 @@
 """``bench.py --backend nccl`` under the launcher, on the CPU.
 
-Two layers. (1) The whole NCCL benchmark (``bench_nccl.run_from_bench``) runs as one thread
+Two layers. (1) The whole NCCL benchmark (``bench.nccl.run_from_bench``) runs as one thread
 per rank on the CPU fake of CuPy/NCCL (``nccl_fake``), each rank joining the way a rank of
 ``collectives.run`` does: env:// rendezvous on a TCPStore the "launcher" (the test) serves,
 the NCCL id through that store, and the host-side barriers and reductions through
@@ -137,7 +137,7 @@ def _install(world, monkeypatch):
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_nccl_bench_through_launcher_rendezvous(size, monkeypatch, tmp_path):
-    from collectives import bench_nccl
+    from collectives.bench import nccl as bench_nccl
     from collectives.executors import nccl as executor
 
     world = ThreadedWorld(size)
@@ -178,13 +178,72 @@ def test_nccl_bench_through_launcher_rendezvous(size, monkeypatch, tmp_path):
     assert not any(t.is_alive() for t in threads), "a rank hung"
     assert not errors, "\n".join(f"rank {r}: {e}" for r, e in errors)
     assert status == [0] * size
-    rows = json.loads(out.read_text())["rows"]
+    rows = json.loads(out.read_text())["records"]
     want = {(c, s, a) for c in ("all_reduce", "all_to_all") for s in (96, 480)
             for a in ("native", "ring", "ring:ceiling", "recursive_doubling",
                       "recursive_doubling:ceiling")}
     assert {(r["collective"], r["size"], r["algorithm"]) for r in rows} == want
     assert all(r["wrong"] == 0 and r["world_size"] == size for r in rows)
-    assert all(r["time_s"] > 0 and "vs_native" in r for r in rows)
+    assert all(r["time_p50_us"] > 0 and r["ratio_to_native"] > 0 for r in rows)
+
+
+def test_nccl_bench_rows_beside_ours(monkeypatch, tmp_path, capsys):
+    """Where the group runs its plans on another executor than NCCL send/recv (peer memory
+    on GPUs; a stand-in here), each of our rows has an ``<alg>:sendrecv`` twin: the same
+    schedule on the NCCL send/recv executor over the same transport, checked like the others.
+    torch's SymmetricMemory rows need CUDA in torch: without it one line says why they are
+    absent and the run goes on; the multicast switches are off in the environment."""
+    size = 2
+    world = ThreadedWorld(size)
+    _install(world, monkeypatch)
+    from collectives.bench import nccl as bench_nccl
+    from collectives.executors import nccl as executor
+    from collectives.group import ProcessGroup
+    from collectives.store import HashStore
+    from collectives.transports import nccl as nccl_transport
+    monkeypatch.setenv(executor.ENV_SEGMENT, "0")
+    store = HashStore()
+    status, errors = [None] * size, []
+    out = tmp_path / "b.json"
+
+    def rank_main(rank):
+        try:
+            world.rank = rank
+            transport = nccl_transport.create(rank, size, store=store, timeout=30)
+            group = ProcessGroup(transport, backend="nccl", timeout=30)
+            group.execute = lambda *a, **k: executor.execute(*a, **k)   # not send/recv itself
+            host = bench_nccl.StoreHost(store, rank, size, timeout=30)
+            args = types.SimpleNamespace(collectives="all_reduce", algorithms="ring,auto",
+                                         sizes="64", dtype="float32", json=str(out),
+                                         graph_max="0", iters=1)
+            status[rank] = bench_nccl.run_from_bench(args, group, host)
+        except BaseException:
+            errors.append((rank, traceback.format_exc()))
+
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(JOIN_SECONDS)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    assert not errors, "\n".join(f"rank {r}: {e}" for r, e in errors)
+    assert status == [0, 0]
+    rows = json.loads(out.read_text())["records"]
+    assert [r["algorithm"] for r in rows] == ["native", "ring", "ring:sendrecv", "ring:ceiling",
+                                              "auto"]
+    assert all(r["wrong"] == 0 for r in rows)
+    assert rows[2]["chosen"] == "ring" and rows[1]["ratio_to_ceiling"] > 0
+    text = capsys.readouterr().out
+    try:
+        import torch
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if not has_cuda:
+        assert text.count("# no symm_mem rows: ") == 1, text
+    assert "symm_mem" not in {r["algorithm"].split(":")[0] for r in rows}
+    assert os.environ["NCCL_NVLS_ENABLE"] == "0"
+    assert os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
 
 
 def test_nccl_bench_wrong_results_are_counted_over_ranks(monkeypatch, tmp_path):
@@ -201,7 +260,7 @@ def test_nccl_bench_wrong_results_are_counted_over_ranks(monkeypatch, tmp_path):
             view = world.memory.bytes_at(recv_ptr, 4 * count).view(np.float32)
             world.stream_of(stream_ptr).enqueue(lambda: view.__setitem__(slice(0, 3), -1))
     monkeypatch.setattr(nccl_fake.Comm, "allReduce", broken)
-    from collectives import bench_nccl
+    from collectives.bench import nccl as bench_nccl
     from collectives.store import HashStore
     store = HashStore()
     status = [None] * size
@@ -225,14 +284,15 @@ def test_nccl_bench_wrong_results_are_counted_over_ranks(monkeypatch, tmp_path):
         t.join(30)
     assert not any(t.is_alive() for t in threads)
     assert status == [1, 1]
-    native = [r for r in json.loads((tmp_path / "b.json").read_text())["rows"]
+    native = [r for r in json.loads((tmp_path / "b.json").read_text())["records"]
               if r["algorithm"] == "native"]
-    assert [r["wrong"] for r in native] == [3]
+    # 3 wrong elements on rank 1, in the two checked calls (the first warm-up, the last timed)
+    assert [r["wrong"] for r in native] == [6]
 
 
 STORE_HOST_SCRIPT = textwrap.dedent("""
     import os, time
-    from collectives.bench_nccl import StoreHost
+    from collectives.bench.timing import StoreHost
     from collectives.rendezvous import rendezvous
     store, rank, size = rendezvous("env://", timeout=30)
     host = StoreHost(store, rank, size, timeout=30)

@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from collectives.algorithms import capabilities  # noqa: E402
-from collectives.bench_nccl import nccl_group, timed  # noqa: E402
+from collectives.bench.nccl import nccl_group, timed  # noqa: E402
 from collectives.executors import nccl as nccl_executor  # noqa: E402
 from collectives.group import ProcessGroup  # noqa: E402
 from collectives.ops import ReduceOp  # noqa: E402

@@ -1,10 +1,4 @@
-"""The bench's ``socket`` backend: self-launched local processes, torch's gloo as the baseline.
-
-``bench.py --backend socket`` run by hand (no RANK/WORLD_SIZE in the environment) re-executes
-itself under the launcher, ``python -m collectives.run --standalone --nproc-per-node N -m
-collectives.bench ...``, and prints rank 0's output without the launcher's ``[rank 0]:``
-prefix (other ranks' lines keep theirs). Under a launcher, each rank joins through
-``collectives.init_process_group("socket")`` (env://).
+"""The socket backend's baseline: torch's gloo in the same processes.
 
 The socket transport has no library collectives of its own, so the baseline ("native") is
 torch's gloo backend in the same processes, when torch is importable: a second, independent
@@ -20,65 +14,11 @@ always have them); bfloat16 and bool reductions are not offered to gloo.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from datetime import timedelta
 
 import numpy as np
 
-from .ops import ReduceOp
-
-RANK_PREFIX = "[rank 0]:"
-
-
-def launched() -> bool:
-    """True when a launcher (ours or torchrun) started this process as one rank of a job."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
-def launch(argv, world_size: int) -> int:
-    """Run the bench as ``world_size`` local processes through ``collectives.run``; pass
-    rank 0's output through without the launcher's prefix; return the job's exit code."""
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"--backend socket: --world-size must be >= 1, got {world_size!r}")
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    command = [sys.executable, "-m", "collectives.run", "--standalone", "--nproc-per-node",
-               str(world_size), "-m", "collectives.bench", *argv]
-    if "--no-progress" not in argv:
-        command.append("--no-progress")   # the launcher forwards whole lines: no live bar
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE)
-    try:
-        for raw in proc.stdout:
-            line = raw.decode(errors="replace")
-            if line.startswith(RANK_PREFIX):
-                line = line[len(RANK_PREFIX):]
-            sys.stdout.write(line)
-            sys.stdout.flush()
-    except KeyboardInterrupt:
-        proc.terminate()
-    return proc.wait()
-
-
-def socket_groups(args):
-    """This rank's bench group over the socket transport, gloo attached as its baseline."""
-    if not launched():
-        raise ValueError("bench --backend socket: RANK and WORLD_SIZE are not set; run the bench "
-                         "directly (it launches its own processes) or under collectives.run")
-    import collectives as dist
-    from . import state
-
-    dist.init_process_group("socket", timeout=timedelta(seconds=args.timeout))
-    world = state.world()
-    group = world.default
-    baseline, why = gloo_baseline(group, args.timeout)
-    if baseline is not None:
-        group.transport.native = baseline
-    elif group.rank == 0:
-        print(f"# no baseline column: {why}", flush=True)
-    return [(group, np)]
+from ..ops import ReduceOp
 
 
 def gloo_baseline(group, timeout: float):

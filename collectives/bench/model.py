@@ -23,10 +23,12 @@ import sys
 import time
 from dataclasses import asdict
 
-from . import settings
-from .algorithms import capabilities, cost
-from .algorithms.schedule import build_plan, plan_args
-from .algorithms.simulate import verify
+from .. import settings
+from ..algorithms import capabilities, cost
+from ..algorithms.schedule import build_plan, plan_args
+from ..algorithms.simulate import verify
+from .cases import BUS_FACTOR, element_count, format_size, parse_dtype
+from .report import describe_params
 
 # Seconds per operation (transfer or local operation, summed over ranks) of the simulator on
 # a 2-core machine: 8.4 M operations of the ring all_reduce at P = 1024 took 50 s.
@@ -36,7 +38,6 @@ SIMULATOR_SECONDS_PER_OP = 6e-6
 def predicted_rows(p: int, collectives, algorithms, sizes, params, itemsize: int = 4):
     """One record per (collective, size, algorithm) with the model's time and busbw; ``best``
     marks the least predicted time at that size (ties by name, as ``auto`` breaks them)."""
-    from .bench import BUS_FACTOR, element_count
     have = capabilities()
     rows = []
     for collective in collectives:
@@ -107,7 +108,6 @@ def verify_all(p: int, collectives, algorithms, budget: float, out=sys.stdout):
 
 
 def format_rows(rows) -> str:
-    from .bench import format_size
     lines = []
     for collective in dict.fromkeys(r["collective"] for r in rows):
         p = rows[0]["world_size"]
@@ -123,9 +123,6 @@ def format_rows(rows) -> str:
 
 def simulate_main(args, config) -> int:
     """The ``--simulate P`` mode of the bench CLI; returns the exit code."""
-    import os
-
-    from .bench import describe_params, parse_dtype
     p = args.simulate
     if p < 1:
         print(f"bench: --simulate needs P >= 1, got {p}", file=sys.stderr)
