@@ -8,7 +8,7 @@ hang fails the test. Numbers are printed (``pytest -s``).
 import pytest
 
 from mpiexec import needs_mpi
-from reliability_jobs import explain, mpi_job, socket_job
+from reliability_jobs import explain
 
 pytestmark = pytest.mark.slow
 TOTAL = 10_000
@@ -86,15 +86,14 @@ def _check(results, size, label):
         assert growth < RSS_LIMIT_MIB, r
 
 
-def test_load_socket_three_processes(tmp_path):
-    records = socket_job(tmp_path, LOAD, 3, env={"BACKEND": "gloo", "TOTAL": str(TOTAL)},
-                         limit=150)
+def test_load_socket_three_processes(socket_job):
+    records = socket_job(LOAD, 3, env={"BACKEND": "gloo", "TOTAL": str(TOTAL)}, limit=150)
     assert all(r["rc"] == 0 for r in records), explain(records)
     _check([r["results"][0] for r in records], 3, "socket")
 
 
 @needs_mpi
-def test_load_mpi_two_ranks(tmp_path):
-    record = mpi_job(tmp_path, LOAD, 2, env={"BACKEND": "mpi", "TOTAL": str(TOTAL)}, limit=150)
+def test_load_mpi_two_ranks(mpi_job):
+    record = mpi_job(LOAD, 2, env={"BACKEND": "mpi", "TOTAL": str(TOTAL)}, limit=150)
     assert record["rc"] == 0, explain(record)
     _check(sorted(record["results"], key=lambda r: r["rank"]), 2, "mpi")

@@ -8,7 +8,7 @@ import re
 
 from mpiexec import needs_mpi
 from reliability_jobs import (CI_BOUND, MISMATCHES, NEVER_ARRIVES, SIZE_MISMATCH,
-                              check_detail_reports, explain, mpi_job)
+                              check_detail_reports, explain)
 
 pytestmark = needs_mpi
 MPI = {"BACKEND": "mpi"}
@@ -32,8 +32,8 @@ report(rank=rank, unexpected="finished")
 """
 
 
-def test_a_rank_that_raises_aborts_the_job_quickly_naming_it(tmp_path):
-    record = mpi_job(tmp_path, RAISES, 3, limit=60)
+def test_a_rank_that_raises_aborts_the_job_quickly_naming_it(mpi_job):
+    record = mpi_job(RAISES, 3, limit=60)
     print(f"\nuncaught exception on rank 1 of 3: mpiexec exited {record['rc']} after "
           f"{record['wall']:.2f} s (including start-up)")
     assert record["rc"] not in (0, None), explain(record)
@@ -44,15 +44,15 @@ def test_a_rank_that_raises_aborts_the_job_quickly_naming_it(tmp_path):
     assert not record["results"], explain(record)
 
 
-def test_detail_mismatches_under_mpiexec(tmp_path):
-    record = mpi_job(tmp_path, MISMATCHES, 3, env={**MPI, "COLLECTIVES_DEBUG": "DETAIL"},
+def test_detail_mismatches_under_mpiexec(mpi_job):
+    record = mpi_job(MISMATCHES, 3, env={**MPI, "COLLECTIVES_DEBUG": "DETAIL"},
                      limit=60)
     assert record["rc"] == 0, explain(record)
     check_detail_reports(by_rank(record, 3))
 
 
-def test_size_mismatch_without_detail_under_mpiexec(tmp_path):
-    record = mpi_job(tmp_path, SIZE_MISMATCH, 3, env=MPI, limit=60)
+def test_size_mismatch_without_detail_under_mpiexec(mpi_job):
+    record = mpi_job(SIZE_MISMATCH, 3, env=MPI, limit=60)
     print("\n" + "\n".join(f"rank {r['rank']}: {r.get('type')} after {r.get('waited', 0):.2f} s:"
                            f" {r.get('message')}" for r in record["results"]))
     for results in by_rank(record, 3):
@@ -60,8 +60,8 @@ def test_size_mismatch_without_detail_under_mpiexec(tmp_path):
     assert any("mismatched" in r["message"] for r in record["results"]), explain(record)
 
 
-def test_rank_that_never_arrives_under_mpiexec(tmp_path):
-    record = mpi_job(tmp_path, NEVER_ARRIVES, 3, env=MPI, limit=60)
+def test_rank_that_never_arrives_under_mpiexec(mpi_job):
+    record = mpi_job(NEVER_ARRIVES, 3, env=MPI, limit=60)
     assert record["rc"] == 0, explain(record)
     for rank, results in enumerate(by_rank(record, 3)[:2]):
         got = results[0]
