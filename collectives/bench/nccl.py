@@ -339,3 +339,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     return bench_main(["--backend", "nccl", "--sizes", "1M,16M,256M,1G", "--algorithms",
                        "native,ring,ring_bidirectional,tree,recursive_doubling", *argv])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
