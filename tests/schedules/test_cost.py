@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from collectives.algorithms import capabilities, choose
+from collectives import calibration
 from collectives.algorithms import cost
 from collectives.algorithms.cost import Params, formula, predict, predict_bytes
 from collectives.algorithms.schedule import Plan, Recv, Region, Send, Step
@@ -213,22 +214,22 @@ def test_fit_recovers_known_parameters_from_noisy_timings():
         noise = lambda: 1 + 0.05 * rng.uniform(-1, 1)          # noqa: E731  (5%)
         pingpong = [(n, (true.alpha + true.beta * n) * noise()) for n in sizes]
         reductions = [(n, (3e-7 + true.gamma * n) * noise()) for n in sizes if n >= 4096]
-        got = cost.fit(pingpong, reductions)
+        got = calibration.fit(pingpong, reductions)
         for name in ("alpha", "beta", "gamma"):
             assert getattr(got, name) == pytest.approx(getattr(true, name), rel=0.10), name
 
 
 def test_fit_never_returns_negative_parameters():
     # timings that fall with size would give a negative β; latency-free ones a negative α
-    got = cost.fit([(8, 3e-6), (1 << 20, 1e-6)], [(4096, 1e-6), (1 << 20, 1e-6)])
+    got = calibration.fit([(8, 3e-6), (1 << 20, 1e-6)], [(4096, 1e-6), (1 << 20, 1e-6)])
     assert got.alpha >= 0 and got.beta >= 0 and got.gamma >= 0
-    got = cost.fit([(1000, 1e-7), (2000, 3e-7)], [(1000, 1e-7)])
+    got = calibration.fit([(1000, 1e-7), (2000, 3e-7)], [(1000, 1e-7)])
     assert got.alpha == 0.0 and got.beta > 0
-    assert cost.fit([], [], default=P) == P
+    assert calibration.fit([], [], default=P) == P
     with pytest.raises(ValueError, match="timings must be positive"):
-        cost.fit([(8, -1.0), (16, 1.0)], [(8, 1.0)])
+        calibration.fit([(8, -1.0), (16, 1.0)], [(8, 1.0)])
     with pytest.raises(ValueError, match="need ping-pong"):
-        cost.fit([], [(8, 1.0)])
+        calibration.fit([], [(8, 1.0)])
 
 
 # --- auto ---------------------------------------------------------------------------------------
@@ -376,8 +377,9 @@ def test_calibrate_gives_every_rank_the_same_fit(size):
     def rank(r):
         try:
             group = ProcessGroup(world.transport(r), backend="local", timeout=30)
-            results[r] = cost.calibrate(group, repeats=3, pingpong_bytes=(8, 4096, 1 << 18),
-                                        reduce_bytes=(1 << 16, 1 << 20))
+            results[r] = calibration.calibrate(group, repeats=3,
+                                               pingpong_bytes=(8, 4096, 1 << 18),
+                                               reduce_bytes=(1 << 16, 1 << 20))
         except BaseException as exc:        # surfaced below
             errors.append(exc)
             world.abort(repr(exc))
