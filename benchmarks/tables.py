@@ -1,6 +1,7 @@
 """Markdown tables for BENCHMARKS.md from ``bench.py --json`` files.
 
     python benchmarks/tables.py results/mpi_8ranks.json [more.json ...]
+    python benchmarks/tables.py --auto B.json [more.json ...]   # auto's time / best measured
 
 One table per collective: each size's p50 time of every algorithm as a ratio to the native
 baseline of the same run (native time / ours: above 1 is faster), the best of ours, and
@@ -97,6 +98,57 @@ def gpu_tables(path, data):
     return "\n".join(out)
 
 
+def _median(values):
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+
+
+def auto_table(path):
+    """auto's time / the best measured algorithm's at each (collective, size), each the median
+    over its rounds (``round_p50_us``; the pooled p50 without rounds), with the geometric
+    mean and the worst: how a tuning file (``--tuning``) holds up in a run it was not made
+    from."""
+    import math
+    data = json.load(open(path))
+    records, meta = data["records"], data.get("meta", {})
+    by = defaultdict(dict)
+    for r in records:
+        if r["algorithm"] == "native" or ":" in r["algorithm"] or r.get("wrong"):
+            continue
+        by[r["collective"], r["size"]][r["algorithm"]] = r
+    rounds = max((r.get("rounds", 1) for r in records), default=1)
+    sizes = sorted({s for _, s in by})
+    out = [f"`{path}`: {meta.get('backend', '?')}, {meta.get('world_size', '?')} ranks, "
+           f"medians over {rounds} rounds; auto's time / the best measured (auto's pick, "
+           f"the best if another)", "",
+           "| collective | " + " | ".join(size_label(s) for s in sizes) + " |",
+           "|---|" + "---|" * len(sizes)]
+    ratios = []
+    for collective in dict.fromkeys(c for c, _ in by):
+        cells = []
+        for size in sizes:
+            row = by.get((collective, size), {})
+            auto = row.get("auto")
+            times = {a: _median(r.get("round_p50_us") or [r["time_p50_us"]])
+                     for a, r in row.items()}
+            ours = {a: t for a, t in times.items() if a != "auto"}
+            if auto is None or not ours:
+                cells.append("–")
+                continue
+            best = min(ours, key=ours.get)
+            ratio = times["auto"] / ours[best]
+            ratios.append(ratio)
+            pick = auto.get("chosen", "?")
+            cells.append(f"{ratio:.2f} ({pick}{'' if pick == best else ' / ' + best})")
+        out.append(f"| {collective} | " + " | ".join(cells) + " |")
+    if ratios:
+        geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        out += ["", f"geometric mean {geo:.3f}, worst {max(ratios):.2f}, "
+                    f"{sum(r <= 1.10 for r in ratios)}/{len(ratios)} sizes within 1.10"]
+    return "\n".join(out)
+
+
 def _old_gpu_row(r):
     """A row of the GPU bench's former schema in the fields every backend writes now."""
     r = dict(r, time_p50_us=r["time_us"], ratio_to_native=r.get("vs_native"),
@@ -107,4 +159,7 @@ def _old_gpu_row(r):
 
 
 if __name__ == "__main__":
-    print("\n\n".join(tables(p) for p in sys.argv[1:]))
+    if sys.argv[1:2] == ["--auto"]:
+        print("\n\n".join(auto_table(p) for p in sys.argv[2:]))
+    else:
+        print("\n\n".join(tables(p) for p in sys.argv[1:]))

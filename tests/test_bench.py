@@ -271,3 +271,34 @@ def test_each_side_meets_at_its_own_barrier_over_sockets():
         _row_barrier(g, "ring")()
         _row_barrier(g, "native")()
         assert g.calls == [("barrier", ours), ("barrier", theirs)], transport
+
+
+def test_auto_table_takes_medians_over_rounds(tmp_path):
+    """``benchmarks/tables.py --auto``: auto's time over the best measured algorithm's at each
+    size, each the median of its rounds (a slow round of one row does not decide), with the
+    geometric mean and the worst; baselines, labelled variants and wrong rows are no
+    candidates."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("tables", os.path.join(ROOT, "benchmarks",
+                                                                         "tables.py"))
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+
+    def row(algorithm, size, rounds, **extra):
+        return {"collective": "all_reduce", "algorithm": algorithm, "size": size,
+                "round_p50_us": rounds, "time_p50_us": sum(rounds) / len(rounds),
+                "rounds": len(rounds), "wrong": 0, **extra}
+    records = [row("native", 4096, [10, 10, 10]),
+               row("ring", 4096, [100, 100, 900]),          # median 100 despite one slow round
+               row("tree", 4096, [120, 120, 120]),
+               row("ring:sendrecv", 4096, [50, 50, 50]),
+               row("auto", 4096, [110, 110, 110], chosen="tree"),
+               row("ring", 65536, [200, 200, 200]),
+               row("tree", 65536, [100, 100, 100], wrong=3),
+               row("auto", 65536, [200, 200, 200], chosen="ring")]
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps({"meta": {"backend": "socket", "world_size": 2},
+                                "records": records}))
+    text = tables.auto_table(str(path))
+    assert "| all_reduce | 1.10 (tree / ring) | 1.00 (ring) |" in text
+    assert "geometric mean 1.049, worst 1.10, 2/2 sizes within 1.10" in text
