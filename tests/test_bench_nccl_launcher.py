@@ -344,3 +344,89 @@ def test_by_hand_without_a_gpu_says_why(monkeypatch, capsys):
     monkeypatch.setattr(nccl_transport, "available", lambda: (False, "no CUDA device is visible"))
     assert bench.main(["--backend", "nccl", "--sizes", "1M"]) == 2
     assert "no CUDA device is visible" in capsys.readouterr().err
+
+
+class _OneRank:
+    """Host coordination of a job of one rank."""
+    rank, size = 0, 1
+
+    def sum(self, value):
+        return value
+
+    def max(self, value):
+        return value
+
+
+def _fake_torch(monkeypatch, ops):
+    """Just enough of a CUDA torch for SymmetricMemory: numpy buffers, ``ops`` as
+    torch.ops.symm_mem, a process group that is always there."""
+    class Buffer:
+        def __init__(self, count):
+            self.a = np.zeros(count, np.float32)
+
+        def copy_(self, source):
+            self.a[...] = source
+
+        def __ne__(self, other):
+            return self.a != other
+
+    cuda = types.SimpleNamespace(
+        is_available=lambda: True, set_device=lambda d: None, set_stream=lambda s: None,
+        ExternalStream=lambda ptr: types.SimpleNamespace(synchronize=lambda: None))
+    torch = types.ModuleType("torch")
+    torch.__version__ = "fake"
+    torch.cuda, torch.float32 = cuda, "float32"
+    torch.device = lambda *a: a
+    torch.from_dlpack = lambda array: array
+    torch.ops = types.SimpleNamespace(symm_mem=types.SimpleNamespace(**ops))
+    tdist = types.ModuleType("torch.distributed")
+    tdist.TCPStore = lambda *a, **k: types.SimpleNamespace(port=29999)
+    tdist.is_initialized = lambda: True
+    tdist.group = types.SimpleNamespace(WORLD=types.SimpleNamespace(group_name="0"))
+    tdist.destroy_process_group = lambda: None
+    symm = types.ModuleType("torch.distributed._symmetric_memory")
+    symm.empty = lambda count, dtype, device: Buffer(count)
+    symm.rendezvous = lambda buf, name: None
+    torch.distributed, tdist._symmetric_memory = tdist, symm
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=0))
+    for name, module in (("torch", torch), ("torch.distributed", tdist), ("cupy", cupy),
+                         ("torch.distributed._symmetric_memory", symm)):
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def test_symmetric_memory_rows_fail_soft(monkeypatch, capsys):
+    """torch without an op: no rows and one line naming it. With both ops, an op that refuses
+    a size is dropped at that size with one line; the other op's row stays and is checked.
+    A reduction they do not offer: no rows, one line."""
+    from collectives.bench.cases import Case
+    from collectives.bench.symmetric import SymmetricMemory
+    from collectives.ops import ReduceOp
+    group = types.SimpleNamespace(size=1, rank=0, transport=types.SimpleNamespace(device=0))
+    _fake_torch(monkeypatch, {"one_shot_all_reduce": lambda buf, op, name: buf.a.copy()})
+    assert SymmetricMemory.open(group, _OneRank()) == (
+        None, "RuntimeError: torch fake has no torch.ops.symm_mem.two_shot_all_reduce_")
+
+    def two_shot(buf, op, name):
+        raise ValueError("two-shot needs 16-byte aligned blocks")
+    _fake_torch(monkeypatch, {"one_shot_all_reduce": lambda buf, op, name: buf.a.copy(),
+                              "two_shot_all_reduce_": two_shot})
+    symmetric, why = SymmetricMemory.open(group, _OneRank())
+    assert why is None
+    dtype = np.dtype(np.float32)
+    case = Case("all_reduce", 0, 1, 5, dtype, ReduceOp.SUM)
+    rows = symmetric.entries(case, case.input, case.expected, 5, dtype, ReduceOp.SUM, _OneRank())
+    assert [r.algorithm for r in rows] == ["symm_mem:one_shot"]
+    rows[0].call()
+    assert rows[0].wrong() == 0
+    again = symmetric.entries(case, case.input, case.expected, 5, dtype, ReduceOp.SUM,
+                              _OneRank())
+    assert [r.algorithm for r in again] == ["symm_mem:one_shot"]
+    assert symmetric.entries(case, case.input, case.expected, 5, dtype, ReduceOp.MAX,
+                             _OneRank()) == []
+    lines = [line for line in capsys.readouterr().out.splitlines() if "symm_mem" in line]
+    assert lines == [
+        "# no symm_mem rows: symm_mem:two_shot at 5 elements: ValueError: two-shot needs "
+        "16-byte aligned blocks",
+        "# no symm_mem rows: they reduce with sum in float32, float16, bfloat16 only (this "
+        "run: max, float32)"]
