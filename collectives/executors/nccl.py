@@ -28,7 +28,7 @@ Two modes:
   waits for that one's event. So the reduction of segment k overlaps the transfer of segment
   k+1, and a send waits only for the kernels that wrote what it sends. Both ends of a pair
   must hold the same messages in each step (rounds interleave a step's messages to one peer
-  piece by piece): plans here are never windowed. ``tests/test_nccl_executor_fake.py`` checks
+  piece by piece): plans here are never windowed. ``tests/local/test_nccl_executor_fake.py`` checks
   this ordering on the CPU with streams as queues run in random dependency-respecting orders.
 
 **Graph replay** (``COLLECTIVES_NCCL_GRAPH=1``, in-order plans only): the host work of a call
