@@ -15,6 +15,7 @@ import collectives as dist
 from collectives.errors import CollectiveError, CollectiveTimeout
 from collectives.testing import spawn_local
 from mpiexec import needs_mpi
+from repo import HELPERS
 from reliability_jobs import explain, mpi_job, socket_job
 
 # -- tags ---------------------------------------------------------------------------------------
@@ -184,7 +185,7 @@ def test_wait_after_a_timeout_completes_with_the_data_local():
 
 
 WAIT_AGAIN_JOB = """
-sys.path.insert(0, os.environ["TESTS"])
+sys.path[:0] = [os.environ["TESTS"], os.environ["HELPERS_DIR"]]   # this module and its helpers
 from test_reliability_corruption import _wait_again
 dist.init_process_group(os.environ.get("BACKEND", "gloo"), timeout=30)
 rank = dist.get_rank()
@@ -192,7 +193,7 @@ import test_reliability_corruption as here
 here.short = dist.new_group([0, 1], timeout=0.3)
 report(rank=rank, got=_wait_again(rank))
 """
-TESTS = {"TESTS": os.path.dirname(os.path.abspath(__file__))}
+TESTS = {"TESTS": os.path.dirname(os.path.abspath(__file__)), "HELPERS_DIR": HELPERS}
 
 
 def _check_wait_again(results):
@@ -261,6 +262,9 @@ def test_mismatched_calls_of_equal_sizes_fail_every_rank_over_sockets(tmp_path, 
 def _mismatch_local(rank):
     x = np.full(10, 2, np.int32 if rank == 0 else np.float32)
     try:
+        # every rank past the group's making (its table agreement is a collective of its own);
+        # a rank still in the barrier when the mismatch aborts the job hears of it there
+        dist.barrier()
         dist.all_reduce(x, algorithm="ring")
     except CollectiveError as exc:
         return str(exc)
