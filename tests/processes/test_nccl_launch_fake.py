@@ -43,6 +43,10 @@ sys.modules.update(modules)
 # decision table's agreement (an all_gather when a group is made) has no fake to ride on.
 from collectives.group import ProcessGroup
 ProcessGroup._agree = lambda self, table: None
+# A real communicator returns once every rank has joined, so rank 0 may then delete the id
+# from the store; the fake returns at once, and the other rank could find the id gone.
+import collectives.transports.nccl as nccl_transport
+nccl_transport._forget_unique_id = lambda rank, world_size, store: None
 
 dist.init_process_group("nccl", timeout=30)
 rank, transport = dist.get_rank(), dist.group.WORLD.transport
