@@ -2,14 +2,17 @@
 rank's memory (a *push*), and ranks order themselves with flags instead of messages.
 
 Pure: the program is a table of integers that an executor runs; here it is only built (the
-peer-memory executor runs it on the GPU, ``tests`` run it on threads over host memory).
+peer-memory executor runs it on the GPU; ``tests/schedules/peer_model.py`` runs it on the CPU,
+every rank's workers interleaved at random over numpy arrays and flag words).
 
 The protocol, per call and rank (``epoch`` and ``delivered`` live in each rank's flag words,
 readable and writable by every rank of the group):
 
 * At the start of its step j a rank publishes ``epoch = ((call + 1) << 24) | j`` (never 0, the
-  flags' initial value): everything of its
-  steps before j is done, so the regions its step-j receives land in are free.
+  flags' initial value) into every rank's flags, so waiters poll their own memory: everything
+  of its steps before j is done, so the regions its step-j receives land in are free. It
+  publishes only where some sender waits: its first step, and steps with a receive that is
+  not eager (below).
 * A send of step j waits until the receiving rank's epoch reaches the step of the matching
   receive (its k-th receive from this rank, as its k-th send to it: messages between a pair
   match in order, as everywhere), writes the data into the receiver's region, and then
@@ -35,9 +38,12 @@ the sender does not wait for the receive to be posted, it writes into a slot of 
 receiver's inbox (one slot per message of the call, laid out alike on both sides from the
 receiver's plan) and the receiver copies the slot into its region when the message has
 arrived (``TAKE``). Each step then costs one hop between GPUs instead of a round trip. Inboxes
-alternate between two halves by call parity, so a slot is written again only two calls
-later: the sender first waits until the receiver has started the previous call (its epoch),
-which has almost always happened long before.
+alternate between two halves by call parity, at places that do not move between calls, so a
+slot is written again only two calls later: the sender first waits until the receiver has
+started the previous call (its epoch), which has almost always happened long before. Those of
+at most ``lines`` elements travel in flagged lines (``SEND_LL``/``TAKE_LL``): 4 data bytes and
+the call's flag in each 8-byte line, which the receiver polls itself, so they need neither a
+delivered word nor a fence.
 
 Where regions live: a receive writes into the receiver's memory, so every region any receive
 lands in must be in memory other ranks can write (the group's staging buffers). ``scratch``
