@@ -402,12 +402,3 @@ def clear_caches() -> None:
     """Forget cached predictions (after registering a schedule or changing parameters)."""
     _predict.cache_clear()
     estimate.cache_clear()
-
-
-def __getattr__(name):
-    # calibrate and fit moved to collectives.calibration (tools, not the run-time path); the
-    # bench's --calibrate still asks for them here
-    if name in ("calibrate", "fit"):
-        from .. import calibration
-        return getattr(calibration, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from .. import settings, tuning
+from .. import calibration, settings, tuning
 from ..algorithms import capabilities, cost
 from ..ops import ReduceOp
 from . import report
@@ -168,7 +168,7 @@ def calibrate_groups(groups, path: str, timeout: float):
     rank 0, point this process (``COLLECTIVES_TUNING``) at the file and rebuild the groups'
     decision tables from it."""
     def one(group):
-        params = cost.calibrate(group, timeout=timeout)
+        params = calibration.calibrate(group, timeout=timeout)
         if group.rank == 0:
             cost.save_params(path, group.transport.name, params)
         HostBench(group).host.barrier()          # the file exists before any rank reads it

@@ -78,6 +78,7 @@ from ..algorithms import lowered
 from ..algorithms.lowered import COMM, LOCAL, POST, Chain
 from ..algorithms.schedule import Copy, Plan
 from ..errors import TransportError
+from ..ops import REDUCING
 
 ENV_SEGMENT = settings.NCCL_SEGMENT_BYTES.name
 ENV_GRAPH = settings.NCCL_GRAPH.name
@@ -87,11 +88,10 @@ _UINT8 = 1                          # ncclUint8: transfers move bytes, whatever 
 _D2D = 3                            # cudaMemcpyDeviceToDevice
 
 
-# Collectives whose schedules reduce. The default segment size goes by the collective, never
-# by one rank's plan: both ends of a message must cut it alike, and in a tree all_reduce the
-# leaves' plans hold no reduction while their parents' do (deciding per plan, leaves sent whole
-# 256 MiB messages into 64 MiB receives: wrong data on 4 GPUs).
-REDUCING = frozenset({"all_reduce", "reduce_scatter", "reduce"})
+# The default segment size goes by the collective (ops.REDUCING), never by one rank's plan:
+# both ends of a message must cut it alike, and in a tree all_reduce the leaves' plans hold no
+# reduction while their parents' do (deciding per plan, leaves sent whole 256 MiB messages into
+# 64 MiB receives: wrong data on 4 GPUs).
 
 
 def segment_bytes(plan: Plan | None = None) -> int:
