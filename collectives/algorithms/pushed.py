@@ -134,8 +134,17 @@ def staged(plan: Plan) -> bool:
     return any(r.region.buffer == "output" for step in plan.steps for r in step.recvs)
 
 
+STEP_BITS = 24    # an epoch is (call + 1) << STEP_BITS | step
+
+
 def _lower(plan, plans, eager, lines):
     rank, size = plan.rank, plan.size
+    longest = max(len(other.steps) for other in plans)
+    if longest >= 1 << STEP_BITS:
+        # the step would spill into the call number and order one call's steps wrongly
+        raise ValueError(f"{plan.collective} ({plan.algorithm}) on rank {rank}: a plan of "
+                         f"{longest} steps does not fit the peer-memory epoch "
+                         f"(at most {(1 << STEP_BITS) - 1} steps)")
     for other in plans:
         for step in other.steps:
             for r in step.recvs:

@@ -62,6 +62,7 @@ typedef STORAGE S;
 #define DELIVERED_WORDS %(DELIVERED_WORDS)d
 #define MAX_BLOCKS %(MAX_BLOCKS)d
 #define WIDTH %(WIDTH)d
+#define STEP_BITS %(STEP_BITS)d
 #define OUTPUT %(OUTPUT)d
 
 /* Flag words between GPUs. FENCES 0: acquire loads and release stores at system scope;
@@ -231,7 +232,7 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
         case 1:   /* EPOCH: into every rank's SEEN word for this rank, so waits poll locally */
             if (blockIdx.x == 0 && threadIdx.x < size) {
                 u64* seen = (u64*)peer_flags[threadIdx.x] + SEEN_WORDS + rank;
-                release(seen, ((call + 1) << 24) | (u64)r[2]);
+                release(seen, ((call + 1) << STEP_BITS) | (u64)r[2]);
             }
             break;
         case 2:   /* PUSH (rendezvous) */
@@ -248,8 +249,8 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
                 const int peer = (int)q[2];
                 /* rendezvous: the receive is posted; eager: the slot's half is free (the
                    receiver started the previous call, so it is done with the one before) */
-                const u64 target = kind == 2 ? (((call + 1) << 24) | (u64)q[8])
-                                             : (call >= 2 ? call << 24 : 0);
+                const u64 target = kind == 2 ? (((call + 1) << STEP_BITS) | (u64)q[8])
+                                             : (call >= 2 ? call << STEP_BITS : 0);
                 if (target && !wait_for(c, flags + SEEN_WORDS + peer, target, step, peer))
                     stop = 1;
             }
@@ -326,7 +327,7 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
             const int m = j - i;
             for (int t = threadIdx.x; t < m; t += blockDim.x) {
                 const i64* q = code + (i64)(i + t) * WIDTH;
-                if (call >= 2 && !wait_for(c, flags + SEEN_WORDS + q[2], call << 24, step,
+                if (call >= 2 && !wait_for(c, flags + SEEN_WORDS + q[2], call << STEP_BITS, step,
                                            (int)q[2])) stop = 1;
             }
             __syncthreads();
@@ -468,7 +469,8 @@ def source(op, dtype, fences: int = 0) -> str:
     body = _SOURCE % dict(EPOCH_WORD=EPOCH_WORD, CALL_WORD=CALL_WORD, BARRIER_WORD=BARRIER_WORD,
                           ABORT_WORD=ABORT_WORD, GENERATION_WORD=GENERATION_WORD, SENT_WORDS=SENT_WORDS,
                           RECEIVED_WORDS=RECEIVED_WORDS, SEEN_WORDS=SEEN_WORDS, DELIVERED_WORDS=DELIVERED_WORDS,
-                          MAX_BLOCKS=MAX_BLOCKS, WIDTH=pushed.WIDTH, OUTPUT=pushed.OUTPUT,
+                          MAX_BLOCKS=MAX_BLOCKS, WIDTH=pushed.WIDTH, STEP_BITS=pushed.STEP_BITS,
+                          OUTPUT=pushed.OUTPUT,
                           THREADS=THREADS)
     return (f"#define FENCES {fences}\n" + body.replace("STORAGE", _STORAGE[dtype])
             .replace("COMBINE", _combine(op, dtype)))

@@ -109,10 +109,10 @@ class Group:
                 yield from self._barrier(rank, w, barriers, step, deadline)
             elif kind == EPOCH:
                 if w == 0:
-                    self.epoch[rank] = ((call + 1) << 24) | int(row[2])
+                    self.epoch[rank] = ((call + 1) << pushed.STEP_BITS) | int(row[2])
             elif kind == PUSH:
                 peer, sb, so, db, do, count, their_step, k = map(int, row[2:10])
-                target = ((call + 1) << 24) | their_step
+                target = ((call + 1) << pushed.STEP_BITS) | their_step
                 yield from wait(lambda: self.epoch[peer] >= target, step, peer,
                                 "its receive to be posted")
                 theirs = {OUTPUT: self.out[peer], SCRATCH: self.scratch[peer]}[db]
@@ -124,7 +124,7 @@ class Group:
                 self.delivered[peer, rank, w] = self.sent[rank, peer] + k + 1
             elif kind == SEND_LL:
                 peer, sb, so, slot, count, k = map(int, row[2:8])
-                target = (call << 24) if call >= 2 else 0
+                target = (call << pushed.STEP_BITS) if call >= 2 else 0
                 yield from wait(lambda: self.epoch[peer] >= target, step, peer,
                                 "the previous call")
                 theirs = self.inbox[peer][call & 1]
@@ -149,7 +149,7 @@ class Group:
                 peer, sb, so, slot, count, k = map(int, row[2:8])
                 # the slot's half was last used two calls ago: the peer must have started
                 # the previous call (so it is done with the one before)
-                target = (call << 24) if call >= 2 else 0
+                target = (call << pushed.STEP_BITS) if call >= 2 else 0
                 yield from wait(lambda: self.epoch[peer] >= target, step, peer,
                                 "the previous call")
                 theirs = self.inbox[peer][call & 1]

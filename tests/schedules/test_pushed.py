@@ -138,3 +138,10 @@ def test_share_covers_every_element_once():
             spans = [pushed.share(count, w, workers) for w in range(workers)]
             assert spans[0][0] == 0 and spans[-1][1] == count
             assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+
+
+def test_a_plan_too_long_for_the_epoch_is_refused(monkeypatch):
+    monkeypatch.setattr(pushed, "STEP_BITS", 2)        # 4 steps at most, instead of 2**24
+    plan = build_plan("all_reduce", "ring", 0, 4, 64)  # 6 steps
+    with pytest.raises(ValueError, match="does not fit the peer-memory epoch"):
+        pushed.lower(plan)
