@@ -107,6 +107,18 @@ __device__ __forceinline__ u64 now() {
     return t;
 }
 
+/* TRACE (tools/peer_trace.py): block 0's clock before each instruction of the latest call,
+   and the global timer at every call's entry and exit (64 calls kept). */
+#ifdef TRACE
+__device__ u64 trace_ops[4096];
+__device__ u64 trace_calls[128];
+#define MARK_OP(i) if (blockIdx.x == 0 && threadIdx.x == 0 && (i) < 4096) trace_ops[i] = clock64();
+#define MARK_CALL(call, at) if (blockIdx.x == 0 && threadIdx.x == 0) trace_calls[2 * ((call) %% 64) + (at)] = now();
+#else
+#define MARK_OP(i)
+#define MARK_CALL(call, at)
+#endif
+
 struct Ctx {
     u64* flags; const u64* peer_flags; int* error; int rank; int size; u64 deadline;
 };
@@ -220,11 +232,13 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
     __syncthreads();
     Ctx c = {flags, peer_flags, error, rank, size, deadline};
     const u64 call = flags[CALL_WORD];
+    MARK_CALL(call, 0)
     char* bases[4] = {in, out, scratch, caller_out};
     const i64 align = 16 / itemsize > 0 ? 16 / itemsize : 1;
     for (int i = 0; i < n && !stop; i++) {
         const i64* r = code + (i64)i * WIDTH;
         const int step = (int)r[1];
+        MARK_OP(i)
         switch ((int)r[0]) {
         case 0:   /* BARRIER */
             grid_barrier(c, step, &stop);
@@ -416,7 +430,10 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
     }
     /* The call's end: message tallies and the call number move on once every block is done
        (the next call's blocks read them at their start: kernels on one stream are ordered). */
+    MARK_OP(n)
     if (!stop) grid_barrier(c, -1, &stop);
+    MARK_OP(n + 1)
+    MARK_CALL(call, 1)
     if (!stop && blockIdx.x == 0 && threadIdx.x == 0) {
         for (int q = 0; q < size; q++) {
             flags[SENT_WORDS + q] += (u64)tallies[q];
@@ -459,8 +476,9 @@ def supported(op, dtype) -> bool:
                                    ReduceOp.MAX, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR))
 
 
-def source(op, dtype, fences: int = 0) -> str:
-    """The CUDA source for ``op`` on ``dtype`` (``op`` None: a program without reductions)."""
+def source(op, dtype, fences: int = 0, trace: bool = False) -> str:
+    """The CUDA source for ``op`` on ``dtype`` (``op`` None: a program without reductions);
+    ``trace``: with the timestamps ``tools/peer_trace.py`` reads."""
     from ..algorithms import pushed
     dtype = np.dtype(dtype)
     op = ReduceOp.SUM if op is None else ReduceOp.parse(op)
@@ -472,7 +490,7 @@ def source(op, dtype, fences: int = 0) -> str:
                           MAX_BLOCKS=MAX_BLOCKS, WIDTH=pushed.WIDTH, STEP_BITS=pushed.STEP_BITS,
                           OUTPUT=pushed.OUTPUT,
                           THREADS=THREADS)
-    return (f"#define FENCES {fences}\n" + body.replace("STORAGE", _STORAGE[dtype])
+    return (f"#define FENCES {fences}\n" + ("#define TRACE 1\n" if trace else "") + body.replace("STORAGE", _STORAGE[dtype])
             .replace("COMBINE", _combine(op, dtype)))
 
 

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# One device call on the GPUs of one host: the peer-memory trace, the GPU test suite and the
+# bench's GPU rows, each step's output under OUT.
+#   bash tools/session_gpu.sh OUT N_GPUS   (STEPS="trace suite bench check" picks steps)
+set -uo pipefail
+out=${1:?output folder}; n=${2:-2}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+mpi="mpiexec --allow-run-as-root --oversubscribe --bind-to none -x PYTHONPATH -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x PYTHONUNBUFFERED"
+nvidia-smi -L | tee "$out/gpus.txt"
+for step in ${STEPS:-trace suite bench}; do
+  start=$(date +%s)
+  case $step in
+    trace) timeout ${TRACE_SECONDS:-150} $mpi -n "$n" python3 tools/peer_trace.py ${TRACE_ARGS:-} 2>&1 | tee "$out/trace.txt" ;;
+    suite) COLLECTIVES_GPU_TEST_SECONDS=200 timeout 300 python3 -m pytest -m gpu tests/gpu -q -x 2>&1 | tail -30 | tee "$out/gpu_suite.txt" ;;
+    check) timeout ${CHECK_SECONDS:-200} $mpi -n "$n" python3 tools/peer_check.py ${CHECK_ARGS:-} 2>&1 | tee "$out/peer_check.txt" ;;
+    bench) timeout ${BENCH_SECONDS:-240} $mpi -n "$n" python3 benchmarks/bench.py --backend nccl --no-progress ${BENCH_ARGS:-} --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" ;;
+  esac
+  echo "== $step: exit ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s" | tee -a "$out/steps.txt"
+done
