@@ -219,7 +219,8 @@ PEER_EAGER_BYTES = declare("COLLECTIVES_PEER_EAGER_BYTES", byte_size, 1 << 20, G
 PEER_BLOCK_BYTES = declare("COLLECTIVES_PEER_BLOCK_BYTES", byte_size, 16 << 10, GROUP, "The peer-memory kernel runs one thread block per this many bytes of the call's largest message (up to COLLECTIVES_PEER_BLOCKS)", kind=_BYTES)
 PEER_FENCES = declare("COLLECTIVES_PEER_FENCES", choice("0", "1", "2"), "0", GROUP, "How the peer-memory kernel orders its flag words: 0 acquire/release at system scope, 1 relaxed with acq_rel fences, 2 volatile with __threadfence_system", kind="0, 1 or 2")
 PEER_LINE_BYTES = declare("COLLECTIVES_PEER_LINE_BYTES", byte_size, 64 << 10, GROUP, "Eager peer-memory messages up to this size travel in flagged lines (4 data bytes + a flag in 8; no fences, twice the bytes)", kind=_BYTES)
-PEER_BLOCKS = declare("COLLECTIVES_PEER_BLOCKS", integer(1), 64, GROUP, "Most thread blocks the peer-memory kernel runs a plan on (one per 64 KiB of the largest message)", kind="integer >= 1")
+PEER_BLOCKS = declare("COLLECTIVES_PEER_BLOCKS", integer(1), 64, GROUP, "Most thread blocks the peer-memory kernel runs a plan on (one per COLLECTIVES_PEER_BLOCK_BYTES of the largest message)", kind="integer >= 1")
+PEER_MAX_BYTES = declare("COLLECTIVES_PEER_MAX_BYTES", byte_size, 16 << 20, GROUP, "Calls whose largest message is bigger go over NCCL send/recv instead of peer memory, which stages the caller's output through its own memory (0: no limit)", kind=_BYTES)
 NCCL_P2P_CHUNKSIZE = declare("COLLECTIVES_NCCL_P2P_CHUNKSIZE", byte_size, 65536, GROUP, "NCCL_P2P_NVL_CHUNKSIZE set before the first communicator unless already set (0: NCCL's default)", kind=_BYTES)
 # -- building ----------------------------------------------------------------------------------
 MPI_INCLUDE = declare("COLLECTIVES_MPI_INCLUDE", text, "", BUILD, "Folder holding mpi.h for building the compiled executor (setup.py; `MPICC` or `mpicc -show` otherwise)", kind="path")

@@ -51,6 +51,29 @@ def conflict(first, second) -> bool:
     return _meet(writes_a, reads_b) or _meet(writes_a, writes_b) or _meet(reads_a, writes_b)
 
 
+INDEPENDENT, ALIKE, ACROSS = 0, 1, 2
+
+
+def ordering(first, second) -> int:
+    """How two accesses made by several workers at once, each moving its share of every
+    region (a share depending only on the region's count), must be ordered: INDEPENDENT (no
+    conflict); ALIKE, when every conflicting pair of regions is one region (same buffer,
+    offset and count), so each worker meets only its own share of it and needs only its own
+    order; ACROSS, when some element may be moved by one worker in one and by another worker
+    in the other, so every worker must finish the first before any starts the second."""
+    reads_a, writes_a = first
+    reads_b, writes_b = second
+    pairs = [(w, x) for w in writes_a for x in reads_b + writes_b] + \
+            [(r, w) for r in reads_a for w in writes_b]
+    found = INDEPENDENT
+    for a, b in pairs:
+        if a.overlaps(b):
+            if a != b:
+                return ACROSS
+            found = ALIKE
+    return found
+
+
 class Ranges:
     """Element ranges of one buffer, merged: how much of [lo, hi) they cover."""
 

@@ -60,11 +60,12 @@ from typing import NamedTuple
 import numpy as np
 
 from . import hazards
-from .schedule import Copy, Plan, buffer_sizes, build_plan
+from .schedule import Copy, Plan, Region, buffer_sizes, build_plan
 
 # Instruction kinds (column 0); column 1 is the plan step (-1: before the first, or after the
 # last) for error messages; the rest by kind:
-BARRIER = 0     # every worker of this rank has finished everything before it
+BARRIER = 0     # [2] 1: every worker of this rank has finished everything before it (grid);
+                # 0: the threads of each worker have (its own share, ``_Barriers``)
 EPOCH = 1       # publish epoch (call, step)                    [2]: step
 PUSH = 2        # [2] peer [3] src buffer [4] src offset [5] dst buffer (peer's) [6] dst offset
                 # [7] count [8] the peer's step to wait for [9] message number to that peer
@@ -79,7 +80,11 @@ TAKE = 7        # [2] peer [3] message number from that peer [4] dst buffer [5] 
 SEND_LL = 8     # eager in lines of 4 data bytes + a 4-byte flag (NCCL's LL protocol): the
                 # receiver polls the data itself, no delivered word, no fences; as SEND
 TAKE_LL = 9     # as TAKE, each line waited for by the thread that copies it
-WIDTH = 10
+REDUCE_LL = 10  # a receive in lines reduced as it is read: [2] peer [3] buffer to keep the data
+                # in (-1: not kept, nothing reads it) [4] its offset [5] slot [6] count [7] dst
+                # buffer [8] dst offset [9] other operand's buffer [10] its offset [11] 1 if
+                # the message is the reduction's first operand
+WIDTH = 12
 SLOT_ALIGN = 16  # elements: inbox slots start 16-byte aligned whatever the dtype
 
 # Buffers (what the executor passes): the caller's input, the plan's output (the caller's or
@@ -113,13 +118,16 @@ def plans_of(plan: Plan) -> list:
             for r in range(plan.size)]
 
 
-def lower(plan: Plan, eager: int = 0, lines: int = 0) -> Program:
+def lower(plan: Plan, eager: int = 0, lines: int = 0, seeded: bool = False) -> Program:
     """The push program of ``plan`` (cached on it); messages of at most ``eager`` elements go
     eagerly, those of at most ``lines`` elements in flagged lines (``SEND_LL``); every rank of
-    the call must pass the same values."""
+    the call must pass the same values. ``seeded`` (this rank's choice): output starts as a
+    copy of input, as an all_reduce or broadcast called out of place needs. The program
+    makes no such copy: it reads input wherever the plan reads output it has not written
+    yet, and copies at the end only what the plan never writes."""
     lines = min(lines, eager)
-    return plan.derived("_pushed", (eager, lines),
-                        lambda: _lower(plan, plans_of(plan), eager, lines))
+    return plan.derived("_pushed", (eager, lines, seeded),
+                        lambda: _lower(plan, plans_of(plan), eager, lines, seeded))
 
 
 def _output_count(plan):
@@ -129,15 +137,18 @@ def _output_count(plan):
     return buffer_sizes(plan.collective, plan.rank, plan.size, *plan.args)[1]
 
 
-def staged(plan: Plan) -> bool:
-    """Whether some receive of ``plan`` lands in output (then output is staged)."""
-    return any(r.region.buffer == "output" for step in plan.steps for r in step.recvs)
+def staged(plan: Plan, eager: int = 0) -> bool:
+    """Whether some rendezvous receive of ``plan`` (more than ``eager`` elements) lands in
+    output; then output is staged (a peer writes it). Eager receives land in the inbox and
+    are copied out by the receiver itself, so they can go straight to the caller's output."""
+    return any(r.region.buffer == "output" and r.region.count > eager
+               for step in plan.steps for r in step.recvs)
 
 
 STEP_BITS = 24    # an epoch is (call + 1) << STEP_BITS | step
 
 
-def _lower(plan, plans, eager, lines):
+def _lower(plan, plans, eager, lines, seeded):
     rank, size = plan.rank, plan.size
     longest = max(len(other.steps) for other in plans)
     if longest >= 1 << STEP_BITS:
@@ -179,18 +190,46 @@ def _lower(plan, plans, eager, lines):
 
     code = []
     emit = code.append
-    out_staged = staged(plan)
-    reads_first = _read_before_written(plan) if out_staged else []
-    for lo, hi in reads_first:                # the caller's output values, staged
+    order = _Barriers(emit)
+    out_staged = staged(plan, eager)
+    # The first epoch says only "this call has started" where no rendezvous receive lands in
+    # step 0: published before anything else, it needs no barrier.
+    early = 0 in waited and all(mine[r.peer, k] >= 0 for k, r in _numbered(plan.steps[0].recvs)) \
+        if plan.steps else False
+    if early:
+        emit((EPOCH, 0, 0, 1))
+    written = hazards.Ranges()                # output the plan has written so far
+
+    def read(region):
+        """The region to read for ``region`` (input where seeded output is not written)."""
+        if not seeded or region.buffer != "output":
+            return region
+        gaps = list(written.gaps(region.offset, region.end))
+        if gaps == [(region.offset, region.end)]:
+            return Region("input", region.offset, region.count)
+        for lo, hi in gaps:                   # partly written: the rest copied in first
+            copied = (Region("input", lo, hi - lo),), (Region("output", lo, hi - lo),)
+            order.before(copied, -1)
+            emit((COPY, -1, OUTPUT, lo, INPUT, lo, hi - lo))
+            written.add(lo, hi)
+        return region
+
+    def wrote(*regions):
+        for region in regions:
+            if region.buffer == "output":
+                written.add(region.offset, region.end)
+
+    for lo, hi in _read_before_written(plan) if out_staged and not seeded else []:
+        copied = Region("output", lo, hi - lo)       # the caller's output values, staged
+        order.before(((copied,), (copied,)), -1)
         emit((COPY, -1, OUTPUT, lo, CALLER_OUTPUT, lo, hi - lo))
     sent = [0] * size
     received = [0] * size
     for index, step in enumerate(plan.steps):
-        if code:
-            emit((BARRIER, index))
-        if index in waited:
+        if index in waited and not (index == 0 and early):
+            if code:                       # every worker is done with what the receives overwrite
+                order.grid(index)
             emit((EPOCH, index, index))
-        reads = []
         for s in step.sends:
             k = sent[s.peer]
             sent[s.peer] += 1
@@ -205,41 +244,64 @@ def _lower(plan, plans, eager, lines):
                                  f"{index + 1} sends {s.region.count} elements to rank "
                                  f"{s.peer}, whose step {their_step + 1} receives "
                                  f"{region.count}")
+            source = read(s.region)
+            order.before(((source,), ()), index)
             if slot >= 0:
                 emit((SEND_LL if s.region.count <= lines else SEND, index, s.peer,
-                      _BUFFER[s.region.buffer], s.region.offset, slot, s.region.count, k))
+                      _BUFFER[source.buffer], source.offset, slot, s.region.count, k))
             else:
-                emit((PUSH, index, s.peer, _BUFFER[s.region.buffer], s.region.offset,
+                emit((PUSH, index, s.peer, _BUFFER[source.buffer], source.offset,
                       _BUFFER[region.buffer], region.offset, s.region.count, their_step, k))
-            reads.append(hazards.access(s))
-        done = reads                       # accesses other workers may still be making
-        for r in step.recvs:
-            k = received[r.peer]
-            received[r.peer] += 1
+        taken = {}                         # local op position -> (receive, its slot): fused
+        for k, r in _numbered(step.recvs, received):
             slot = mine[r.peer, k]
+            at = _fused_at(step, r) if 0 <= slot and r.region.count <= lines else None
+            if at is not None:
+                taken[at] = (r, slot)
+                continue
+            order.before(hazards.access(r), index)
+            wrote(r.region)
             if slot >= 0:                  # each worker copies its share of the slot
                 emit((TAKE_LL if r.region.count <= lines else TAKE, index, r.peer, k,
                       _BUFFER[r.region.buffer], r.region.offset, slot, r.region.count))
-                done.append(hazards.access(r))
-            else:                          # every worker of the sender wrote its share
+            else:                          # the sender's worker of the same share wrote it
                 emit((ARRIVE, index, r.peer, k))
-        for op in step.local:
-            accessed = hazards.access(op)
-            if any(hazards.conflict(accessed, other) for other in done):
-                emit((BARRIER, index))
-                done = []
-            done.append(accessed)
+        for r in step.recvs:
+            received[r.peer] += 1
+        for position, op in enumerate(step.local):
+            if position in taken:          # the message reduced straight out of its lines
+                r, slot = taken[position]
+                first = op.a == r.region
+                other = read(op.b if first else op.a)
+                keep = r.region.buffer == "output" or _read_later(plan, index, position,
+                                                                   r.region)
+                order.before(((other,), (op.dst,) + ((r.region,) if keep else ())), index)
+                wrote(op.dst, r.region)
+                emit((REDUCE_LL, index, r.peer, _BUFFER[r.region.buffer] if keep else -1,
+                      r.region.offset, slot, op.dst.count, _BUFFER[op.dst.buffer],
+                      op.dst.offset, _BUFFER[other.buffer], other.offset, int(first)))
+                continue
             if isinstance(op, Copy):
+                src = read(op.src)
+                order.before(((src,), (op.dst,)), index)
                 emit((COPY, index, _BUFFER[op.dst.buffer], op.dst.offset,
-                      _BUFFER[op.src.buffer], op.src.offset, op.dst.count))
+                      _BUFFER[src.buffer], src.offset, op.dst.count))
             else:
+                a, b = read(op.a), read(op.b)
+                order.before(((a, b), (op.dst,)), index)
                 emit((REDUCE, index, _BUFFER[op.dst.buffer], op.dst.offset,
-                      _BUFFER[op.a.buffer], op.a.offset, _BUFFER[op.b.buffer], op.b.offset,
+                      _BUFFER[a.buffer], a.offset, _BUFFER[b.buffer], b.offset,
                       op.dst.count))
-    if out_staged:
-        emit((BARRIER, -1))
-        for lo, hi in _written(plan):
+            wrote(op.dst)
+    if out_staged:                            # what the plan (or a seeding copy) wrote
+        for lo, hi in list(zip(written.starts, written.ends)):
+            order.before(((Region("output", lo, hi - lo),), ()), -1)
             emit((COPY, -1, CALLER_OUTPUT, lo, OUTPUT, lo, hi - lo))
+    if seeded:                                # what the plan never wrote keeps input's values
+        for lo, hi in list(written.gaps(0, _output_count(plan))):
+            order.before(((Region("input", lo, hi - lo),),
+                          () if out_staged else (Region("output", lo, hi - lo),)), -1)
+            emit((COPY, -1, CALLER_OUTPUT if out_staged else OUTPUT, lo, INPUT, lo, hi - lo))
     for (src, dst), pairs in landing.items():
         if src == rank and len(pairs) != sent[dst]:
             raise ValueError(f"{plan.collective} ({plan.algorithm}): rank {dst} receives "
@@ -251,13 +313,103 @@ def _lower(plan, plans, eager, lines):
     table.flags.writeable = False
     largest = max((t.region.count for other in plans for step in other.steps
                    for t in step.sends), default=0)
-    outputs = [_staged_output(other) for other in plans]
+    outputs = [_staged_output(other, eager) for other in plans]
     return Program(table, out_staged, outputs[rank], plan.scratch, tuple(sent), tuple(received),
                    largest, max(outputs), max(other.scratch for other in plans), max(inboxes))
 
 
-def _staged_output(plan):
-    if not staged(plan):
+class _Barriers:
+    """Places barriers between the accesses of one rank's program. Every worker moves its
+    share of each region, and a share depends only on the region's count (``share``), so an
+    access that conflicts with an earlier one only on the very same region needs the
+    worker's own threads in order (a block barrier, column 2 = 0); one that conflicts on
+    elements another worker may have moved needs every worker done first (a grid barrier,
+    column 2 = 1). Grid barriers cost microseconds on a GPU, block barriers nanoseconds."""
+
+    KEPT = 64            # accesses remembered since the last grid barrier (bounds the scan)
+
+    def __init__(self, emit):
+        self.emit = emit
+        self.unordered = []          # accesses since the last barrier of either kind
+        self.apart = []              # since the last grid barrier
+
+    def before(self, accessed, step):
+        if len(self.apart) >= self.KEPT or any(
+                hazards.ordering(a, accessed) == hazards.ACROSS for a in self.apart):
+            self.grid(step)
+        elif any(hazards.ordering(a, accessed) for a in self.unordered):
+            self.emit((BARRIER, step, 0))
+            self.unordered = []
+        self.unordered.append(accessed)
+        self.apart.append(accessed)
+
+    def grid(self, step):
+        self.emit((BARRIER, step, 1))
+        self.unordered = []
+        self.apart = []
+
+
+def _numbered(recvs, received=None):
+    """(k, recv): each receive with its number among this call's receives from its peer."""
+    seen = {}
+    for r in recvs:
+        k = (received[r.peer] if received else 0) + seen.get(r.peer, 0)
+        seen[r.peer] = seen.get(r.peer, 0) + 1
+        yield k, r
+
+
+def _fused_at(step, recv):
+    """The position of the local op of ``step`` that can reduce ``recv`` straight out of its
+    flagged lines (``REDUCE_LL``), or None: the first op touching the received region must be
+    a Reduce reading exactly that region as one operand, its destination apart from it and
+    its other operand apart from every region the step receives."""
+    region = recv.region
+    for position, op in enumerate(step.local):
+        reads, writes = hazards.access(op)
+        if not any(region.overlaps(x) for x in reads + writes):
+            continue
+        if isinstance(op, Copy) or (op.a == region) == (op.b == region):
+            return None
+        other = op.b if op.a == region else op.a
+        if op.dst.overlaps(region) or any(other.overlaps(r.region) for r in step.recvs):
+            return None                    # (the other operand is no message of the step)
+        return position
+    return None
+
+
+def _read_later(plan, index, position, region):
+    """Whether anything after local op ``position`` of step ``index`` reads some element of
+    ``region`` before the plan writes it again (then a fused receive must keep the data)."""
+    written = hazards.Ranges()             # of region, since: those reads see new data
+
+    def reads(regions):
+        return any(r.overlaps(region) and
+                   next(written.gaps(max(r.offset, region.offset), min(r.end, region.end)),
+                        None) is not None for r in regions)
+
+    def overwrite(regions):
+        for r in regions:
+            if r.overlaps(region):
+                written.add(max(r.offset, region.offset), min(r.end, region.end))
+
+    for later, step in enumerate(plan.steps[index:], index):
+        ops = step.local[position + 1:] if later == index else step.local
+        if later > index:
+            if reads([s.region for s in step.sends]):
+                return True
+            overwrite([r.region for r in step.recvs])
+        for op in ops:
+            read, wrote = hazards.access(op)
+            if reads(read):
+                return True
+            overwrite(wrote)
+        if written.covered(region.offset, region.end) == region.count:
+            return False
+    return False
+
+
+def _staged_output(plan, eager):
+    if not staged(plan, eager):
         return 0
     end = max((region.end for step in plan.steps for region in _regions(step)
                if region.buffer == "output"), default=0)
@@ -298,15 +450,10 @@ def _read_before_written(plan):
     return list(zip(needed.starts, needed.ends))
 
 
-def _written(plan):
-    written = hazards.Ranges()
-    for step in plan.steps:
-        for region in [r.region for r in step.recvs] + [op.dst for op in step.local]:
-            if region.buffer == "output":
-                written.add(region.offset, region.end)
-    return list(zip(written.starts, written.ends))
-
-
-def share(count: int, worker: int, workers: int) -> tuple[int, int]:
-    """The [start, end) of ``count`` elements that worker ``worker`` of ``workers`` moves."""
-    return count * worker // workers, count * (worker + 1) // workers
+def share(count: int, worker: int, workers: int, align: int = 1) -> tuple[int, int]:
+    """The [start, end) of ``count`` elements that worker ``worker`` of ``workers`` moves,
+    boundaries at multiples of ``align`` (the kernel's: 16 bytes). It depends only on the
+    count, so two regions of one count split alike (what ``_Barriers`` relies on)."""
+    units = -(-count // align)
+    return (min(count, units * worker // workers * align),
+            min(count, units * (worker + 1) // workers * align))

@@ -32,7 +32,7 @@ THREADS = 512
 MAX_BLOCKS = 128          # delivered words per sender in a rank's flags
 
 # Flag words (uint64) of one rank; DELIVERED is [sender][block].
-EPOCH_WORD, CALL_WORD, BARRIER_WORD, ABORT_WORD, GENERATION_WORD = 0, 1, 2, 3, 4
+EPOCH_WORD, CALL_WORD, BARRIER_WORD, ABORT_WORD, GENERATION_WORD, EXIT_WORD = 0, 1, 2, 3, 4, 5
 SENT_WORDS, RECEIVED_WORDS, SEEN_WORDS, DELIVERED_WORDS = 256, 512, 768, 1024
 MAX_RANKS = 256
 FLAG_BYTES = (DELIVERED_WORDS + MAX_RANKS * MAX_BLOCKS) * 8
@@ -56,6 +56,7 @@ typedef STORAGE S;
 #define BARRIER_WORD %(BARRIER_WORD)d
 #define ABORT_WORD %(ABORT_WORD)d
 #define GENERATION_WORD %(GENERATION_WORD)d
+#define EXIT_WORD %(EXIT_WORD)d
 #define SENT_WORDS %(SENT_WORDS)d
 #define RECEIVED_WORDS %(RECEIVED_WORDS)d
 #define SEEN_WORDS %(SEEN_WORDS)d
@@ -133,10 +134,20 @@ __device__ void fail(const Ctx& c, int kind, int step, int peer) {
         if (q != c.rank) release((u64*)c.peer_flags[q] + ABORT_WORD, (u64)(c.rank + 1));
 }
 
-/* Spin until *p >= target. False when this call must stop (timeout here, or abort). */
-__device__ bool wait_for(const Ctx& c, const u64* p, u64 target, int step, int peer) {
+__device__ __forceinline__ u64 relaxed(const u64* p) {
+    u64 v;
+    asm volatile("ld.volatile.global.u64 %%0, [%%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* Spin until *p >= target. False when this call must stop (timeout here, or abort).
+   ``ordered``: what the writer released before the flag is read after it (an acquire); a
+   wait that only gates this rank's writes (an inbox half free again) polls relaxed, which
+   costs a microsecond less. */
+__device__ bool wait_for(const Ctx& c, const u64* p, u64 target, int step, int peer,
+                         bool ordered = true) {
     unsigned polls = 0;
-    while (acquire(p) < target) {
+    while ((ordered ? acquire(p) : relaxed(p)) < target) {
         if ((++polls & 255) == 0) {
             u64 aborted = acquire(c.flags + ABORT_WORD);
             if (aborted) {
@@ -149,7 +160,22 @@ __device__ bool wait_for(const Ctx& c, const u64* p, u64 target, int step, int p
             if (now() > c.deadline) { fail(c, 1, step, peer); return false; }
         }
     }
-    acquired();
+    if (ordered) acquired();
+    return true;
+}
+
+/* One flagged line: poll until it carries this call's flag (``v`` the first load, issued
+   early with the others). False when this call must stop. */
+__device__ __forceinline__ bool line_ready(const Ctx& c, const u64* p, u64* v, unsigned flag,
+                                           int step, int peer) {
+    unsigned polls = 0;
+    while ((unsigned)(*v >> 32) != flag) {
+        if ((++polls & 255) == 0) {
+            if (relaxed(c.flags + ABORT_WORD)) return false;
+            if (now() > c.deadline) { fail(c, 1, step, peer); return false; }
+        }
+        *v = relaxed(p);
+    }
     return true;
 }
 
@@ -197,11 +223,22 @@ __device__ __forceinline__ void share(i64 count, i64 align, i64* lo, i64* hi) {
     if (*hi > count) *hi = count;
 }
 
+/* Loops move UNROLL items per thread per round, every load issued before any store: a
+   thread's round pays one memory latency, not one per item. */
+#define UNROLL 4
+
 __device__ void copy_bytes(char* dst, const char* src, i64 n) {
     if ((((u64)dst | (u64)src) & 15) == 0) {
         i64 v = n >> 4;
         uint4* d = (uint4*)dst; const uint4* s = (const uint4*)src;
-        for (i64 i = threadIdx.x; i < v; i += blockDim.x) d[i] = s[i];
+        const i64 bd = blockDim.x;
+        for (i64 i = threadIdx.x; i < v; i += UNROLL * bd) {
+            uint4 t[UNROLL];
+#pragma unroll
+            for (int k = 0; k < UNROLL; k++) if (i + k * bd < v) t[k] = s[i + k * bd];
+#pragma unroll
+            for (int k = 0; k < UNROLL; k++) if (i + k * bd < v) d[i + k * bd] = t[k];
+        }
         for (i64 i = (v << 4) + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
     } else if ((((u64)dst | (u64)src) & 3) == 0) {
         i64 v = n >> 2;
@@ -217,6 +254,106 @@ __device__ __forceinline__ S combine(S a, S b) {
 COMBINE
 }
 
+/* Flagged lines carry 4 data bytes each: a unit is the elements of one line (PER of them)
+   or, for 8-byte elements, one element in two lines (LPU). Shares are in elements (16-byte
+   aligned, as every op's), so a line never straddles two workers. */
+#define PER (sizeof(S) <= 4 ? 4 / (int)sizeof(S) : 1)
+#define LPU (sizeof(S) == 8 ? 2 : 1)
+
+__device__ __forceinline__ S from_bits(u64 b) {
+    union { u64 u; S s; } x;
+    x.u = b;
+    return x.s;
+}
+__device__ __forceinline__ u64 to_bits(S s) {
+    union { u64 u; S s; } x;
+    x.u = 0;
+    x.s = s;
+    return x.u;
+}
+
+/* This worker's share of a message in lines out of the inbox at ``src``: each element
+   stored to ``dst`` (a TAKE_LL), or, with ``other``, combined with it into ``dst`` and kept
+   in ``keep`` when that is not null (a REDUCE_LL; ``first``: the message is the first
+   operand). False when this call must stop. */
+__device__ bool take_lines(const Ctx& c, const u64* src, i64 count, S* dst, const S* other,
+                           S* keep, bool first, unsigned flag, i64 align, int step, int peer) {
+    i64 lo, hi;
+    share(count, align, &lo, &hi);
+    const i64 bd = blockDim.x, u_hi = (hi + PER - 1) / PER;
+    for (i64 u0 = lo / PER + threadIdx.x; u0 < u_hi; u0 += UNROLL * bd) {
+        u64 v[UNROLL][LPU];
+        S o[UNROLL][PER];
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++) {
+            const i64 u = u0 + k * bd;
+            if (u >= u_hi) break;
+#pragma unroll
+            for (int l = 0; l < LPU; l++) v[k][l] = relaxed(src + u * LPU + l);
+            if (other)
+#pragma unroll
+                for (int j = 0; j < PER; j++) if (u * PER + j < hi) o[k][j] = other[u * PER + j];
+        }
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++) {
+            const i64 u = u0 + k * bd;
+            if (u >= u_hi) break;
+#pragma unroll
+            for (int l = 0; l < LPU; l++)
+                if (!line_ready(c, src + u * LPU + l, &v[k][l], flag, step, peer)) return false;
+            u64 bits = (v[k][0] & 0xffffffffULL);
+            if (LPU == 2) bits |= v[k][LPU - 1] << 32;
+#pragma unroll
+            for (int j = 0; j < PER; j++) {
+                const i64 e = u * PER + j;
+                if (e >= hi) break;
+                const S x = from_bits(bits >> (8 * sizeof(S) * j));
+                if (other) {
+                    dst[e] = first ? combine(x, o[k][j]) : combine(o[k][j], x);
+                    if (keep) keep[e] = x;
+                } else {
+                    dst[e] = x;
+                }
+            }
+        }
+    }
+    return true;
+}
+
+/* This worker's share of ``count`` elements at ``src`` into the peer's inbox at ``dst`` as
+   flagged lines. */
+__device__ void send_lines(u64* dst, const S* src, i64 count, u64 flag, i64 align) {
+    i64 lo, hi;
+    share(count, align, &lo, &hi);
+    const i64 bd = blockDim.x, u_hi = (hi + PER - 1) / PER;
+    for (i64 u0 = lo / PER + threadIdx.x; u0 < u_hi; u0 += UNROLL * bd) {
+        u64 bits[UNROLL];
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++) {
+            const i64 u = u0 + k * bd;
+            bits[k] = 0;
+            if (u >= u_hi) continue;
+#pragma unroll
+            for (int j = 0; j < PER; j++) {
+                const i64 e = u * PER + j;
+                if (e >= hi) break;
+                bits[k] |= to_bits(src[e]) << (8 * sizeof(S) * j);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++) {
+            const i64 u = u0 + k * bd;
+            if (u >= u_hi) break;
+#pragma unroll
+            for (int l = 0; l < LPU; l++) {
+                const u64 data = (bits[k] >> (32 * l)) & 0xffffffffULL;
+                asm volatile("st.volatile.global.u64 [%%0], %%1;" :: "l"(dst + u * LPU + l),
+                             "l"(flag | data) : "memory");
+            }
+        }
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(%(THREADS)d)
 run_program(const i64* code, int n, const i64* tallies, char* in, char* out, char* scratch,
             char* caller_out, const u64* peer_data, const u64* peer_flags, u64 scratch_at,
@@ -227,7 +364,7 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
     if (threadIdx.x == 0) {
         stop = 0;
         deadline = now() + timeout_ns;
-        if (acquire(flags + ABORT_WORD)) stop = 1;   /* an earlier call failed: do nothing */
+        if (relaxed(flags + ABORT_WORD)) stop = 1;   /* an earlier call failed: do nothing */
     }
     __syncthreads();
     Ctx c = {flags, peer_flags, error, rank, size, deadline};
@@ -240,13 +377,21 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
         const int step = (int)r[1];
         MARK_OP(i)
         switch ((int)r[0]) {
-        case 0:   /* BARRIER */
-            grid_barrier(c, step, &stop);
+        case 0:   /* BARRIER: every block (a grid barrier) or this block's threads */
+            if (r[2]) grid_barrier(c, step, &stop);
+            else __syncthreads();
             break;
-        case 1:   /* EPOCH: into every rank's SEEN word for this rank, so waits poll locally */
+        case 1:   /* EPOCH: into every rank's SEEN word for this rank, so waits poll locally.
+                     The call's first, before anything (r[3]): nothing of this call to
+                     order before it (the previous kernel is complete), a plain store. */
             if (blockIdx.x == 0 && threadIdx.x < size) {
                 u64* seen = (u64*)peer_flags[threadIdx.x] + SEEN_WORDS + rank;
-                release(seen, ((call + 1) << STEP_BITS) | (u64)r[2]);
+                const u64 epoch = ((call + 1) << STEP_BITS) | (u64)r[2];
+                if (r[3])
+                    asm volatile("st.volatile.global.u64 [%%0], %%1;" :: "l"(seen), "l"(epoch)
+                                 : "memory");
+                else
+                    release(seen, epoch);
             }
             break;
         case 2:   /* PUSH (rendezvous) */
@@ -265,7 +410,8 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
                    receiver started the previous call, so it is done with the one before) */
                 const u64 target = kind == 2 ? (((call + 1) << STEP_BITS) | (u64)q[8])
                                              : (call >= 2 ? call << STEP_BITS : 0);
-                if (target && !wait_for(c, flags + SEEN_WORDS + peer, target, step, peer))
+                if (target && !wait_for(c, flags + SEEN_WORDS + peer, target, step, peer,
+                                        kind == 2))
                     stop = 1;
             }
             __syncthreads();
@@ -305,18 +451,17 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
             i = j - 1;
             break;
         }
-        case 3:   /* ARRIVE (rendezvous): every block of the sender delivered its share */
+        case 3:   /* ARRIVE (rendezvous): the sender's block of the same share delivered it */
         case 7: { /* TAKE (eager): the same, then this block's share copied out of the slot */
             const int kind = (int)r[0];
             int j = i + 1;
             while (j < n && code[(i64)j * WIDTH] == kind && code[(i64)j * WIDTH + 1] == r[1]) j++;
             const int m = j - i;
-            for (int t = threadIdx.x; t < m * (int)gridDim.x; t += blockDim.x) {
-                const i64* q = code + (i64)(i + t / gridDim.x) * WIDTH;
+            for (int t = threadIdx.x; t < m; t += blockDim.x) {
+                const i64* q = code + (i64)(i + t) * WIDTH;
                 const int peer = (int)q[2];
                 const u64 target = flags[RECEIVED_WORDS + peer] + (u64)q[3] + 1;
-                const u64* word = flags + DELIVERED_WORDS + (u64)peer * MAX_BLOCKS
-                                  + t %% gridDim.x;
+                const u64* word = flags + DELIVERED_WORDS + (u64)peer * MAX_BLOCKS + blockIdx.x;
                 if (!wait_for(c, word, target, step, peer)) stop = 1;
             }
             __syncthreads();
@@ -342,71 +487,32 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
             for (int t = threadIdx.x; t < m; t += blockDim.x) {
                 const i64* q = code + (i64)(i + t) * WIDTH;
                 if (call >= 2 && !wait_for(c, flags + SEEN_WORDS + q[2], call << STEP_BITS, step,
-                                           (int)q[2])) stop = 1;
+                                           (int)q[2], false)) stop = 1;
             }
             __syncthreads();
             if (stop) break;
-            const u64 flag = (u64)(unsigned)(call + 1) << 32;
             for (int k = i; k < j; k++) {
                 const i64* q = code + (i64)k * WIDTH;
-                const i64 bytes = q[6] * itemsize, lines = (bytes + 3) / 4;
-                i64 lo, hi;
-                share(lines, 1, &lo, &hi);
-                const unsigned char* src = (const unsigned char*)(bases[q[3]] + q[4] * itemsize);
-                u64* dst = (u64*)((char*)peer_inbox[q[2]] + (call & 1) * inbox_half
-                                  + q[5] * itemsize);
-                const bool words = (((u64)src) & 3) == 0;
-                for (i64 l = lo + threadIdx.x; l < hi; l += blockDim.x) {
-                    unsigned data = 0;
-                    if (words && 4 * l + 4 <= bytes) {
-                        data = ((const unsigned*)src)[l];
-                    } else {
-                        for (int b = 0; b < 4 && 4 * l + b < bytes; b++)
-                            data |= (unsigned)src[4 * l + b] << (8 * b);
-                    }
-                    asm volatile("st.volatile.global.u64 [%%0], %%1;" :: "l"(dst + l),
-                                 "l"(flag | data) : "memory");
-                }
+                send_lines((u64*)((char*)peer_inbox[q[2]] + (call & 1) * inbox_half
+                                  + q[5] * itemsize),
+                           (const S*)bases[q[3]] + q[4], q[6], (u64)(unsigned)(call + 1) << 32,
+                           align);
             }
             i = j - 1;
             break;
         }
-        case 9: { /* TAKE_LL: each line waited for by the thread that copies it */
-            const u64 flag = (u64)(unsigned)(call + 1);
-            for (int k = i; k < n && code[(i64)k * WIDTH] == 9 && code[(i64)k * WIDTH + 1] == r[1];
-                 k++) {
-                const i64* q = code + (i64)k * WIDTH;
-                const i64 bytes = q[7] * itemsize, lines = (bytes + 3) / 4;
-                i64 lo, hi;
-                share(lines, 1, &lo, &hi);
-                const u64* src = (const u64*)((const char*)peer_inbox[rank]
-                                              + (call & 1) * inbox_half + q[6] * itemsize);
-                unsigned char* dst = (unsigned char*)(bases[q[4]] + q[5] * itemsize);
-                const bool words = (((u64)dst) & 3) == 0;
-                for (i64 l = lo + threadIdx.x; l < hi && !stop; l += blockDim.x) {
-                    u64 v;
-                    unsigned polls = 0;
-                    while (true) {
-                        asm volatile("ld.volatile.global.u64 %%0, [%%1];" : "=l"(v)
-                                     : "l"(src + l) : "memory");
-                        if ((v >> 32) == flag) break;
-                        if ((++polls & 255) == 0) {
-                            if (acquire(c.flags + ABORT_WORD)) { stop = 1; break; }
-                            if (now() > c.deadline) { fail(c, 1, step, (int)q[2]); stop = 1; break; }
-                        }
-                    }
-                    if (stop) break;
-                    const unsigned data = (unsigned)v;
-                    if (words && 4 * l + 4 <= bytes) {
-                        ((unsigned*)dst)[l] = data;
-                    } else {
-                        for (int b = 0; b < 4 && 4 * l + b < bytes; b++)
-                            dst[4 * l + b] = (unsigned char)(data >> (8 * b));
-                    }
-                }
-                i = k;
-            }
-            __syncthreads();
+        case 9:   /* TAKE_LL: each line waited for by the thread that copies it */
+        case 10: {/* REDUCE_LL: each line waited for and reduced by the thread that reads it */
+            const i64 slot = r[0] == 9 ? r[6] : r[5];
+            const u64* src = (const u64*)((const char*)peer_inbox[rank] + (call & 1) * inbox_half
+                                          + slot * itemsize);
+            const bool ok = r[0] == 9
+                ? take_lines(c, src, r[7], (S*)bases[r[4]] + r[5], nullptr, nullptr, false,
+                             (unsigned)(call + 1), align, step, (int)r[2])
+                : take_lines(c, src, r[6], (S*)bases[r[7]] + r[8], (const S*)bases[r[9]] + r[10],
+                             r[3] < 0 ? nullptr : (S*)bases[r[3]] + r[4], r[11] != 0,
+                             (unsigned)(call + 1), align, step, (int)r[2]);
+            if (!ok) stop = 1;
             break;
         }
         case 4: { /* COPY */
@@ -423,24 +529,38 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
             S* dst = (S*)bases[r[2]] + r[3];
             const S* a = (const S*)bases[r[4]] + r[5];
             const S* b = (const S*)bases[r[6]] + r[7];
-            for (i64 e = lo + threadIdx.x; e < hi; e += blockDim.x) dst[e] = combine(a[e], b[e]);
+            const i64 bd = blockDim.x;
+            for (i64 e = lo + threadIdx.x; e < hi; e += UNROLL * bd) {
+                S x[UNROLL], y[UNROLL];
+#pragma unroll
+                for (int k = 0; k < UNROLL; k++)
+                    if (e + k * bd < hi) { x[k] = a[e + k * bd]; y[k] = b[e + k * bd]; }
+#pragma unroll
+                for (int k = 0; k < UNROLL; k++)
+                    if (e + k * bd < hi) dst[e + k * bd] = combine(x[k], y[k]);
+            }
             break;
         }
         }
     }
-    /* The call's end: message tallies and the call number move on once every block is done
-       (the next call's blocks read them at their start: kernels on one stream are ordered). */
+    /* The call's end: the last block to finish moves the message tallies and the call
+       number on (the others have read them for the last time; the next kernel on this
+       stream starts after all of them). No block waits for another. */
     MARK_OP(n)
-    if (!stop) grid_barrier(c, -1, &stop);
+    __syncthreads();
     MARK_OP(n + 1)
     MARK_CALL(call, 1)
-    if (!stop && blockIdx.x == 0 && threadIdx.x == 0) {
-        for (int q = 0; q < size; q++) {
-            flags[SENT_WORDS + q] += (u64)tallies[q];
-            flags[RECEIVED_WORDS + q] += (u64)tallies[size + q];
-        }
-        flags[CALL_WORD] = call + 1;
+    if (!stop && threadIdx.x == 0) {
         __threadfence();
+        if (atomicAdd(flags + EXIT_WORD, 1ULL) == gridDim.x - 1) {
+            flags[EXIT_WORD] = 0;
+            for (int q = 0; q < size; q++) {
+                flags[SENT_WORDS + q] += (u64)tallies[q];
+                flags[RECEIVED_WORDS + q] += (u64)tallies[size + q];
+            }
+            flags[CALL_WORD] = call + 1;
+            __threadfence();
+        }
     }
 }
 """
@@ -485,7 +605,7 @@ def source(op, dtype, fences: int = 0, trace: bool = False) -> str:
     if op == ReduceOp.AVG:
         op = ReduceOp.SUM
     body = _SOURCE % dict(EPOCH_WORD=EPOCH_WORD, CALL_WORD=CALL_WORD, BARRIER_WORD=BARRIER_WORD,
-                          ABORT_WORD=ABORT_WORD, GENERATION_WORD=GENERATION_WORD, SENT_WORDS=SENT_WORDS,
+                          ABORT_WORD=ABORT_WORD, GENERATION_WORD=GENERATION_WORD, EXIT_WORD=EXIT_WORD, SENT_WORDS=SENT_WORDS,
                           RECEIVED_WORDS=RECEIVED_WORDS, SEEN_WORDS=SEEN_WORDS, DELIVERED_WORDS=DELIVERED_WORDS,
                           MAX_BLOCKS=MAX_BLOCKS, WIDTH=pushed.WIDTH, STEP_BITS=pushed.STEP_BITS,
                           OUTPUT=pushed.OUTPUT,

@@ -16,9 +16,9 @@ import random
 import numpy as np
 
 from collectives.algorithms import pushed
-from collectives.algorithms.pushed import (ARRIVE, BARRIER, COPY, EPOCH, PUSH, REDUCE, SEND,
-                                           SEND_LL, TAKE, TAKE_LL, INPUT, OUTPUT, SCRATCH,
-                                           CALLER_OUTPUT)
+from collectives.algorithms.pushed import (ARRIVE, BARRIER, COPY, EPOCH, PUSH, REDUCE,
+                                           REDUCE_LL, SEND, SEND_LL, TAKE, TAKE_LL, INPUT,
+                                           OUTPUT, SCRATCH, CALLER_OUTPUT)
 
 
 class Stuck(RuntimeError):
@@ -30,8 +30,8 @@ class Stuck(RuntimeError):
 class Group:
     """Flags and staging memory of ``size`` ranks, kept across calls (as the GPU's are)."""
 
-    def __init__(self, size, workers, staging=1 << 16, seed=0):
-        self.size, self.workers = size, workers
+    def __init__(self, size, workers, staging=1 << 16, seed=0, align=1):
+        self.size, self.workers, self.align = size, workers, align
         self.epoch = [0] * size
         self.delivered = np.zeros((size, size, workers), np.int64)   # [dst, src, worker]
         self.sent = np.zeros((size, size), np.int64)                 # [rank, peer]
@@ -45,11 +45,12 @@ class Group:
         self.line_flags = [[np.zeros(staging, np.int64) for _ in (0, 1)] for _ in range(size)]
 
     def run(self, calls, reduce=np.add, *, piece=3, deadline=100000, absent=(), eager=0,
-            lines=0):
+            lines=0, seeded=False):
         """Several calls, each a list ``[(plan, input, output)]`` of one entry per rank
         (arrays float64 or None). A rank starts its next call when it has finished the
         previous one, whatever the others do (as kernels on one stream). Ranks in ``absent``
-        never start (a dead rank)."""
+        never start (a dead rank). ``seeded``: all_reduce and broadcast calls that pass an
+        input run the program that reads it instead of copying it into output first."""
         barriers = [[0] * self.workers for _ in range(self.size)]
         running = []
         for rank in range(self.size):
@@ -58,7 +59,7 @@ class Group:
             mine = [call[rank] for call in calls]
             for w in range(self.workers):
                 running.append(self._worker(rank, w, mine, reduce, piece, barriers, deadline,
-                                            eager, lines))
+                                            eager, lines, seeded))
         while running:
             worker = self.random.choice(running)
             try:
@@ -76,9 +77,11 @@ class Group:
                 raise Stuck(rank, step, rank, "its own workers")
             yield
 
-    def _worker(self, rank, w, calls, reduce, piece, barriers, deadline, eager, lines):
+    def _worker(self, rank, w, calls, reduce, piece, barriers, deadline, eager, lines,
+                seeded):
         for plan, input, output in calls:
-            program = pushed.lower(plan, eager, lines)
+            program = pushed.lower(plan, eager, lines, seeded and input is not None and
+                                   plan.collective in ("all_reduce", "broadcast"))
             yield from self._call(rank, w, program, input, output, reduce, piece, barriers,
                                   deadline)
             # the kernel's end: bookkeeping once every worker is done, before the next call
@@ -92,6 +95,9 @@ class Group:
     def _call(self, rank, w, program, input, output, reduce, piece, barriers, deadline):
         workers = self.workers
         call = self.calls[rank]
+
+        def share(count):                    # as the kernel's: alike for alike counts
+            return pushed.share(count, w, workers, self.align)
         mine = {INPUT: input, CALLER_OUTPUT: output, SCRATCH: self.scratch[rank],
                 OUTPUT: self.out[rank] if program.output_staged else output}
 
@@ -105,8 +111,9 @@ class Group:
 
         for row in program.code:
             kind, step = int(row[0]), int(row[1])
-            if kind == BARRIER:
-                yield from self._barrier(rank, w, barriers, step, deadline)
+            if kind == BARRIER:              # a block barrier orders nothing here: a worker
+                if row[2]:                   # is one sequence
+                    yield from self._barrier(rank, w, barriers, step, deadline)
             elif kind == EPOCH:
                 if w == 0:
                     self.epoch[rank] = ((call + 1) << pushed.STEP_BITS) | int(row[2])
@@ -116,7 +123,7 @@ class Group:
                 yield from wait(lambda: self.epoch[peer] >= target, step, peer,
                                 "its receive to be posted")
                 theirs = {OUTPUT: self.out[peer], SCRATCH: self.scratch[peer]}[db]
-                lo, hi = pushed.share(count, w, workers)
+                lo, hi = share(count)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
                     theirs[do + a:do + b] = mine[sb][so + a:so + b]
@@ -129,7 +136,7 @@ class Group:
                                 "the previous call")
                 theirs = self.inbox[peer][call & 1]
                 flags = self.line_flags[peer][call & 1]
-                lo, hi = pushed.share(count, w, workers)
+                lo, hi = share(count)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
                     theirs[slot + a:slot + b] = mine[sb][so + a:so + b]
@@ -139,7 +146,7 @@ class Group:
                 peer, k, db, do, slot, count = map(int, row[2:8])
                 inbox = self.inbox[rank][call & 1]
                 flags = self.line_flags[rank][call & 1]
-                lo, hi = pushed.share(count, w, workers)
+                lo, hi = share(count)
                 for a in range(lo, hi, piece):          # each piece as soon as it is there
                     b = min(hi, a + piece)
                     yield from wait(lambda: (flags[slot + a:slot + b] == call + 1).all(), step,
@@ -153,7 +160,7 @@ class Group:
                 yield from wait(lambda: self.epoch[peer] >= target, step, peer,
                                 "the previous call")
                 theirs = self.inbox[peer][call & 1]
-                lo, hi = pushed.share(count, w, workers)
+                lo, hi = share(count)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
                     theirs[slot + a:slot + b] = mine[sb][so + a:so + b]
@@ -162,10 +169,10 @@ class Group:
             elif kind == TAKE:
                 peer, k, db, do, slot, count = map(int, row[2:8])
                 target = self.received[rank, peer] + k + 1
-                yield from wait(lambda: self.delivered[rank, peer].min() >= target, step, peer,
+                yield from wait(lambda: self.delivered[rank, peer, w] >= target, step, peer,
                                 "its message")
                 inbox = self.inbox[rank][call & 1]
-                lo, hi = pushed.share(count, w, workers)
+                lo, hi = share(count)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
                     mine[db][do + a:do + b] = inbox[slot + a:slot + b]
@@ -173,18 +180,32 @@ class Group:
             elif kind == ARRIVE:
                 peer, k = int(row[2]), int(row[3])
                 target = self.received[rank, peer] + k + 1
-                yield from wait(lambda: self.delivered[rank, peer].min() >= target, step, peer,
+                yield from wait(lambda: self.delivered[rank, peer, w] >= target, step, peer,
                                 "its message")
+            elif kind == REDUCE_LL:
+                peer, kb, ko, slot, count, db, do, ob, oo, first = map(int, row[2:12])
+                inbox = self.inbox[rank][call & 1]
+                flags = self.line_flags[rank][call & 1]
+                lo, hi = share(count)
+                for a in range(lo, hi, piece):
+                    b = min(hi, a + piece)
+                    yield from wait(lambda: (flags[slot + a:slot + b] == call + 1).all(), step,
+                                    peer, "its message")
+                    line, other = inbox[slot + a:slot + b].copy(), mine[ob][oo + a:oo + b]
+                    mine[db][do + a:do + b] = reduce(line, other) if first else \
+                        reduce(other, line)
+                    if kb >= 0:
+                        mine[kb][ko + a:ko + b] = line
             elif kind == COPY:
                 db, do, sb, so, count = map(int, row[2:7])
-                lo, hi = pushed.share(count, w, workers)
+                lo, hi = share(count)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
                     mine[db][do + a:do + b] = mine[sb][so + a:so + b]
                     yield
             elif kind == REDUCE:
                 db, do, ab, ao, bb, bo, count = map(int, row[2:9])
-                lo, hi = pushed.share(count, w, workers)
+                lo, hi = share(count)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
                     mine[db][do + a:do + b] = reduce(mine[ab][ao + a:ao + b],

@@ -94,6 +94,63 @@ def test_workers_and_interleavings(workers):
             _check("all_reduce", 4, 37, 0, inputs, outputs)
 
 
+def _seeded_call(collective, algorithm, p, counts, root, seed):
+    """An out-of-place call whose output starts as garbage: the program must read input."""
+    rng = np.random.default_rng(seed)
+    entries, inputs, outputs = [], [], []
+    for r in range(p):
+        plan = build_plan(collective, algorithm, r, p, *plan_args(collective, p, counts, root))
+        data = rng.integers(-50, 50, counts).astype(np.float64)
+        out = np.full(counts, np.nan)
+        entries.append((plan, data, out))
+        inputs.append(data)
+        outputs.append(out)
+    return entries, inputs, outputs
+
+
+@pytest.mark.parametrize("collective,algorithm",
+                         [c for c in CASES if c[0] in ("all_reduce", "broadcast")])
+@pytest.mark.parametrize("p,eager,lines", [(2, 0, 0), (3, 40, 40), (4, 1 << 20, 7), (8, 9, 9)])
+def test_seeded_programs_read_input_and_shares_align(collective, algorithm, p, eager, lines):
+    """Out of place, output not pre-filled: unwritten output is read from input and what the
+    plan never writes copied at the end; workers' shares rounded as the kernel's (align)."""
+    group = Group(p, workers=3, seed=p, align=4)
+    for n in (1, 2 * p + 3, 64 * p + 5):
+        calls = [_seeded_call(collective, algorithm, p, n, (n + 1) % p, seed)
+                 for seed in range(3)]
+        group.run([c[0] for c in calls], eager=eager, lines=lines, seeded=True)
+        for _, inputs, outputs in calls:
+            _check(collective, p, n, (n + 1) % p, inputs, outputs)
+
+
+def _kinds(program):
+    return [(int(row[0]), int(row[2])) for row in program.code]
+
+
+def test_workers_meet_only_where_their_shares_differ():
+    """Equal chunks: each worker's share of a chunk is the same in every step, so a ring
+    all_reduce sent eagerly needs no grid barrier; uneven chunks do. Rendezvous needs one
+    before each epoch (every worker done with what the receive overwrites)."""
+    plan = build_plan("all_reduce", "ring", 0, 4, 4096)
+    for lines in (0, 4096):
+        assert (pushed.BARRIER, 1) not in _kinds(pushed.lower(plan, 4096, lines))
+    assert (pushed.BARRIER, 1) in _kinds(pushed.lower(build_plan("all_reduce", "ring", 0, 4,
+                                                                 4099), 4096, 0))
+    program = pushed.lower(plan, 0, 0)            # and one before the staged output's copy-out
+    epochs = sum(1 for row in program.code if row[0] == pushed.EPOCH)
+    assert _kinds(program).count((pushed.BARRIER, 1)) <= epochs + 1
+
+
+def test_messages_in_lines_are_reduced_as_they_are_read():
+    plan = build_plan("all_reduce", "direct", 0, 4, 1024)
+    program = pushed.lower(plan, 1024, 1024, seeded=True)
+    kinds = [kind for kind, _ in _kinds(program)]
+    assert kinds.count(pushed.REDUCE_LL) == 3 and pushed.TAKE_LL not in kinds
+    assert pushed.COPY not in kinds and not program.output_staged   # input read, not copied
+    reduced = [row for row in program.code if row[0] == pushed.REDUCE_LL]
+    assert all(row[3] == -1 for row in reduced)     # the scratch is not kept: nothing reads it
+
+
 def test_a_dead_rank_ends_the_call_naming_it():
     group = Group(3, workers=2)
     entries, _, _ = _call("all_reduce", "ring", 3, 12, 0, 0)
@@ -135,9 +192,11 @@ def test_a_plan_built_by_hand_is_refused_before_anything_moves():
 def test_share_covers_every_element_once():
     for count in (0, 1, 7, 64, 1001):
         for workers in (1, 3, 8):
-            spans = [pushed.share(count, w, workers) for w in range(workers)]
-            assert spans[0][0] == 0 and spans[-1][1] == count
-            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+            for align in (1, 4):
+                spans = [pushed.share(count, w, workers, align) for w in range(workers)]
+                assert spans[0][0] == 0 and spans[-1][1] == count
+                assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+                assert all(lo % align == 0 for lo, _ in spans)
 
 
 def test_a_plan_too_long_for_the_epoch_is_refused(monkeypatch):
