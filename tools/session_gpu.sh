@@ -13,6 +13,11 @@ for step in ${STEPS:-trace suite bench}; do
     trace) timeout ${TRACE_SECONDS:-150} $mpi -n "$n" python3 tools/peer_trace.py ${TRACE_ARGS:-} 2>&1 | tee "$out/trace.txt" ;;
     suite) COLLECTIVES_GPU_TEST_SECONDS=200 timeout 300 python3 -m pytest -m gpu tests/gpu -q -x 2>&1 | tail -30 | tee "$out/gpu_suite.txt" ;;
     check) timeout ${CHECK_SECONDS:-200} $mpi -n "$n" python3 tools/peer_check.py ${CHECK_ARGS:-} 2>&1 | tee "$out/peer_check.txt" ;;
+    sweep) for b in ${SWEEP:-4K 8K 32K}; do
+             echo "== COLLECTIVES_PEER_BLOCK_BYTES=$b"
+             COLLECTIVES_PEER_BLOCK_BYTES=$b timeout 120 $mpi -x COLLECTIVES_PEER_BLOCK_BYTES -n "$n" python3 tools/peer_check.py --no-checks --no-graphs --collectives all_reduce,reduce_scatter --algorithms ring,direct,recursive_doubling --sizes 64K,256K,1M,4M
+           done 2>&1 | tee "$out/sweep.txt" ;;
+    large) COLLECTIVES_PEER_MAX_BYTES=0 timeout ${BENCH_SECONDS:-240} $mpi -x COLLECTIVES_PEER_MAX_BYTES -n "$n" python3 benchmarks/bench.py --backend nccl --no-progress --collectives all_reduce,all_gather --algorithms native,ring,direct --sizes 4M,16M,64M,256M --min-time 0.05 --graph-max 0 2>&1 | tee "$out/large.txt" ;;
     bench) timeout ${BENCH_SECONDS:-240} $mpi -n "$n" python3 benchmarks/bench.py --backend nccl --no-progress ${BENCH_ARGS:-} --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" ;;
   esac
   echo "== $step: exit ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s" | tee -a "$out/steps.txt"
