@@ -20,5 +20,7 @@ for step in ${STEPS:-trace suite bench}; do
     large) COLLECTIVES_PEER_MAX_BYTES=0 timeout ${BENCH_SECONDS:-240} $mpi -x COLLECTIVES_PEER_MAX_BYTES -n "$n" python3 benchmarks/bench.py --backend nccl --no-progress --collectives all_reduce,all_gather --algorithms native,ring,direct --sizes 4M,16M,64M,256M --min-time 0.05 --graph-max 0 2>&1 | tee "$out/large.txt" ;;
     bench) timeout ${BENCH_SECONDS:-240} $mpi -n "$n" python3 benchmarks/bench.py --backend nccl --no-progress ${BENCH_ARGS:-} --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" ;;
   esac
-  echo "== $step: exit ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s" | tee -a "$out/steps.txt"
+  rc=${PIPESTATUS[0]}
+  echo "== $step: exit $rc, $(( $(date +%s) - start )) s" | tee -a "$out/steps.txt"
+  [ "$step" = check ] && [ "$rc" != 0 ] && break    # wrong results: nothing else is worth timing
 done

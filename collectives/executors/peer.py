@@ -82,8 +82,9 @@ class _Entry:
         # the receiver still works in this call's staging layout)
         itemsize = dtype.itemsize
         self.scratch_at = _align(program.scratch_at * itemsize)
-        self.staging = _align(self.scratch_at + program.scratch_max * itemsize)
-        self.inbox = _align(program.inbox * itemsize)
+        # (never 0: the first call allocates both, even one that stages nothing)
+        self.staging = max(256, _align(self.scratch_at + program.scratch_max * itemsize))
+        self.inbox = max(256, _align(program.inbox * itemsize))
         u64, i32 = ctypes.c_uint64, ctypes.c_int32
         # in the kernel's parameter order; the four buffers (and the peers' tables, which
         # move when the staging memory grows) are set per call
