@@ -84,7 +84,9 @@ REDUCE_LL = 10  # a receive in lines reduced as it is read: [2] peer [3] buffer 
                 # in (-1: not kept, nothing reads it) [4] its offset [5] slot [6] count [7] dst
                 # buffer [8] dst offset [9] other operand's buffer [10] its offset [11] 1 if
                 # the message is the reduction's first operand
-WIDTH = 12
+TAKE_REDUCE = 11  # an eager receive reduced as it is read out of its slot: as REDUCE_LL, and
+                  # [12] message number from that peer
+WIDTH = 13
 SLOT_ALIGN = 16  # elements: inbox slots start 16-byte aligned whatever the dtype
 
 # Buffers (what the executor passes): the caller's input, the plan's output (the caller's or
@@ -252,12 +254,12 @@ def _lower(plan, plans, eager, lines, seeded):
             else:
                 emit((PUSH, index, s.peer, _BUFFER[source.buffer], source.offset,
                       _BUFFER[region.buffer], region.offset, s.region.count, their_step, k))
-        taken = {}                         # local op position -> (receive, its slot): fused
+        taken = {}                         # local op position -> (receive, slot, k): fused
         for k, r in _numbered(step.recvs, received):
             slot = mine[r.peer, k]
-            at = _fused_at(step, r) if 0 <= slot and r.region.count <= lines else None
+            at = _fused_at(step, r) if slot >= 0 else None
             if at is not None:
-                taken[at] = (r, slot)
+                taken[at] = (r, slot, k)
                 continue
             order.before(hazards.access(r), index)
             wrote(r.region)
@@ -270,16 +272,17 @@ def _lower(plan, plans, eager, lines, seeded):
             received[r.peer] += 1
         for position, op in enumerate(step.local):
             if position in taken:          # the message reduced straight out of its lines
-                r, slot = taken[position]
+                r, slot, k = taken[position]
                 first = op.a == r.region
                 other = read(op.b if first else op.a)
                 keep = r.region.buffer == "output" or _read_later(plan, index, position,
                                                                    r.region)
                 order.before(((other,), (op.dst,) + ((r.region,) if keep else ())), index)
                 wrote(op.dst, r.region)
-                emit((REDUCE_LL, index, r.peer, _BUFFER[r.region.buffer] if keep else -1,
-                      r.region.offset, slot, op.dst.count, _BUFFER[op.dst.buffer],
-                      op.dst.offset, _BUFFER[other.buffer], other.offset, int(first)))
+                emit((REDUCE_LL if r.region.count <= lines else TAKE_REDUCE, index, r.peer,
+                      _BUFFER[r.region.buffer] if keep else -1, r.region.offset, slot,
+                      op.dst.count, _BUFFER[op.dst.buffer], op.dst.offset,
+                      _BUFFER[other.buffer], other.offset, int(first), k))
                 continue
             if isinstance(op, Copy):
                 src = read(op.src)
@@ -359,8 +362,8 @@ def _numbered(recvs, received=None):
 
 
 def _fused_at(step, recv):
-    """The position of the local op of ``step`` that can reduce ``recv`` straight out of its
-    flagged lines (``REDUCE_LL``), or None: the first op touching the received region must be
+    """The position of the local op of ``step`` that can reduce the eager ``recv`` straight
+    out of the inbox (``REDUCE_LL``, ``TAKE_REDUCE``), or None: the first op touching the received region must be
     a Reduce reading exactly that region as one operand, its destination apart from it and
     its other operand apart from every region the step receives."""
     region = recv.region
@@ -414,6 +417,11 @@ def _staged_output(plan, eager):
     end = max((region.end for step in plan.steps for region in _regions(step)
                if region.buffer == "output"), default=0)
     return max(end, _output_count(plan))
+
+
+def reads_input(plan: Plan) -> bool:
+    """Whether any step of ``plan`` touches its input buffer."""
+    return any(region.buffer == "input" for step in plan.steps for region in _regions(step))
 
 
 def _regions(step):

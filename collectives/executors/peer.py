@@ -25,8 +25,8 @@ far more than a collective): ``input`` is read where it is, receives land in the
 staging memory, and ``output`` is staged (copied in where read before written, copied out at
 the end, both inside the kernel) only on a rank where some rendezvous receive lands in it.
 Staging costs two passes over the output, which at large sizes makes NCCL send/recv faster
-(measured on 2 × H100: 1.7× at 256 MiB, even at 16 MiB): calls whose largest message is
-above COLLECTIVES_PEER_MAX_BYTES go there.
+(measured on 2 × H100, messages of 128 MiB: 1.25-1.45×; of 32 MiB: even): calls whose
+largest message is above COLLECTIVES_PEER_MAX_BYTES go there.
 
 Errors: a kernel that timed out or saw a peer abort leaves (kind, step, peer) in the error
 words; the next call on this group, and ``synchronize``, raise CollectiveTimeout or
@@ -98,6 +98,15 @@ class _Entry:
         self.params = ctypes.addressof(self.pointers)
 
 
+class _Elsewhere:
+    """A call the NCCL send/recv executor runs; ``seed``: output must first be filled with
+    input (the group passed input for the peer program to read instead)."""
+    __slots__ = ("seed",)
+
+    def __init__(self, seed):
+        self.seed = seed
+
+
 def _align(nbytes, to=256):
     return -(-nbytes // to) * to
 
@@ -142,8 +151,8 @@ class PeerExecutor:
             entry = found[1]
         else:
             entry = self._entry(plan, np.dtype(dtype), op, key, seeded)
-        if entry is False:
-            if seeded:
+        if entry.__class__ is _Elsewhere:
+            if entry.seed:                  # the send/recv plan expects output seeded
                 output[...] = input
                 buffers = {"output": output}
             return nccl.execute(plan, transport, buffers, reduce, tag=tag, timeout=timeout,
@@ -178,13 +187,14 @@ class PeerExecutor:
                 stream.ptr, entry.params, 0)
 
     def _entry(self, plan, dtype, op, key, seeded):
+        elsewhere = _Elsewhere(seeded and not pushed.reads_input(plan))
         if not cuda_peer.supported(op, dtype) or (not plan.args and plan.collective != "barrier"):
-            entry = False
+            entry = elsewhere
         else:
             entry = _Entry(plan, dtype, op, self.limit, self.eager, self.lines, self.fences,
                            self.memory, seeded)
             if self.most and entry.program.largest * dtype.itemsize > self.most:
-                entry = False       # every rank alike: ``largest`` is over every rank's plan
+                entry = elsewhere   # every rank alike: ``largest`` is over every rank's plan
         if len(self._entries) > 4096:
             self._entries.clear()
         self._entries[key] = (plan, entry)     # the plan kept: its id is not reused meanwhile

@@ -360,15 +360,16 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
             u64* flags, int* error, int rank, int size, int itemsize, u64 timeout_ns,
             const u64* peer_inbox, u64 inbox_half) {
     __shared__ int stop;
-    __shared__ u64 deadline;
-    if (threadIdx.x == 0) {
-        stop = 0;
+    __shared__ u64 deadline, call_number;
+    if (threadIdx.x == 0) {     /* both words loaded at once: one memory latency */
+        const u64 aborted = relaxed(flags + ABORT_WORD), number = flags[CALL_WORD];
         deadline = now() + timeout_ns;
-        if (relaxed(flags + ABORT_WORD)) stop = 1;   /* an earlier call failed: do nothing */
+        stop = aborted != 0;    /* an earlier call failed: do nothing */
+        call_number = number;
     }
     __syncthreads();
     Ctx c = {flags, peer_flags, error, rank, size, deadline};
-    const u64 call = flags[CALL_WORD];
+    const u64 call = call_number;
     MARK_CALL(call, 0)
     char* bases[4] = {in, out, scratch, caller_out};
     const i64 align = 16 / itemsize > 0 ? 16 / itemsize : 1;
@@ -515,6 +516,39 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
             if (!ok) stop = 1;
             break;
         }
+        case 11: { /* TAKE_REDUCE: the sender's block of this share delivered it; reduced
+                      straight out of the slot */
+            const int peer = (int)r[2];
+            if (threadIdx.x == 0) {
+                const u64 target = flags[RECEIVED_WORDS + peer] + (u64)r[12] + 1;
+                const u64* word = flags + DELIVERED_WORDS + (u64)peer * MAX_BLOCKS + blockIdx.x;
+                if (!wait_for(c, word, target, step, peer)) stop = 1;
+            }
+            __syncthreads();
+            if (stop) break;
+            i64 lo, hi;
+            share(r[6], align, &lo, &hi);
+            const S* x = (const S*)((const char*)peer_inbox[rank] + (call & 1) * inbox_half
+                                    + r[5] * itemsize);
+            S* dst = (S*)bases[r[7]] + r[8];
+            const S* other = (const S*)bases[r[9]] + r[10];
+            S* keep = r[3] < 0 ? nullptr : (S*)bases[r[3]] + r[4];
+            const bool first = r[11] != 0;
+            const i64 bd = blockDim.x;
+            for (i64 e = lo + threadIdx.x; e < hi; e += UNROLL * bd) {
+                S v[UNROLL], o[UNROLL];
+#pragma unroll
+                for (int k = 0; k < UNROLL; k++)
+                    if (e + k * bd < hi) { v[k] = x[e + k * bd]; o[k] = other[e + k * bd]; }
+#pragma unroll
+                for (int k = 0; k < UNROLL; k++)
+                    if (e + k * bd < hi) {
+                        dst[e + k * bd] = first ? combine(v[k], o[k]) : combine(o[k], v[k]);
+                        if (keep) keep[e + k * bd] = v[k];
+                    }
+            }
+            break;
+        }
         case 4: { /* COPY */
             i64 lo, hi;
             share(r[6], align, &lo, &hi);
@@ -552,7 +586,7 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
     MARK_CALL(call, 1)
     if (!stop && threadIdx.x == 0) {
         __threadfence();
-        if (atomicAdd(flags + EXIT_WORD, 1ULL) == gridDim.x - 1) {
+        if (gridDim.x == 1 || atomicAdd(flags + EXIT_WORD, 1ULL) == gridDim.x - 1) {
             flags[EXIT_WORD] = 0;
             for (int q = 0; q < size; q++) {
                 flags[SENT_WORDS + q] += (u64)tallies[q];

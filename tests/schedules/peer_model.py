@@ -17,8 +17,8 @@ import numpy as np
 
 from collectives.algorithms import pushed
 from collectives.algorithms.pushed import (ARRIVE, BARRIER, COPY, EPOCH, PUSH, REDUCE,
-                                           REDUCE_LL, SEND, SEND_LL, TAKE, TAKE_LL, INPUT,
-                                           OUTPUT, SCRATCH, CALLER_OUTPUT)
+                                           REDUCE_LL, SEND, SEND_LL, TAKE, TAKE_LL,
+                                           TAKE_REDUCE, INPUT, OUTPUT, SCRATCH, CALLER_OUTPUT)
 
 
 class Stuck(RuntimeError):
@@ -182,20 +182,26 @@ class Group:
                 target = self.received[rank, peer] + k + 1
                 yield from wait(lambda: self.delivered[rank, peer, w] >= target, step, peer,
                                 "its message")
-            elif kind == REDUCE_LL:
-                peer, kb, ko, slot, count, db, do, ob, oo, first = map(int, row[2:12])
+            elif kind in (REDUCE_LL, TAKE_REDUCE):
+                peer, kb, ko, slot, count, db, do, ob, oo, first, k = map(int, row[2:13])
                 inbox = self.inbox[rank][call & 1]
                 flags = self.line_flags[rank][call & 1]
                 lo, hi = share(count)
+                if kind == TAKE_REDUCE:
+                    target = self.received[rank, peer] + k + 1
+                    yield from wait(lambda: self.delivered[rank, peer, w] >= target, step, peer,
+                                    "its message")
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
-                    yield from wait(lambda: (flags[slot + a:slot + b] == call + 1).all(), step,
-                                    peer, "its message")
+                    if kind == REDUCE_LL:
+                        yield from wait(lambda: (flags[slot + a:slot + b] == call + 1).all(),
+                                        step, peer, "its message")
                     line, other = inbox[slot + a:slot + b].copy(), mine[ob][oo + a:oo + b]
                     mine[db][do + a:do + b] = reduce(line, other) if first else \
                         reduce(other, line)
                     if kb >= 0:
                         mine[kb][ko + a:ko + b] = line
+                    yield
             elif kind == COPY:
                 db, do, sb, so, count = map(int, row[2:7])
                 lo, hi = share(count)

@@ -128,14 +128,15 @@ def _kinds(program):
 
 
 def test_workers_meet_only_where_their_shares_differ():
-    """Equal chunks: each worker's share of a chunk is the same in every step, so a ring
-    all_reduce sent eagerly needs no grid barrier; uneven chunks do. Rendezvous needs one
-    before each epoch (every worker done with what the receive overwrites)."""
+    """Each worker's share of a region depends only on its count, so a ring all_reduce sent
+    eagerly needs no grid barrier; recursive doubling (halves, then quarters of the vector)
+    does. Rendezvous needs one before each epoch (every worker done with what the receive
+    overwrites)."""
     plan = build_plan("all_reduce", "ring", 0, 4, 4096)
     for lines in (0, 4096):
         assert (pushed.BARRIER, 1) not in _kinds(pushed.lower(plan, 4096, lines))
-    assert (pushed.BARRIER, 1) in _kinds(pushed.lower(build_plan("all_reduce", "ring", 0, 4,
-                                                                 4099), 4096, 0))
+    halving = build_plan("all_reduce", "recursive_doubling", 0, 4, 4096)
+    assert (pushed.BARRIER, 1) in _kinds(pushed.lower(halving, 4096, 0))
     program = pushed.lower(plan, 0, 0)            # and one before the staged output's copy-out
     epochs = sum(1 for row in program.code if row[0] == pushed.EPOCH)
     assert _kinds(program).count((pushed.BARRIER, 1)) <= epochs + 1
