@@ -361,7 +361,12 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
             const u64* peer_inbox, u64 inbox_half) {
     __shared__ int stop;
     __shared__ u64 deadline, call_number;
-    if (threadIdx.x == 0) {     /* both words loaded at once: one memory latency */
+    /* the peers' epochs as this call starts: an eager send whose slot half is already free
+       then skips its wait (almost always: the peer started the previous call long ago) */
+    __shared__ u64 seen[%(MAX_RANKS)d];
+    if (threadIdx.x < size)
+        seen[threadIdx.x] = relaxed(flags + SEEN_WORDS + threadIdx.x);
+    if (threadIdx.x == 0) {     /* loaded together: one memory latency */
         const u64 aborted = relaxed(flags + ABORT_WORD), number = flags[CALL_WORD];
         deadline = now() + timeout_ns;
         stop = aborted != 0;    /* an earlier call failed: do nothing */
@@ -411,7 +416,7 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
                    receiver started the previous call, so it is done with the one before) */
                 const u64 target = kind == 2 ? (((call + 1) << STEP_BITS) | (u64)q[8])
                                              : (call >= 2 ? call << STEP_BITS : 0);
-                if (target && !wait_for(c, flags + SEEN_WORDS + peer, target, step, peer,
+                if (target && (kind == 2 || seen[peer] < target) && !wait_for(c, flags + SEEN_WORDS + peer, target, step, peer,
                                         kind == 2))
                     stop = 1;
             }
@@ -487,8 +492,9 @@ run_program(const i64* code, int n, const i64* tallies, char* in, char* out, cha
             const int m = j - i;
             for (int t = threadIdx.x; t < m; t += blockDim.x) {
                 const i64* q = code + (i64)(i + t) * WIDTH;
-                if (call >= 2 && !wait_for(c, flags + SEEN_WORDS + q[2], call << STEP_BITS, step,
-                                           (int)q[2], false)) stop = 1;
+                if (call >= 2 && seen[q[2]] < (call << STEP_BITS) &&
+                    !wait_for(c, flags + SEEN_WORDS + q[2], call << STEP_BITS, step, (int)q[2],
+                              false)) stop = 1;
             }
             __syncthreads();
             if (stop) break;
@@ -641,7 +647,7 @@ def source(op, dtype, fences: int = 0, trace: bool = False) -> str:
     body = _SOURCE % dict(EPOCH_WORD=EPOCH_WORD, CALL_WORD=CALL_WORD, BARRIER_WORD=BARRIER_WORD,
                           ABORT_WORD=ABORT_WORD, GENERATION_WORD=GENERATION_WORD, EXIT_WORD=EXIT_WORD, SENT_WORDS=SENT_WORDS,
                           RECEIVED_WORDS=RECEIVED_WORDS, SEEN_WORDS=SEEN_WORDS, DELIVERED_WORDS=DELIVERED_WORDS,
-                          MAX_BLOCKS=MAX_BLOCKS, WIDTH=pushed.WIDTH, STEP_BITS=pushed.STEP_BITS,
+                          MAX_BLOCKS=MAX_BLOCKS, MAX_RANKS=MAX_RANKS, WIDTH=pushed.WIDTH, STEP_BITS=pushed.STEP_BITS,
                           OUTPUT=pushed.OUTPUT,
                           THREADS=THREADS)
     return (f"#define FENCES {fences}\n" + ("#define TRACE 1\n" if trace else "") + body.replace("STORAGE", _STORAGE[dtype])
