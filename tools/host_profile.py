@@ -1,0 +1,65 @@
+"""Where the host time of one collective call goes on a GPU group: ``group.prepare(...)()``
+as the bench and the facade call it, timed without and then with cProfile on rank 0 (every
+rank makes the same calls). Run on the GPUs of one host:
+
+    mpiexec -n 2 python tools/host_profile.py [--collective all_reduce] [--algorithm direct]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from collectives.bench.nccl import nccl_group  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--collective", default="all_reduce")
+    ap.add_argument("--algorithm", default="direct")
+    ap.add_argument("--count", type=int, default=1024)
+    ap.add_argument("--calls", type=int, default=4000)
+    args = ap.parse_args()
+    group, cupy = nccl_group(timeout=120)
+    host = group.bench_host
+    n_in = n_out = args.count
+    if args.collective in ("reduce_scatter", "all_to_all"):
+        n_in *= group.size
+    if args.collective in ("all_gather", "all_to_all"):
+        n_out *= group.size
+    d_in, d_out = cupy.ones(n_in, np.float32), cupy.zeros(n_out, np.float32)
+
+    def calls(n):
+        for _ in range(n):
+            group.prepare(args.collective, input=d_in, output=d_out, algorithm=args.algorithm)()
+
+    calls(200)
+    group.transport.synchronize(30)
+    host.barrier()
+    start = time.perf_counter()
+    calls(args.calls)
+    issued = (time.perf_counter() - start) / args.calls
+    group.transport.synchronize(30)
+    host.barrier()
+    profile = cProfile.Profile()
+    if group.rank == 0:
+        profile.enable()
+    calls(args.calls)
+    profile.disable()
+    group.transport.synchronize(30)
+    if group.rank == 0:
+        print(f"{args.collective} {args.algorithm} {args.count} elements: {issued * 1e6:.1f} µs "
+              f"of host time per call (issued without waiting)", flush=True)
+        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+    host.barrier()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
