@@ -65,6 +65,7 @@ typedef STORAGE S;
 #define WIDTH %(WIDTH)d
 #define STEP_BITS %(STEP_BITS)d
 #define OUTPUT %(OUTPUT)d
+#define SHARED_ROWS 64
 
 /* Flag words between GPUs. FENCES 0: acquire loads and release stores at system scope;
    1: relaxed polls and stores with one acq_rel fence at system scope around them; 2:
@@ -355,12 +356,24 @@ __device__ void send_lines(u64* dst, const S* src, i64 count, u64 flag, i64 alig
 }
 
 extern "C" __global__ void __launch_bounds__(%(THREADS)d)
-run_program(const i64* code, int n, const i64* tallies, char* in, char* out, char* scratch,
-            char* caller_out, const u64* peer_data, const u64* peer_flags, u64 scratch_at,
+run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, char* scratch,
+            char* caller_out, const u64* peer_data_at, const u64* peer_flags_at, u64 scratch_at,
             u64* flags, int* error, int rank, int size, int itemsize, u64 timeout_ns,
-            const u64* peer_inbox, u64 inbox_half) {
+            const u64* peer_inbox_at, u64 inbox_half) {
     __shared__ int stop;
     __shared__ u64 deadline, call_number;
+    /* The program and the peers' addresses copied into shared memory by every thread at
+       once: one memory latency at the start instead of one per first use on the way. */
+    __shared__ i64 program[SHARED_ROWS * WIDTH];
+    __shared__ u64 peer_data[%(MAX_RANKS)d], peer_flags[%(MAX_RANKS)d], peer_inbox[%(MAX_RANKS)d];
+    const i64* code = n <= SHARED_ROWS ? program : code_at;
+    if (n <= SHARED_ROWS)
+        for (int t = threadIdx.x; t < n * WIDTH; t += blockDim.x) program[t] = code_at[t];
+    if (threadIdx.x < size) {
+        peer_data[threadIdx.x] = peer_data_at[threadIdx.x];
+        peer_flags[threadIdx.x] = peer_flags_at[threadIdx.x];
+        peer_inbox[threadIdx.x] = peer_inbox_at[threadIdx.x];
+    }
     /* the peers' epochs as this call starts: an eager send whose slot half is already free
        then skips its wait (almost always: the peer started the previous call long ago) */
     __shared__ u64 seen[%(MAX_RANKS)d];
