@@ -45,9 +45,11 @@ def extensions():
     if not include:
         print("collectives: not building the compiled executor (no mpi.h found)", file=sys.stderr)
         return []
-    ext = Extension("collectives.executors._mpi_exec", ["collectives/executors/_mpi_exec.pyx"],
-                    include_dirs=include + [mpi4py.get_include()],
-                    extra_compile_args=["-O3"])
+    here = "collectives/executors"
+    # depends: a changed header rebuilds the extension, and the header goes into the sdist
+    ext = Extension("collectives.executors._mpi_exec", [f"{here}/_mpi_exec.pyx"],
+                    include_dirs=[here] + include + [mpi4py.get_include()],
+                    depends=[f"{here}/_mpi_exec.h"], extra_compile_args=["-O3"])
     return cythonize([ext], compiler_directives={"language_level": 3}, quiet=True)
 
 
