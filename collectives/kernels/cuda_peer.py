@@ -369,10 +369,19 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
     const i64* code = n <= SHARED_ROWS ? program : code_at;
     if (n <= SHARED_ROWS)
         for (int t = threadIdx.x; t < n * WIDTH; t += blockDim.x) program[t] = code_at[t];
+    /* message numbers so far, per peer, and this call's tallies (moved on at the end) */
+    __shared__ u64 sent[%(MAX_RANKS)d], received[%(MAX_RANKS)d];
+    __shared__ u64 sends[%(MAX_RANKS)d], recvs[%(MAX_RANKS)d];
+    __shared__ int last_out;
     if (threadIdx.x < size) {
-        peer_data[threadIdx.x] = peer_data_at[threadIdx.x];
-        peer_flags[threadIdx.x] = peer_flags_at[threadIdx.x];
-        peer_inbox[threadIdx.x] = peer_inbox_at[threadIdx.x];
+        const int t = threadIdx.x;
+        peer_data[t] = peer_data_at[t];
+        peer_flags[t] = peer_flags_at[t];
+        peer_inbox[t] = peer_inbox_at[t];
+        sent[t] = flags[SENT_WORDS + t];
+        received[t] = flags[RECEIVED_WORDS + t];
+        sends[t] = (u64)tallies[t];
+        recvs[t] = (u64)tallies[size + t];
     }
     /* the peers' epochs as this call starts: an eager send whose slot half is already free
        then skips its wait (almost always: the peer started the previous call long ago) */
@@ -465,7 +474,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                 const u64 number = kind == 2 ? (u64)q[9] : (u64)q[7];
                 u64* word = (u64*)peer_flags[peer] + DELIVERED_WORDS
                             + (u64)rank * MAX_BLOCKS + blockIdx.x;
-                release(word, flags[SENT_WORDS + peer] + number + 1);
+                release(word, sent[peer] + number + 1);
             }
             i = j - 1;
             break;
@@ -479,7 +488,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             for (int t = threadIdx.x; t < m; t += blockDim.x) {
                 const i64* q = code + (i64)(i + t) * WIDTH;
                 const int peer = (int)q[2];
-                const u64 target = flags[RECEIVED_WORDS + peer] + (u64)q[3] + 1;
+                const u64 target = received[peer] + (u64)q[3] + 1;
                 const u64* word = flags + DELIVERED_WORDS + (u64)peer * MAX_BLOCKS + blockIdx.x;
                 if (!wait_for(c, word, target, step, peer)) stop = 1;
             }
@@ -539,7 +548,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                       straight out of the slot */
             const int peer = (int)r[2];
             if (threadIdx.x == 0) {
-                const u64 target = flags[RECEIVED_WORDS + peer] + (u64)r[12] + 1;
+                const u64 target = received[peer] + (u64)r[12] + 1;
                 const u64* word = flags + DELIVERED_WORDS + (u64)peer * MAX_BLOCKS + blockIdx.x;
                 if (!wait_for(c, word, target, step, peer)) stop = 1;
             }
@@ -603,16 +612,20 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
     __syncthreads();
     MARK_OP(n + 1)
     MARK_CALL(call, 1)
-    if (!stop && threadIdx.x == 0) {
-        __threadfence();
-        if (gridDim.x == 1 || atomicAdd(flags + EXIT_WORD, 1ULL) == gridDim.x - 1) {
+    if (stop) return;
+    if (threadIdx.x == 0) {
+        if (gridDim.x > 1) __threadfence();
+        last_out = gridDim.x == 1 || atomicAdd(flags + EXIT_WORD, 1ULL) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last_out) {
+        if (threadIdx.x < size) {
+            flags[SENT_WORDS + threadIdx.x] = sent[threadIdx.x] + sends[threadIdx.x];
+            flags[RECEIVED_WORDS + threadIdx.x] = received[threadIdx.x] + recvs[threadIdx.x];
+        }
+        if (threadIdx.x == 0) {
             flags[EXIT_WORD] = 0;
-            for (int q = 0; q < size; q++) {
-                flags[SENT_WORDS + q] += (u64)tallies[q];
-                flags[RECEIVED_WORDS + q] += (u64)tallies[size + q];
-            }
             flags[CALL_WORD] = call + 1;
-            __threadfence();
         }
     }
 }
