@@ -1,6 +1,6 @@
-"""What the facade's collectives share: resolving ``group=`` and ``timeout=``, checking
-list-shaped arguments before any byte moves, and finishing a run (splitting a gathered buffer,
-torch's words on a barrier's timeout)."""
+"""What the facade's collectives share: resolving ``group=``, checking list-shaped arguments
+before any byte moves, and the one backend call that ends each (``_issue``: the group's
+``prepare``, splitting a gathered buffer, torch's words on a barrier's timeout, the Work)."""
 from __future__ import annotations
 
 import time as _time
@@ -14,10 +14,21 @@ def _group(group, operation):
     return state.resolve(group, operation)
 
 
-def _call_timeout(timeout):
-    """The keyword-only ``timeout=`` of every collective (seconds or a timedelta) bounds that
-    call's waits instead of the group's timeout; None keeps the group's."""
-    return None if timeout is None else _seconds(timeout)
+def _issue(pg, collective, async_op, result, *, split=None, operation=None, algorithm=None,
+           timeout=None, **buffers):
+    """The end of every collective, once its arguments are checked: one ``prepare`` of the
+    group, run now or queued on the group's worker (a Work if ``async_op``).
+
+    ``timeout`` (seconds or a timedelta) bounds this call's waits instead of the group's
+    timeout; None keeps the group's. ``split`` = (whole, parts): after the run, the gathered
+    buffer is copied into the caller's tensors. A barrier's timeout is told in torch's words,
+    naming ``operation`` (default: the collective). ``result``: the tensors the Work holds."""
+    run = pg.prepare(collective, algorithm=algorithm, timeout=_seconds(timeout), **buffers)
+    if split is not None:
+        run = _then(run, tensors.split_into, *split)
+    if collective == "barrier":
+        run = _timed_out_words(run, operation or collective, pg)
+    return _work.call(pg, run, async_op, result)
 
 
 def _then(run, finish, *args):

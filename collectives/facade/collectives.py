@@ -1,13 +1,13 @@
-"""The collectives, each as torch's: validate -> one ``prepare`` of the group -> run now or
-queue on the group's worker (a Work)."""
+"""The collectives, each as torch's: validate, then ``_issue``: one ``prepare`` of the group,
+run now or queued on the group's worker (a Work)."""
 from __future__ import annotations
 
 from .. import sparse, state, tensors, work as _work
 from .. import tensors as _tensors     # for functions whose torch parameter is named "tensors"
 from ..ops import ReduceOp, check_complex as _check_complex
 from ..state import seconds as _seconds
-from .arguments import (_all_to_all_counts, _call_timeout, _check_outputs, _check_same_dtype,
-                        _group, _real_views, _rooted_list, _splits, _then, _timed_out_words)
+from .arguments import (_all_to_all_counts, _check_outputs, _check_same_dtype, _group, _issue,
+                        _real_views, _rooted_list, _splits)
 
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None,
@@ -33,9 +33,8 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None,
         return None
     root = state.group_rank(pg, src, group_src, "broadcast", "src")
     buf = tensors.flat(tensor, "broadcast", pg.rank)
-    run = pg.prepare("broadcast", output=buf, root=root, algorithm=algorithm,
-                     timeout=_call_timeout(timeout))
-    return _work.call(pg, run, async_op, [tensor])
+    return _issue(pg, "broadcast", async_op, [tensor], output=buf, root=root,
+                  algorithm=algorithm, timeout=timeout)
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False,
@@ -59,13 +58,12 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False,
     if pg is None:
         return None
     if tensors.is_sparse_coo(tensor):
-        run = sparse.all_reduce(pg, tensor, op, _call_timeout(timeout))
+        run = sparse.all_reduce(pg, tensor, op, _seconds(timeout))
         return _work.call(pg, run, async_op, [tensor])
     buf = tensors.flat(tensor, "all_reduce", pg.rank)
     _check_complex(op, buf.dtype, "all_reduce", pg.rank)
-    run = pg.prepare("all_reduce", output=buf, op=op, algorithm=algorithm,
-                     timeout=_call_timeout(timeout))
-    return _work.call(pg, run, async_op, [tensor])
+    return _issue(pg, "all_reduce", async_op, [tensor], output=buf, op=op, algorithm=algorithm,
+                  timeout=timeout)
 
 
 def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False, *,
@@ -96,9 +94,8 @@ def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False, *
     views = _real_views(items, operation, pg, "tensors")
     _check_outputs(operation, pg, views)
     whole = _tensors.concatenate(views, views[0])
-    run = pg.prepare("all_reduce", output=whole, op=op, algorithm=algorithm,
-                     timeout=_call_timeout(timeout))
-    return _work.call(pg, _then(run, _tensors.split_into, whole, views), async_op, list(items))
+    return _issue(pg, "all_reduce", async_op, list(items), split=(whole, views), output=whole,
+                  op=op, algorithm=algorithm, timeout=timeout)
 
 
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None, *,
@@ -125,9 +122,9 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
         return None
     root = state.group_rank(pg, dst, group_dst, "reduce", "dst")
     buf = tensors.flat(tensor, "reduce", pg.rank)
-    run = pg.prepare("reduce", input=buf, output=buf if pg.rank == root else None,
-                     root=root, op=op, algorithm=algorithm, timeout=_call_timeout(timeout))
-    return _work.call(pg, run, async_op, [tensor])
+    return _issue(pg, "reduce", async_op, [tensor], input=buf,
+                  output=buf if pg.rank == root else None, root=root, op=op,
+                  algorithm=algorithm, timeout=timeout)
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm=None, timeout=None):
@@ -150,9 +147,9 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, *, algorithm=Non
     _check_same_dtype("all_gather", pg, buf, outs)
     _check_outputs("all_gather", pg, outs)
     whole = tensors.empty(buf, sum(o.size for o in outs))
-    run = pg.prepare("all_gather", input=buf, output=whole, counts=[o.size for o in outs],
-                     algorithm=algorithm, timeout=_call_timeout(timeout))
-    return _work.call(pg, _then(run, tensors.split_into, whole, outs), async_op, tensor_list)
+    return _issue(pg, "all_gather", async_op, tensor_list, split=(whole, outs), input=buf,
+                  output=whole, counts=[o.size for o in outs], algorithm=algorithm,
+                  timeout=timeout)
 
 
 def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, async_op=False, *,
@@ -197,10 +194,9 @@ def all_gather_coalesced(output_tensor_lists, input_tensor_list, group=None, asy
         return _work.call(pg, lambda: None, async_op, [])
     whole_in = tensors.concatenate(ins, ins[0])
     whole = tensors.empty(ins[0], whole_in.size * pg.size)
-    run = pg.prepare("all_gather", input=whole_in, output=whole, algorithm=algorithm,
-                     timeout=_call_timeout(timeout))
-    return _work.call(pg, _then(run, tensors.split_into, whole, outs), async_op,
-                      [t for items in output_tensor_lists for t in items])
+    return _issue(pg, "all_gather", async_op, [t for items in output_tensor_lists for t in items],
+                  split=(whole, outs), input=whole_in, output=whole, algorithm=algorithm,
+                  timeout=timeout)
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, *,
@@ -220,9 +216,8 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
         return None
     out = tensors.flat(output_tensor, "all_gather_into_tensor", pg.rank, "output_tensor")
     buf = tensors.flat(input_tensor, "all_gather_into_tensor", pg.rank, "input_tensor")
-    run = pg.prepare("all_gather", input=buf, output=out, algorithm=algorithm,
-                     timeout=_call_timeout(timeout))
-    return _work.call(pg, run, async_op, [output_tensor])
+    return _issue(pg, "all_gather", async_op, [output_tensor], input=buf, output=out,
+                  algorithm=algorithm, timeout=timeout)
 
 
 def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group_dst=None, *,
@@ -246,10 +241,9 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
     root = state.group_rank(pg, dst, group_dst, "gather", "dst")
     buf = tensors.flat(tensor, "gather", pg.rank)
     outs, whole = _rooted_list("gather", pg, root, gather_list, "gather_list", buf)
-    run = pg.prepare("gather", input=buf, output=whole, root=root, algorithm=algorithm,
-                     timeout=_call_timeout(timeout))
-    finish = _then(run, tensors.split_into, whole, outs) if whole is not None else run
-    return _work.call(pg, finish, async_op, list(gather_list or []))
+    return _issue(pg, "gather", async_op, list(gather_list or []),
+                  split=(whole, outs) if whole is not None else None, input=buf, output=whole,
+                  root=root, algorithm=algorithm, timeout=timeout)
 
 
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None, *,
@@ -274,9 +268,8 @@ def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, gro
     out = tensors.flat(tensor, "scatter", pg.rank)
     ins, _ = _rooted_list("scatter", pg, root, scatter_list, "scatter_list", out)
     whole = tensors.concatenate(ins, out) if pg.rank == root else None
-    run = pg.prepare("scatter", input=whole, output=out, root=root, algorithm=algorithm,
-                     timeout=_call_timeout(timeout))
-    return _work.call(pg, run, async_op, [tensor])
+    return _issue(pg, "scatter", async_op, [tensor], input=whole, output=out, root=root,
+                  algorithm=algorithm, timeout=timeout)
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, *,
@@ -299,9 +292,8 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
     ins = tensors.flat_list(input_list, "reduce_scatter", pg.rank, "input_list", pg.size)
     _check_same_dtype("reduce_scatter", pg, out, ins)
     whole = tensors.concatenate(ins, out)
-    run = pg.prepare("reduce_scatter", input=whole, output=out, counts=[i.size for i in ins],
-                     op=op, algorithm=algorithm, timeout=_call_timeout(timeout))
-    return _work.call(pg, run, async_op, [output])
+    return _issue(pg, "reduce_scatter", async_op, [output], input=whole, output=out,
+                  counts=[i.size for i in ins], op=op, algorithm=algorithm, timeout=timeout)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False, *,
@@ -321,9 +313,8 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
         return None
     out = tensors.flat(output, "reduce_scatter_tensor", pg.rank, "output")
     buf = tensors.flat(input, "reduce_scatter_tensor", pg.rank, "input")
-    run = pg.prepare("reduce_scatter", input=buf, output=out, op=op, algorithm=algorithm,
-                     timeout=_call_timeout(timeout))
-    return _work.call(pg, run, async_op, [output])
+    return _issue(pg, "reduce_scatter", async_op, [output], input=buf, output=out, op=op,
+                  algorithm=algorithm, timeout=timeout)
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, *,
@@ -352,10 +343,9 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     counts = _all_to_all_counts(pg, [i.size for i in ins], [o.size for o in outs], algorithm)
     whole_in = tensors.concatenate(ins, like)
     whole_out = tensors.empty(like, sum(o.size for o in outs))
-    run = pg.prepare("all_to_all", input=whole_in, output=whole_out, counts=counts,
-                     algorithm=algorithm, timeout=_call_timeout(timeout))
-    finish = _then(run, tensors.split_into, whole_out, outs)
-    return _work.call(pg, finish, async_op, output_tensor_list)
+    return _issue(pg, "all_to_all", async_op, output_tensor_list, split=(whole_out, outs),
+                  input=whole_in, output=whole_out, counts=counts, algorithm=algorithm,
+                  timeout=timeout)
 
 
 def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None,
@@ -385,9 +375,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         recvs = _splits(pg, output_split_sizes, out.size, tensors.rows(output),
                         "output_split_sizes")
         counts = _all_to_all_counts(pg, sends, recvs, algorithm)
-    run = pg.prepare("all_to_all", input=buf, output=out, counts=counts, algorithm=algorithm,
-                     timeout=_call_timeout(timeout))
-    return _work.call(pg, run, async_op, [output])
+    return _issue(pg, "all_to_all", async_op, [output], input=buf, output=out, counts=counts,
+                  algorithm=algorithm, timeout=timeout)
 
 
 def barrier(group=None, async_op=False, device_ids=None, *, algorithm=None, timeout=None):
@@ -408,8 +397,7 @@ def barrier(group=None, async_op=False, device_ids=None, *, algorithm=None, time
     pg = _group(group, "barrier")
     if pg is None:
         return None
-    run = pg.prepare("barrier", algorithm=algorithm, timeout=_call_timeout(timeout))
-    return _work.call(pg, _timed_out_words(run, "barrier", pg), async_op, [])
+    return _issue(pg, "barrier", async_op, [], algorithm=algorithm, timeout=timeout)
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
@@ -426,5 +414,4 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     pg = _group(group, "monitored_barrier")
     if pg is None:
         return None
-    run = pg.prepare("barrier", timeout=_seconds(timeout))
-    return _work.call(pg, _timed_out_words(run, "monitored_barrier", pg), False, [])
+    return _issue(pg, "barrier", False, [], operation="monitored_barrier", timeout=timeout)
