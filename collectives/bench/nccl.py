@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 
 for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
     os.environ.setdefault(_name, _value)
@@ -331,15 +330,3 @@ def run_from_bench(args, group=None, host=None) -> int:
     import cupy
     return run_groups(args, config, [(group, cupy)])
 
-
-def main(argv=None) -> int:
-    """``benchmarks/bench_nccl.py``: ``bench.py --backend nccl`` with the GPU sweep's
-    defaults (ours and NCCL's at 1M-1G); any flag given overrides them."""
-    from .cli import main as bench_main
-    argv = sys.argv[1:] if argv is None else list(argv)
-    return bench_main(["--backend", "nccl", "--sizes", "1M,16M,256M,1G", "--algorithms",
-                       "native,ring,ring_bidirectional,tree,recursive_doubling", *argv])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
