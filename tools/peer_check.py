@@ -80,12 +80,14 @@ def main():
 
     have = capabilities()
     wrong = 0
-    dtypes = [np.float32] if args.quick else [np.float32, np.float16, np.int32]
+    from collectives.kernels.reduce import BFLOAT16
+    dtypes = [np.float32] if args.quick else [np.float32, np.float16, np.int32] + \
+        ([BFLOAT16] if BFLOAT16 is not None else [])
     for collective in ([] if args.no_checks else args.collectives.split(",") +
                        ["broadcast", "reduce", "gather", "scatter"]):
         for algorithm in have.get(collective, ()):
             for dtype in dtypes:
-                for count in (1, 3, 1000, 65536 + 7):
+                for count in (1, 3, 1000, 65536 + 7, (1 << 17) + 3):
                     root = count % p
                     if collective in ("broadcast", "reduce"):
                         d_in, d_out = buffers(cupy, "all_reduce", count, p, dtype, rank, count)
@@ -113,7 +115,8 @@ def main():
                             mine, ref = d_out, ref_out
                         transport.synchronize(30.0)
                         rooted_elsewhere = collective in ("reduce", "gather") and rank != root
-                        bad = 0 if rooted_elsewhere else int((mine != ref).sum())
+                        bad = 0 if rooted_elsewhere else int(      # bit for bit
+                            (mine.view(cupy.uint8) != ref.view(cupy.uint8)).sum())
                     except Exception as exc:      # noqa: BLE001
                         print(f"rank {rank}: {collective} {algorithm} {np.dtype(dtype).name} "
                               f"{count}: {type(exc).__name__}: {exc}", flush=True)

@@ -27,11 +27,14 @@ waits for its receive to be posted); every registered plan is deadlock-free unde
 numbers only grow, so flags are never reset between calls.
 
 Each rank's program runs on ``blocks`` workers at once (the GPU's thread blocks): each moves
-its share of every message and op (``share``), and ``BARRIER`` makes all of them finish what
-came before. The sender's workers each store their own ``delivered`` word, and a receive
-waits for all of them. Barriers go where one worker may depend on another's share: before
-each step (a send reads what earlier ops wrote), between a step's sends and local ops that
-overwrite what the sends read, and between two local ops that conflict (``hazards``).
+its share of every message and op (``share``), a share depending only on the count, so a
+worker meets only its own share of a region that two accesses make alike. The sender's
+worker of a share stores its own ``delivered`` word, and the receiver's worker of the same
+share waits for that word alone. Barriers go only where accesses conflict (``_Barriers``,
+``hazards.ordering``): a grid barrier where one worker may depend on another's share (and
+before a rendezvous epoch: every worker done with what the receive overwrites), a block
+barrier where the conflict is on one region made alike. A ring's steps on equal chunks need
+no grid barrier at all.
 
 Small messages go *eagerly* (``lower(plan, eager)``: those of at most ``eager`` elements):
 the sender does not wait for the receive to be posted, it writes into a slot of the
@@ -43,7 +46,13 @@ slot is written again only two calls later: the sender first waits until the rec
 started the previous call (its epoch), which has almost always happened long before. Those of
 at most ``lines`` elements travel in flagged lines (``SEND_LL``/``TAKE_LL``): 4 data bytes and
 the call's flag in each 8-byte line, which the receiver polls itself, so they need neither a
-delivered word nor a fence.
+delivered word nor a fence; they have an inbox of their own (no other message may ever have
+written a line's bytes, or plain data could pass for this call's flag). A receive whose
+first use is a reduction is reduced straight out of the inbox (``REDUCE_LL``,
+``TAKE_REDUCE``), its data kept only where the plan reads it again.
+
+``lower(seeded=True)``: an all_reduce or broadcast called out of place reads input wherever
+its plan reads output not yet written, instead of the group copying input to output first.
 
 Where regions live: a receive writes into the receiver's memory, so every region any receive
 lands in must be in memory other ranks can write (the group's staging buffers). ``scratch``
@@ -78,7 +87,8 @@ SEND = 6        # eager: [2] peer [3] src buffer [4] src offset [5] slot in the 
 TAKE = 7        # [2] peer [3] message number from that peer [4] dst buffer [5] dst offset
                 # [6] slot in this rank's inbox [7] count
 SEND_LL = 8     # eager in lines of 4 data bytes + a 4-byte flag (NCCL's LL protocol): the
-                # receiver polls the data itself, no delivered word, no fences; as SEND
+                # receiver polls the data itself, no delivered word, no fences; as SEND, the
+                # slot in the peer's inbox of lines
 TAKE_LL = 9     # as TAKE, each line waited for by the thread that copies it
 REDUCE_LL = 10  # a receive in lines reduced as it is read: [2] peer [3] buffer to keep the data
                 # in (-1: not kept, nothing reads it) [4] its offset [5] slot [6] count [7] dst
@@ -107,6 +117,7 @@ class Program(NamedTuple):
                               # elements (after the largest staged output of any rank)
     scratch_max: int          # the largest scratch of any rank (then the inboxes)
     inbox: int                # elements of one inbox half (the largest of any rank)
+    line_inbox: int           # elements of one half of the inbox of messages in lines
 
 
 def plans_of(plan: Plan) -> list:
@@ -166,20 +177,25 @@ def _lower(plan, plans, eager, lines, seeded):
                                      f"receives into its input, which peers cannot write")
     # Where each receiver's k-th message from each sender lands, in which of its steps, and
     # its inbox slot if it goes eagerly (-1 if not).
+    # Messages in lines have an inbox of their own: a line counts as arrived when its flag
+    # half holds the call's number, so no other kind of message may ever have written those
+    # bytes (plain data of an earlier call could hold the number and pass for a line).
     landing = {}                              # (src, dst) -> [(step, region, slot)]
-    inboxes = []
+    inboxes, line_inboxes = [], []
     for other in plans:
-        inbox = 0
+        inbox = in_lines = 0
         for index, step in enumerate(other.steps):
             for r in step.recvs:
                 slot, count = -1, r.region.count
-                if count <= eager:
+                if count <= lines:            # 8 bytes of line per 4 bytes of data
+                    slot = in_lines
+                    in_lines += -(-(2 * -(-count // 4) * 4) // SLOT_ALIGN) * SLOT_ALIGN
+                elif count <= eager:
                     slot = inbox
-                    # a line slot holds 8 bytes per 4 bytes of data
-                    room = 2 * -(-count // 4) * 4 if count <= lines else count
-                    inbox += -(-room // SLOT_ALIGN) * SLOT_ALIGN
+                    inbox += -(-count // SLOT_ALIGN) * SLOT_ALIGN
                 landing.setdefault((r.peer, other.rank), []).append((index, r.region, slot))
         inboxes.append(inbox)
+        line_inboxes.append(in_lines)
     # A rank publishes its epoch where some sender waits for it: at its first step (eager
     # senders wait for the previous call's) and where a receive is not eager.
     waited = {0} | {index for pairs in (p for (src, dst), p in landing.items() if dst == rank)
@@ -318,7 +334,8 @@ def _lower(plan, plans, eager, lines, seeded):
                    for t in step.sends), default=0)
     outputs = [_staged_output(other, eager) for other in plans]
     return Program(table, out_staged, outputs[rank], plan.scratch, tuple(sent), tuple(received),
-                   largest, max(outputs), max(other.scratch for other in plans), max(inboxes))
+                   largest, max(outputs), max(other.scratch for other in plans), max(inboxes),
+                   max(line_inboxes))
 
 
 class _Barriers:

@@ -66,7 +66,7 @@ class _Entry:
     (``cuLaunchKernel`` takes an array of pointers to the values); a call only rewrites the
     four buffer addresses. ~1 µs of host time, where CuPy's generic launch costs ~7."""
     __slots__ = ("program", "code", "tallies", "function", "blocks", "staging", "scratch_at",
-                 "inbox", "values", "params", "pointers")
+                 "inbox", "lines", "values", "params", "pointers")
 
     def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded):
         import cupy
@@ -85,6 +85,7 @@ class _Entry:
         # (never 0: the first call allocates both, even one that stages nothing)
         self.staging = max(256, _align(self.scratch_at + program.scratch_max * itemsize))
         self.inbox = max(256, _align(program.inbox * itemsize))
+        self.lines = max(256, _align(program.line_inbox * itemsize))
         u64, i32 = ctypes.c_uint64, ctypes.c_int32
         # in the kernel's parameter order; the four buffers (and the peers' tables, which
         # move when the staging memory grows) are set per call
@@ -92,7 +93,7 @@ class _Entry:
                        u64(self.tallies.data.ptr), u64(0), u64(0), u64(0), u64(0), u64(0),
                        u64(0), u64(self.scratch_at), u64(memory.flags_ptr),
                        u64(memory.error_ptr), i32(plan.rank), i32(plan.size),
-                       i32(dtype.itemsize), u64(0), u64(0), u64(0)]
+                       i32(dtype.itemsize), u64(0), u64(0), u64(0), u64(0), u64(0)]
         self.pointers = (ctypes.c_void_p * len(self.values))(
             *[ctypes.addressof(v) for v in self.values])
         self.params = ctypes.addressof(self.pointers)
@@ -160,14 +161,16 @@ class PeerExecutor:
         memory = self.memory
         cupy = self.cupy
         stream = cupy.cuda.get_current_stream()
-        if memory.capacity < entry.staging or memory.inbox_half < entry.inbox:
+        if memory.capacity < entry.staging or memory.inbox_half < entry.inbox or \
+                memory.lines_half < entry.lines:
             if stream.is_capturing():
                 raise TransportError(f"{operation or plan.collective} on rank {plan.rank}: "
                                      f"the peer staging memory must grow to {entry.staging} "
-                                     f"bytes (inbox halves {entry.inbox}), which cannot happen "
+                                     f"bytes (inbox halves {entry.inbox}, {entry.lines} for "
+                                     f"lines), which cannot happen "
                                      f"during graph capture; run the call once before "
                                      f"capturing it")
-            memory.ensure(entry.staging, entry.inbox)
+            memory.ensure(entry.staging, entry.inbox, entry.lines)
         if memory.last_stream is not None and memory.last_stream.ptr != stream.ptr:
             stream.wait_event(memory.last_stream.record())
         memory.last_stream = stream
@@ -183,6 +186,8 @@ class PeerExecutor:
         values[15].value = int((DEFAULT_TIMEOUT if timeout is None else timeout) * 1e9)
         values[16].value = memory.peer_inbox_array.data.ptr
         values[17].value = memory.inbox_half
+        values[18].value = memory.peer_lines_array.data.ptr
+        values[19].value = memory.lines_half
         _launch(entry.function, entry.blocks, 1, 1, cuda_peer.THREADS, 1, 1, 0,
                 stream.ptr, entry.params, 0)
 

@@ -359,13 +359,15 @@ extern "C" __global__ void __launch_bounds__(%(THREADS)d)
 run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, char* scratch,
             char* caller_out, const u64* peer_data_at, const u64* peer_flags_at, u64 scratch_at,
             u64* flags, int* error, int rank, int size, int itemsize, u64 timeout_ns,
-            const u64* peer_inbox_at, u64 inbox_half) {
+            const u64* peer_inbox_at, u64 inbox_half, const u64* peer_lines_at,
+            u64 lines_half) {
     __shared__ int stop;
     __shared__ u64 deadline, call_number;
     /* The program and the peers' addresses copied into shared memory by every thread at
        once: one memory latency at the start instead of one per first use on the way. */
     __shared__ i64 program[SHARED_ROWS * WIDTH];
     __shared__ u64 peer_data[%(MAX_RANKS)d], peer_flags[%(MAX_RANKS)d], peer_inbox[%(MAX_RANKS)d];
+    __shared__ u64 peer_lines[%(MAX_RANKS)d];    /* the inboxes of messages in lines */
     const i64* code = n <= SHARED_ROWS ? program : code_at;
     if (n <= SHARED_ROWS)
         for (int t = threadIdx.x; t < n * WIDTH; t += blockDim.x) program[t] = code_at[t];
@@ -378,6 +380,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
         peer_data[t] = peer_data_at[t];
         peer_flags[t] = peer_flags_at[t];
         peer_inbox[t] = peer_inbox_at[t];
+        peer_lines[t] = peer_lines_at[t];
         sent[t] = flags[SENT_WORDS + t];
         received[t] = flags[RECEIVED_WORDS + t];
         sends[t] = (u64)tallies[t];
@@ -522,7 +525,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             if (stop) break;
             for (int k = i; k < j; k++) {
                 const i64* q = code + (i64)k * WIDTH;
-                send_lines((u64*)((char*)peer_inbox[q[2]] + (call & 1) * inbox_half
+                send_lines((u64*)((char*)peer_lines[q[2]] + (call & 1) * lines_half
                                   + q[5] * itemsize),
                            (const S*)bases[q[3]] + q[4], q[6], (u64)(unsigned)(call + 1) << 32,
                            align);
@@ -533,7 +536,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
         case 9:   /* TAKE_LL: each line waited for by the thread that copies it */
         case 10: {/* REDUCE_LL: each line waited for and reduced by the thread that reads it */
             const i64 slot = r[0] == 9 ? r[6] : r[5];
-            const u64* src = (const u64*)((const char*)peer_inbox[rank] + (call & 1) * inbox_half
+            const u64* src = (const u64*)((const char*)peer_lines[rank] + (call & 1) * lines_half
                                           + slot * itemsize);
             const bool ok = r[0] == 9
                 ? take_lines(c, src, r[7], (S*)bases[r[4]] + r[5], nullptr, nullptr, false,

@@ -65,6 +65,8 @@ class PeerMemory:
         self.peer_data, self.peer_data_array = [], None
         self.inbox_ptr, self.inbox_half = 0, 0
         self.peer_inbox, self.peer_inbox_array = [], None
+        self.lines_ptr, self.lines_half = 0, 0          # the inbox of messages in lines
+        self.peer_lines, self.peer_lines_array = [], None
         self._opened = [p for r, p in enumerate(self.peer_flags) if r != self.rank]
         self.last_stream = None
 
@@ -89,12 +91,13 @@ class PeerMemory:
                                      f"memory ({exc})") from exc
         return out
 
-    def ensure(self, nbytes: int, inbox: int = 0) -> None:
-        """Staging memory of at least ``nbytes`` and inbox halves of at least ``inbox`` bytes
-        on every rank (collective: every rank of the call asks for the same sizes at the same
-        call). Inboxes are a separate allocation, zeroed (a line's flag 0 never matches), whose
-        halves stay where they are until they grow."""
-        if nbytes <= self.capacity and inbox <= self.inbox_half:
+    def ensure(self, nbytes: int, inbox: int = 0, lines: int = 0) -> None:
+        """Staging memory of at least ``nbytes``, inbox halves of at least ``inbox`` bytes and
+        halves of the inbox of lines of at least ``lines`` bytes on every rank (collective:
+        every rank of the call asks for the same sizes at the same call). Inboxes are
+        separate allocations, zeroed (a line's flag 0 never matches), whose halves stay where
+        they are until they grow."""
+        if nbytes <= self.capacity and inbox <= self.inbox_half and lines <= self.lines_half:
             return
         cupy = self.cupy
         runtime = cupy.cuda.runtime
@@ -113,6 +116,13 @@ class PeerMemory:
                 runtime.memset(self.inbox_ptr, 0, 2 * self.inbox_half)
                 self.peer_inbox = self._share(self.inbox_ptr)
                 self.peer_inbox_array = cupy.asarray(np.array(self.peer_inbox, np.uint64))
+            if lines > self.lines_half or self.lines_ptr == 0:
+                self._release(self.peer_lines, self.lines_ptr)
+                self.lines_half = max(lines, 2 * self.lines_half, 1 << 16)
+                self.lines_ptr = runtime.malloc(2 * self.lines_half)
+                runtime.memset(self.lines_ptr, 0, 2 * self.lines_half)
+                self.peer_lines = self._share(self.lines_ptr)
+                self.peer_lines_array = cupy.asarray(np.array(self.peer_lines, np.uint64))
 
     # -- errors --------------------------------------------------------------------------
 
@@ -162,8 +172,9 @@ class PeerMemory:
                 runtime.deviceSynchronize()
                 self._release(self.peer_data, self.data_ptr)
                 self._release(self.peer_inbox, self.inbox_ptr)
-                self.data_ptr = self.inbox_ptr = 0
-                self.peer_data, self.peer_inbox = [], []
+                self._release(self.peer_lines, self.lines_ptr)
+                self.data_ptr = self.inbox_ptr = self.lines_ptr = 0
+                self.peer_data, self.peer_inbox, self.peer_lines = [], [], []
                 for ptr in self._opened:
                     runtime.ipcCloseMemHandle(ptr)
                 self._opened = []

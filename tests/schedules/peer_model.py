@@ -42,6 +42,8 @@ class Group:
         self.out = [np.full(staging, np.nan) for _ in range(size)]
         self.scratch = [np.full(staging, np.nan) for _ in range(size)]
         self.inbox = [[np.full(staging, np.nan) for _ in (0, 1)] for _ in range(size)]
+        # messages in lines have an inbox of their own (data and flag of each line)
+        self.lines = [[np.full(staging, np.nan) for _ in (0, 1)] for _ in range(size)]
         self.line_flags = [[np.zeros(staging, np.int64) for _ in (0, 1)] for _ in range(size)]
 
     def run(self, calls, reduce=np.add, *, piece=3, deadline=100000, absent=(), eager=0,
@@ -134,7 +136,7 @@ class Group:
                 target = (call << pushed.STEP_BITS) if call >= 2 else 0
                 yield from wait(lambda: self.epoch[peer] >= target, step, peer,
                                 "the previous call")
-                theirs = self.inbox[peer][call & 1]
+                theirs = self.lines[peer][call & 1]
                 flags = self.line_flags[peer][call & 1]
                 lo, hi = share(count)
                 for a in range(lo, hi, piece):
@@ -144,7 +146,7 @@ class Group:
                     yield
             elif kind == TAKE_LL:
                 peer, k, db, do, slot, count = map(int, row[2:8])
-                inbox = self.inbox[rank][call & 1]
+                inbox = self.lines[rank][call & 1]
                 flags = self.line_flags[rank][call & 1]
                 lo, hi = share(count)
                 for a in range(lo, hi, piece):          # each piece as soon as it is there
@@ -184,7 +186,7 @@ class Group:
                                 "its message")
             elif kind in (REDUCE_LL, TAKE_REDUCE):
                 peer, kb, ko, slot, count, db, do, ob, oo, first, k = map(int, row[2:13])
-                inbox = self.inbox[rank][call & 1]
+                inbox = (self.lines if kind == REDUCE_LL else self.inbox)[rank][call & 1]
                 flags = self.line_flags[rank][call & 1]
                 lo, hi = share(count)
                 if kind == TAKE_REDUCE:

@@ -171,6 +171,22 @@ def test_eager_messages_go_to_inbox_slots_and_others_wait_for_their_receive():
     assert program.inbox == 6 * 16          # 2(p-1) messages of 16 elements
 
 
+def test_messages_in_lines_have_an_inbox_of_their_own():
+    """A line counts as arrived when its flag half holds the call's number. Plain data of an
+    earlier call at the same bytes could hold that number (bfloat16 zeros and small integers
+    did, on 2 GPUs: stale data taken for this call's lines), so line slots never share the
+    inbox with other messages."""
+    plan = build_plan("all_reduce", "ring", 0, 4, 4099)       # chunks of 1025 and 1024
+    program = pushed.lower(plan, 4096, 1024)
+    rows = {kind: [row for row in program.code if row[0] == kind]
+            for kind in (pushed.SEND_LL, pushed.SEND)}
+    assert rows[pushed.SEND_LL] and rows[pushed.SEND], "the plan mixes both kinds"
+    for row in rows[pushed.SEND_LL]:         # slot, count: within the inbox of lines
+        assert 0 <= row[5] and row[5] + 2 * row[6] <= program.line_inbox
+    for row in rows[pushed.SEND]:
+        assert 0 <= row[5] and row[5] + row[6] <= program.inbox
+
+
 def test_staging_is_only_where_messages_land():
     plan = build_plan("reduce_scatter", "direct", 0, 4, (3, 3, 3, 3))
     program = pushed.lower(plan)
