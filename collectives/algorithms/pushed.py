@@ -271,6 +271,38 @@ def _lower(plan, plans, eager, lines, seeded):
                 emit((PUSH, index, s.peer, _BUFFER[source.buffer], source.offset,
                       _BUFFER[region.buffer], region.offset, s.region.count, their_step, k))
         taken = {}                         # local op position -> (receive, slot, k): fused
+
+        def local(position, op):
+            if position in taken:          # the message reduced straight out of the inbox
+                r, slot, k = taken[position]
+                first = op.a == r.region
+                other = read(op.b if first else op.a)
+                keep = r.region.buffer == "output" or _read_later(plan, index, position,
+                                                                   r.region)
+                order.before(((other,), (op.dst,) + ((r.region,) if keep else ())), index)
+                wrote(op.dst, r.region)
+                emit((REDUCE_LL if r.region.count <= lines else TAKE_REDUCE, index, r.peer,
+                      _BUFFER[r.region.buffer] if keep else -1, r.region.offset, slot,
+                      op.dst.count, _BUFFER[op.dst.buffer], op.dst.offset,
+                      _BUFFER[other.buffer], other.offset, int(first), k))
+                return
+            if isinstance(op, Copy):
+                src = read(op.src)
+                order.before(((src,), (op.dst,)), index)
+                emit((COPY, index, _BUFFER[op.dst.buffer], op.dst.offset,
+                      _BUFFER[src.buffer], src.offset, op.dst.count))
+            else:
+                a, b = read(op.a), read(op.b)
+                order.before(((a, b), (op.dst,)), index)
+                emit((REDUCE, index, _BUFFER[op.dst.buffer], op.dst.offset,
+                      _BUFFER[a.buffer], a.offset, _BUFFER[b.buffer], b.offset,
+                      op.dst.count))
+            wrote(op.dst)
+
+        # local ops that touch nothing the step receives run while its messages travel
+        early = _apart_from_receives(step)
+        for position in range(early):
+            local(position, step.local[position])
         for k, r in _numbered(step.recvs, received):
             slot = mine[r.peer, k]
             at = _fused_at(step, r) if slot >= 0 else None
@@ -286,32 +318,8 @@ def _lower(plan, plans, eager, lines, seeded):
                 emit((ARRIVE, index, r.peer, k))
         for r in step.recvs:
             received[r.peer] += 1
-        for position, op in enumerate(step.local):
-            if position in taken:          # the message reduced straight out of its lines
-                r, slot, k = taken[position]
-                first = op.a == r.region
-                other = read(op.b if first else op.a)
-                keep = r.region.buffer == "output" or _read_later(plan, index, position,
-                                                                   r.region)
-                order.before(((other,), (op.dst,) + ((r.region,) if keep else ())), index)
-                wrote(op.dst, r.region)
-                emit((REDUCE_LL if r.region.count <= lines else TAKE_REDUCE, index, r.peer,
-                      _BUFFER[r.region.buffer] if keep else -1, r.region.offset, slot,
-                      op.dst.count, _BUFFER[op.dst.buffer], op.dst.offset,
-                      _BUFFER[other.buffer], other.offset, int(first), k))
-                continue
-            if isinstance(op, Copy):
-                src = read(op.src)
-                order.before(((src,), (op.dst,)), index)
-                emit((COPY, index, _BUFFER[op.dst.buffer], op.dst.offset,
-                      _BUFFER[src.buffer], src.offset, op.dst.count))
-            else:
-                a, b = read(op.a), read(op.b)
-                order.before(((a, b), (op.dst,)), index)
-                emit((REDUCE, index, _BUFFER[op.dst.buffer], op.dst.offset,
-                      _BUFFER[a.buffer], a.offset, _BUFFER[b.buffer], b.offset,
-                      op.dst.count))
-            wrote(op.dst)
+        for position in range(early, len(step.local)):
+            local(position, step.local[position])
     if out_staged:                            # what the plan (or a seeding copy) wrote
         for lo, hi in list(zip(written.starts, written.ends)):
             order.before(((Region("output", lo, hi - lo),), ()), -1)
@@ -376,6 +384,17 @@ def _numbered(recvs, received=None):
         k = (received[r.peer] if received else 0) + seen.get(r.peer, 0)
         seen[r.peer] = seen.get(r.peer, 0) + 1
         yield k, r
+
+
+def _apart_from_receives(step):
+    """How many of ``step``'s first local ops conflict with none of its receives: they may
+    run before the receives complete (the plan means all transfers, then the ops in order;
+    these ops neither see nor change what is received)."""
+    received = [hazards.access(r) for r in step.recvs]
+    for position, op in enumerate(step.local):
+        if any(hazards.conflict(hazards.access(op), r) for r in received):
+            return position
+    return len(step.local)
 
 
 def _fused_at(step, recv):
