@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from statistics import median
 
 from .algorithms.params import Params, load_params
 
@@ -64,12 +65,6 @@ def _synchronize(xp):
         cuda.Device().synchronize()
 
 
-def _median(values):
-    values = sorted(values)
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
-
-
 def calibrate(group, *, repeats: int = 15, pingpong_bytes=PINGPONG_BYTES,
               reduce_bytes=REDUCE_BYTES, timeout: float = 60.0) -> Params:
     """Measure and fit this transport's parameters; a collective call (every rank of
@@ -108,7 +103,7 @@ def calibrate(group, *, repeats: int = 15, pingpong_bytes=PINGPONG_BYTES,
                 _synchronize(xp)
                 if trip >= 2:
                     trips.append(time.perf_counter() - start)
-            pingpong.append((nbytes, _median(trips) / 2))
+            pingpong.append((nbytes, median(trips) / 2))
     if rank == 0:
         add = reducer(ReduceOp.SUM, np.float32)
         for nbytes in reduce_bytes:
@@ -122,7 +117,7 @@ def calibrate(group, *, repeats: int = 15, pingpong_bytes=PINGPONG_BYTES,
                 _synchronize(xp)
                 if trial:
                     times.append(time.perf_counter() - start)
-            reductions.append((nbytes, _median(times)))
+            reductions.append((nbytes, median(times)))
         fitted = fit(pingpong, reductions, default)
         values = xp.asarray(np.array([fitted.alpha, fitted.beta, fitted.gamma]))
         exchange([transport.isend(values, peer, tag) for peer in range(1, size)])

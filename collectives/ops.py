@@ -36,6 +36,11 @@ class ReduceOp(enum.IntEnum):
         raise ValueError(f"unknown reduce op {op!r}; known: {', '.join(cls.__members__)}")
 
 
+# Every collective a plan can be built for. Append only: a collective's index is part of the
+# call signature that travels with every message (collectives.signature).
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
+               "reduce", "gather", "scatter", "barrier")
+
 # The collectives that take a reduction op (the others only move data).
 REDUCING = frozenset({"all_reduce", "reduce_scatter", "reduce"})
 

@@ -9,9 +9,7 @@ drained, so a transport is never driven from two threads for one group at once.
 from __future__ import annotations
 
 from . import state, tensors, work as _work
-from .transports.base import finish
-
-ANY_SOURCE = -1
+from .transports.base import ANY_SOURCE, finish
 
 
 def _peer(pg, rank, group_rank, operation, name, allow_any=False):

@@ -21,11 +21,10 @@ import zlib
 import numpy as np
 
 from .errors import CollectiveError
+from .ops import COLLECTIVES
 
 SIZE = 7
 NONE = bytes(SIZE)                   # no signature: user point-to-point, internal exchanges
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast",
-               "reduce", "gather", "scatter", "barrier")
 _DTYPE_NAMES = ("bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64",
                 "uint64", "float16", "bfloat16", "float32", "float64", "complex64",
                 "complex128")

@@ -73,14 +73,22 @@ def writeable(array) -> bool:
     return getattr(array.flags, "writeable", True)
 
 
-def flat_list(items, operation: str, rank: int, name: str, length: int | None = None):
-    """Flat views of a list of tensors, all of one dtype; ``length`` checks the list size."""
+def check_list(items, operation: str, rank: int, name: str, length: int | None = None,
+               per_rank: bool = True) -> None:
+    """A list-shaped argument is a list or tuple, of ``length`` entries where given (one per
+    rank of the group unless ``per_rank`` is false)."""
     if not isinstance(items, (list, tuple)):
         raise TypeError(f"{operation} on rank {rank}: {name} must be a list of tensors, got "
                         f"{type(items).__name__}")
     if length is not None and len(items) != length:
-        raise ValueError(f"{operation} on rank {rank}: {name} must hold {length} tensors (one "
-                         f"per rank of the group), got {len(items)}")
+        each = " (one per rank of the group)" if per_rank else ""
+        raise ValueError(f"{operation} on rank {rank}: {name} must hold {length} "
+                         f"tensors{each}, got {len(items)}")
+
+
+def flat_list(items, operation: str, rank: int, name: str, length: int | None = None):
+    """Flat views of a list of tensors, all of one dtype; ``length`` checks the list size."""
+    check_list(items, operation, rank, name, length)
     views = [flat(t, operation, rank, f"{name}[{i}]") for i, t in enumerate(items)]
     for i, view in enumerate(views[1:], 1):
         if view.dtype != views[0].dtype:

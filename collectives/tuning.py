@@ -36,6 +36,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
+from statistics import median
 
 from . import settings
 from .algorithms import capabilities, cost
@@ -307,9 +308,9 @@ class DecisionTable:
             raise ValueError(f"{collective} has no algorithm registered")
         ranked = cost.ranking(collective, self.size, class_bytes(cls), self.params, candidates)
         (best_time, best), rest = ranked[0], ranked[1:]
-        note = f"predicted {_seconds(best_time)}"
+        note = f"predicted {cost.format_seconds(best_time)}"
         if rest:
-            note += f"; runner-up {rest[0][1]} {_seconds(rest[0][0])}"
+            note += f"; runner-up {rest[0][1]} {cost.format_seconds(rest[0][0])}"
         return self._knobs(best, "model", note)
 
     def _points(self, collective: str) -> list:
@@ -350,7 +351,7 @@ class DecisionTable:
     def format(self, collectives=None, classes=None, *, computed_only: bool = False) -> str:
         head = (f"decision table: {self.size} rank{'s' if self.size != 1 else ''} over "
                 f"{self.transport or '(any)'}, hash {self.hash[:16]}; {self.label()}; "
-                f"model: {_describe(self.params)}")
+                f"model: {self.params.describe()}")
         lines = [head, f"  {'collective':15s} {'bytes':13s} {'algorithm':19s} {'by':9s} "
                        f"{'window':>6s} {'segment':>8s}  why"]
         for collective, first, last, row in self.rows(collectives, classes,
@@ -391,19 +392,6 @@ def disagreement(records, rank: int, operation: str = "ProcessGroup") -> str | N
             f"the same {settings.ALGORITHM.name}")
 
 
-def _seconds(value: float) -> str:
-    if not math.isfinite(value):
-        return "inf"
-    return f"{value * 1e6:.1f} us" if value < 1e-3 else f"{value * 1e3:.3f} ms"
-
-
-def _describe(params) -> str:
-    def rate(seconds_per_byte):
-        return f"{1e-9 / seconds_per_byte:.3g} GB/s" if seconds_per_byte else "unbounded"
-    return (f"alpha {params.alpha * 1e6:.2f} us, 1/beta {rate(params.beta)}, "
-            f"1/gamma {rate(params.gamma)}")
-
-
 # ---------------------------------------------------------------------------------------------
 # Writing (bench.py --tune) and showing (python -m collectives tune show)
 
@@ -420,32 +408,26 @@ def _row_times(row) -> list[float]:
     return [float(row["time_s"]) * 1e6]
 
 
-def _median(values):
-    values = sorted(values)
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
-
-
 def run_noise(records) -> tuple[float, str]:
     """(the run's noise as a fraction, how it was measured): the median over rows of one
     schedule's spread over rounds ((max - min) / median of its round p50s); without rounds,
     the median gap between auto's row and its choice's own row (one schedule measured
     twice); without either, 0 (every measured difference counts)."""
-    spreads = [(max(t) - min(t)) / _median(t) for t in map(_row_times, records)
-               if len(t) > 1 and _median(t) > 0]
+    spreads = [(max(t) - min(t)) / median(t) for t in map(_row_times, records)
+               if len(t) > 1 and median(t) > 0]
     if spreads:
-        return _median(spreads), "spread over rounds"
+        return median(spreads), "spread over rounds"
     gaps = []
     for auto in (r for r in records if r.get("algorithm") == "auto"):
         twin = next((r for r in records if r.get("algorithm") == auto.get("chosen")
                      and r["collective"] == auto["collective"] and r["size"] == auto["size"]
                      and r.get("world_size") == auto.get("world_size")), None)
         if twin:
-            a, b = _median(_row_times(auto)), _median(_row_times(twin))
+            a, b = median(_row_times(auto)), median(_row_times(twin))
             if a > 0 and b > 0:
                 gaps.append(abs(math.log(a / b)))
     if gaps:
-        return math.expm1(_median(gaps)), "auto row vs its choice's row"
+        return math.expm1(median(gaps)), "auto row vs its choice's row"
     return 0.0, "none measured"
 
 
@@ -470,7 +452,7 @@ def decisions_from_records(records, params, itemsize: int = 4) -> dict:
     for (collective, p), by_size in table.items():
         rows = []
         for nbytes, times in sorted(by_size.items()):
-            medians = {name: _median(t) for name, t in times.items()}
+            medians = {name: median(t) for name, t in times.items()}
             rounds = max(len(t) for t in times.values())
             order = sorted(medians, key=lambda n: (medians[n], n))
             best = order[0]
@@ -515,7 +497,7 @@ def show(path: str) -> str:
     for transport in sorted(data):
         entry = read_entry(path, transport)
         params = cost.load_params(transport, path)
-        lines.append(f"{transport}: {_describe(params)}")
+        lines.append(f"{transport}: {params.describe()}")
         shapes = set()
         for key in (DECISIONS, RATIOS_KEY):
             for collective, sizes in (entry.get(key) or {}).items():

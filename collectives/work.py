@@ -219,6 +219,15 @@ def stop(pg) -> None:
         worker.stop()
 
 
+def then(run, finish, *args):
+    """``run``, then ``finish(*args)`` (copying a gathered buffer into the caller's tensors) in
+    the same call, so that a queued collective's Work completes only after both."""
+    def run_and_finish():
+        run()
+        finish(*args)
+    return run_and_finish
+
+
 def _inside(scope, run):
     def scoped():
         with scope():

@@ -109,16 +109,13 @@ def _log_choice(collective, size, nbytes, transport, ranked):
         log.addHandler(handler)
     (best_time, best), rest = ranked[0], ranked[1:]
     text = (f"auto: {collective} of {nbytes} bytes on {size} ranks ({transport or 'default'} "
-            f"parameters) -> {best}, predicted {_seconds(best_time)}")
+            f"parameters) -> {best}, predicted {cost.format_seconds(best_time)}")
     if rest:
-        text += f"; runner-up {rest[0][1]} {_seconds(rest[0][0])}"
+        text += f"; runner-up {rest[0][1]} {cost.format_seconds(rest[0][0])}"
     if settings.DEBUG() == "DETAIL" and len(rest) > 1:
-        text += "; others " + ", ".join(f"{name} {_seconds(t)}" for t, name in rest[1:])
+        text += "; others " + ", ".join(f"{name} {cost.format_seconds(t)}"
+                                        for t, name in rest[1:])
     log.info(text)
-
-
-def _seconds(value: float) -> str:
-    return f"{value * 1e6:.1f} us" if value < 1e-3 else f"{value * 1e3:.3f} ms"
 
 
 __all__ = ["ALIASES", "AUTO", "NATIVE", "Plan", "build_plan", "canonical", "capabilities",

@@ -364,6 +364,13 @@ def estimate(collective: str, algorithm: str, size: int, nbytes: int, params: Pa
 # Choosing
 
 
+def format_seconds(value: float) -> str:
+    """A predicted time as ``auto``'s log and the decision table print it."""
+    if not math.isfinite(value):
+        return "inf"
+    return f"{value * 1e6:.1f} us" if value < 1e-3 else f"{value * 1e3:.3f} ms"
+
+
 def ranking(collective: str, size: int, nbytes: int, params: Params, candidates,
             itemsize: int = 4, corrections: Corrections = NO_CORRECTIONS
             ) -> list[tuple[float, str]]:

@@ -75,6 +75,14 @@ class Params:
             return self.gamma * ranks
         return self.gamma
 
+    def describe(self) -> str:
+        """``alpha 40.00 us, 1/beta 1.2 GB/s, 1/gamma 5 GB/s``: the classic three as the
+        bench and ``tune show`` print them."""
+        def rate(seconds_per_byte):
+            return f"{1e-9 / seconds_per_byte:.3g} GB/s" if seconds_per_byte else "unbounded"
+        return (f"alpha {self.alpha * 1e6:.2f} us, 1/beta {rate(self.beta)}, "
+                f"1/gamma {rate(self.gamma)}")
+
 
 SHAPE_FIELDS = ("ports", "link_beta", "beta_small", "beta_knee", "gamma_shared_bytes",
                 "local_alpha", "spill_bytes", "spill_factor")

@@ -27,6 +27,9 @@ import functools
 from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple
 
+from ..ops import COLLECTIVES
+
+
 class Region(NamedTuple):
     buffer: str
     offset: int
@@ -234,9 +237,6 @@ def _scratch_needed(steps) -> int:
 
 # collective -> algorithm name -> schedule function
 REGISTRY: dict[str, dict[str, Callable]] = {}
-
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all",
-               "broadcast", "reduce", "gather", "scatter", "barrier")
 
 
 def algorithm(collective: str, name: str):

@@ -9,11 +9,11 @@ call.
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from ..ops import REDUCING, ReduceOp
+from ..settings import byte_size
+from ..tuning import format_bytes as format_size
 
 BENCH_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 ALGORITHMS = ("ring", "tree", "recursive_doubling", "auto", "native")
@@ -33,15 +33,13 @@ __all__ = ["ALGORITHMS", "BENCH_COLLECTIVES", "BUS_FACTOR", "Case", "DEFAULT_SIZ
 # ---------------------------------------------------------------------------------------------
 # sizes and dtypes
 
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
-          "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
-
-
 def parse_size(text: str) -> int:
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).upper() not in _UNITS:
-        raise ValueError(f"bad size {text!r}: use bytes with an optional K, M or G suffix")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    """Bytes as the settings read them (``4096``, ``64K``, ``1.5GiB``), in the bench's words."""
+    try:
+        return byte_size(text)
+    except ValueError:
+        raise ValueError(f"bad size {text!r}: use bytes with an optional K, M or G "
+                         f"suffix") from None
 
 
 def parse_sizes(text: str) -> tuple:
@@ -65,13 +63,6 @@ def parse_sizes(text: str) -> tuple:
     if not sizes:
         raise ValueError(f"no sizes in {text!r}")
     return tuple(sorted(set(sizes)))
-
-
-def format_size(nbytes: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return str(nbytes)
 
 
 def parse_dtype(name: str) -> np.dtype:

@@ -18,7 +18,7 @@ from . import report
 from .backends import BACKENDS, default_backend, launch, launch_rank, under_launcher, under_mpi
 from .cases import ALGORITHMS, BENCH_COLLECTIVES, DEFAULT_SIZES, parse_dtype, parse_sizes
 from .machine import describe_executor, host_load, oversubscription_warning
-from .report import comment, describe_params
+from .report import comment
 from .sweep import Config, HostBench, on_every_group, run
 
 
@@ -283,7 +283,7 @@ def run_groups(args, config: Config, groups) -> int:
     if args.calibrate:
         fitted = calibrate_groups(groups, args.calibrate, args.timeout)
         if leader:
-            print(f"# calibrated {group.transport.name}: {describe_params(fitted)} "
+            print(f"# calibrated {group.transport.name}: {fitted.describe()} "
                   f"-> {args.calibrate}", flush=True)
     meta = report.metadata(groups, config)
     meta.update(gpu_meta)
@@ -358,7 +358,7 @@ def _print_header(args, config, meta, group, crowded, gpu):
         print(comment("1 rank: not started by mpiexec, so no rank has a peer; run "
                       "mpiexec -n N python benchmarks/bench.py"), flush=True)
     transport = group.transport.name
-    print(f"# model ({transport}): {describe_params(cost.load_params(transport))} from "
+    print(f"# model ({transport}): {cost.load_params(transport).describe()} from "
           f"{settings.TUNING() or 'the defaults'}", flush=True)
     print(f"# timing: {config.rounds} round{'s' if config.rounds != 1 else ''} per row, "
           f"interleaved; each a few batches of back-to-back calls after a barrier, "

@@ -28,7 +28,6 @@ from ..algorithms import capabilities, cost
 from ..algorithms.schedule import build_plan, plan_args
 from ..algorithms.simulate import verify
 from .cases import BUS_FACTOR, element_count, format_size, parse_dtype
-from .report import describe_params
 
 # Seconds per operation (transfer or local operation, summed over ranks) of the simulator on
 # a 2-core machine: 8.4 M operations of the ring all_reduce at P = 1024 took 50 s.
@@ -131,7 +130,7 @@ def simulate_main(args, config) -> int:
     itemsize = parse_dtype(config.dtype).itemsize
     params = cost.load_params(args.backend)
     print(f"# collectives bench --simulate {p}: {args.backend} model, "
-          f"{describe_params(params)} from {settings.TUNING() or 'the defaults'}"
+          f"{params.describe()} from {settings.TUNING() or 'the defaults'}"
           f", dtype {config.dtype}", flush=True)
     start = time.perf_counter()
     rows = predicted_rows(p, config.collectives, algorithms, config.sizes, params, itemsize)

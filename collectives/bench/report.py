@@ -217,13 +217,6 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def describe_params(params) -> str:
-    def rate(seconds_per_byte):
-        return f"{1e-9 / seconds_per_byte:.3g} GB/s" if seconds_per_byte else "unbounded"
-    return (f"alpha {params.alpha * 1e6:.2f} us, 1/beta {rate(params.beta)}, "
-            f"1/gamma {rate(params.gamma)}")
-
-
 def comment(text: str, width: int = 100) -> str:
     """``text`` as '#' lines of at most ``width`` characters (paths are never split)."""
     import textwrap

@@ -16,7 +16,7 @@ from ..group import ProcessGroup
 from ..state import seconds as _seconds
 from ..transports.subgroup import SubgroupTransport
 from .calls import (BACKEND, GPU_TRANSPORT, LANE_ID, TRANSPORT, _Checks, _in_order, _on_device,
-                    _tensors_in, _then)
+                    _tensors_in)
 from .stores import _TorchStore
 from .work import Work, _Completions, in_callback
 
@@ -196,7 +196,7 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
             same = [v for v in views if v.dtype == dtype]
             whole = tensors.concatenate(same, same[0])
             run = self.group.prepare("all_reduce", output=whole, op=op, timeout=limit)
-            runs.append(_then(run, tensors.split_into, whole, same))
+            runs.append(_work.then(run, tensors.split_into, whole, same))
         return self._launch("all_reduce_coalesced", _in_order(runs), tensors_, opts)
 
     @_on_device("reduce")
@@ -220,7 +220,7 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
         counts = None if all(s == buf.size for s in sizes) else sizes
         run = self.group.prepare("all_gather", input=buf, output=whole, counts=counts,
                                  timeout=self._timeout(opts))
-        return _then(run, tensors.split_into, whole, views)
+        return _work.then(run, tensors.split_into, whole, views)
 
     @_on_device("all_gather")
     def allgather(self, output_tensors, input_tensors, opts=_c10d.AllgatherOptions()):
@@ -283,7 +283,7 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
         run = self.group.prepare("gather", input=buf, output=whole, root=root,
                                  timeout=self._timeout(opts))
         if whole is not None:
-            run = _then(run, tensors.split_into, whole, views)
+            run = _work.then(run, tensors.split_into, whole, views)
         return self._launch("gather", run, output_tensors, opts)
 
     @_on_device("scatter")
@@ -360,7 +360,7 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
         whole_out = tensors.empty(outs[0], sum(recvs))
         run = self.group.prepare("all_to_all", input=whole_in, output=whole_out, counts=counts,
                                  timeout=self._timeout(opts))
-        return self._launch("all_to_all", _then(run, tensors.split_into, whole_out, outs),
+        return self._launch("all_to_all", _work.then(run, tensors.split_into, whole_out, outs),
                             output_tensors, opts)
 
     @_on_device("all_to_all_single")

@@ -19,13 +19,6 @@ GPU_TRANSPORT = "nccl"              # CUDA tensors' transport (made at a group's
 LANE_ID = 1
 
 
-def _then(run, finish, *args):
-    def run_and_finish():
-        run()
-        finish(*args)
-    return run_and_finish
-
-
 def _in_order(runs):
     def run_all():
         for run in runs:
@@ -87,12 +80,7 @@ class _Checks:
         return tensors.flat(tensor, operation, self.group.rank, name)
 
     def _flats(self, items, operation, name, length=None):
-        if not isinstance(items, (list, tuple)):
-            raise TypeError(f"{self._where(operation)}: {name} must be a list of tensors, got "
-                            f"{type(items).__name__}")
-        if length is not None and len(items) != length:
-            raise ValueError(f"{self._where(operation)}: {name} must hold {length} tensors (one "
-                             f"per rank of the group), got {len(items)}")
+        tensors.check_list(items, operation, self.group.rank, name, length)
         return [self._flat(t, operation, f"{name}[{i}]") for i, t in enumerate(items)]
 
     def _single(self, items, operation, name="tensors"):

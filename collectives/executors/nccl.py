@@ -79,13 +79,12 @@ from ..algorithms.lowered import COMM, LOCAL, POST, Chain
 from ..algorithms.schedule import Copy, Plan
 from ..errors import TransportError
 from ..ops import REDUCING
+from ..transports.nccl import MEMCPY_D2D, NCCL_UINT8
 
 ENV_SEGMENT = settings.NCCL_SEGMENT_BYTES.name
 ENV_GRAPH = settings.NCCL_GRAPH.name
 GRAPH_CACHE = 256                   # captured graphs kept per process
 DEFAULT_SEGMENT_BYTES = 64 << 20   # for plans that reduce (see above); measured on H200s
-_UINT8 = 1                          # ncclUint8: transfers move bytes, whatever the dtype
-_D2D = 3                            # cudaMemcpyDeviceToDevice
 
 
 # The default segment size goes by the collective (ops.REDUCING), never by one rank's plan:
@@ -265,10 +264,10 @@ class _Run:
             nccl.groupStart()
             try:
                 for r in recvs:
-                    comm.recv(self.ptr(r.region), r.region.count * self.itemsize, _UINT8,
+                    comm.recv(self.ptr(r.region), r.region.count * self.itemsize, NCCL_UINT8,
                               r.peer, stream_ptr)
                 for s in sends:
-                    comm.send(self.ptr(s.region), s.region.count * self.itemsize, _UINT8,
+                    comm.send(self.ptr(s.region), s.region.count * self.itemsize, NCCL_UINT8,
                               s.peer, stream_ptr)
             finally:
                 nccl.groupEnd()
@@ -279,7 +278,7 @@ class _Run:
     def local(self, op, stream):
         if isinstance(op, Copy):
             self.cupy.cuda.runtime.memcpyAsync(self.ptr(op.dst), self.ptr(op.src),
-                                               op.dst.count * self.itemsize, _D2D, stream.ptr)
+                                               op.dst.count * self.itemsize, MEMCPY_D2D, stream.ptr)
         else:
             with stream:
                 self.kernel(self.view(op.dst), self.view(op.a), self.view(op.b))

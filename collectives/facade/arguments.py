@@ -25,29 +25,17 @@ def _issue(pg, collective, async_op, result, *, split=None, operation=None, algo
     naming ``operation`` (default: the collective). ``result``: the tensors the Work holds."""
     run = pg.prepare(collective, algorithm=algorithm, timeout=_seconds(timeout), **buffers)
     if split is not None:
-        run = _then(run, tensors.split_into, *split)
+        run = _work.then(run, tensors.split_into, *split)
     if collective == "barrier":
         run = _timed_out_words(run, operation or collective, pg)
     return _work.call(pg, run, async_op, result)
-
-
-def _then(run, finish, *args):
-    def run_and_finish():
-        run()
-        finish(*args)
-    return run_and_finish
 
 
 def _real_views(items, operation, pg, name, length=None):
     """Flat views of a list of tensors of one dtype, complex ones as (re, im) pairs of reals:
     as in torch's coalesced collectives, a complex tensor and its element type (complex64
     and float32) may be mixed."""
-    if not isinstance(items, (list, tuple)):
-        raise TypeError(f"{operation} on rank {pg.rank}: {name} must be a list of tensors, "
-                        f"got {type(items).__name__}")
-    if length is not None and len(items) != length:
-        raise ValueError(f"{operation} on rank {pg.rank}: {name} must hold {length} tensors, "
-                         f"got {len(items)}")
+    tensors.check_list(items, operation, pg.rank, name, length, per_rank=False)
     views = [tensors.as_real(tensors.flat(t, operation, pg.rank, f"{name}[{i}]"))
              for i, t in enumerate(items)]
     for i, view in enumerate(views[1:], 1):

@@ -13,6 +13,7 @@ from .. import state, transports, work as _work
 from ..group import ProcessGroup
 from ..state import GroupMember, seconds as _seconds
 from ..transports import mpi as _mpi_transport
+from ..transports.mpi_exit import ABORT_GRACE_SECONDS
 
 LOCAL = "local"
 
@@ -175,7 +176,6 @@ def _mpi_rendezvous() -> bool:
 
 
 _previous_excepthook = None
-_ABORT_GRACE_SECONDS = 0.2
 
 
 def _abort_job_on_uncaught_exception(transport, what="the MPI job"):
@@ -203,7 +203,7 @@ def _abort_job_on_uncaught_exception(transport, what="the MPI job"):
         sys.stderr.write(report + f"collectives: rank {transport.rank} of {transport.size} "
                          f"raised an uncaught {kind.__name__}; aborting {scope}\n")
         sys.stderr.flush()
-        _time.sleep(_ABORT_GRACE_SECONDS)
+        _time.sleep(ABORT_GRACE_SECONDS)
         transport.abort(f"uncaught {kind.__name__} on rank {transport.rank}")
     sys.excepthook = hook
 

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from ..errors import CollectiveError
 
+ANY_SOURCE = -1         # irecv's peer for a message from any rank (transports that support it)
+
 
 class Request:
     """A pending transfer. ``peer`` and ``kind`` ('send'/'recv') make errors readable."""

@@ -17,9 +17,7 @@ import numpy as np
 
 from ..errors import CollectiveError, CollectiveTimeout, TransportError
 from ..signature import NONE as NO_SIGNATURE, mismatch
-from .base import Request, Transport
-
-ANY_SOURCE = -1
+from .base import ANY_SOURCE, Request, Transport
 
 
 class LocalWorld:

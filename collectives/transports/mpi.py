@@ -30,9 +30,8 @@ import numpy as np
 
 from ..errors import CollectiveError, CollectiveTimeout, TransportError
 from ..ops import REDUCING, ReduceOp
-from .base import Request, Transport
+from .base import ANY_SOURCE, Request, Transport
 
-ANY_SOURCE = -1
 # Variables an MPI launcher sets in every rank it starts (MPICH/Hydra, Intel MPI, Open MPI,
 # PMIx, MVAPICH): any of them means mpiexec/mpirun (or srun with PMI) started this process.
 LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_RANK",

@@ -20,7 +20,7 @@ import numpy as np
 _EXIT_TAG = 0
 _EXIT_GRACE_SECONDS = 1.0    # a rank leaving with a non-zero code, or holding a peer's unreceived
                              # collective message, waits this long for the others to leave too
-_ABORT_GRACE_SECONDS = 0.2   # for mpiexec to forward the message before the abort kills every rank
+ABORT_GRACE_SECONDS = 0.2    # for mpiexec to forward the message before the abort kills every rank
 _MAX_EXIT_PAUSE = 0.01       # between polls while waiting for peers that are still busy
 
 _exit_guard = None           # one per process: MPI is initialized and finalized once
@@ -145,7 +145,7 @@ class ExitGuard:
         # One write, then a moment for mpiexec to forward it: the abort kills every rank.
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
-        time.sleep(_ABORT_GRACE_SECONDS)
+        time.sleep(ABORT_GRACE_SECONDS)
         self.transport.abort(message, code or 1)
 
 

@@ -69,8 +69,8 @@ LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRA
                         "PMI_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
 _UID_KEY = "collectives/nccl/unique_id"
 _UID_BYTES = 128                  # NCCL_UNIQUE_ID_BYTES
-_UINT8 = 1
-_D2D = 3
+NCCL_UINT8 = 1                    # ncclUint8: data movement goes as bytes, whatever the dtype
+MEMCPY_D2D = 3                    # cudaMemcpyDeviceToDevice
 
 # numpy dtype -> ncclDataType_t, for reductions (data movement always goes as bytes)
 _NCCL_TYPES = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1, np.dtype(np.int32): 2,
@@ -328,7 +328,7 @@ class NcclTransport(Transport):
         try:
             for req in pending:
                 call = self.comm.send if req.kind == "send" else self.comm.recv
-                call(req.buf.data.ptr, req.buf.nbytes, _UINT8, req.peer, stream)
+                call(req.buf.data.ptr, req.buf.nbytes, NCCL_UINT8, req.peer, stream)
         finally:
             self.nccl.groupEnd()
         for req in pending:
@@ -436,7 +436,7 @@ class NcclNative:
         if dtype == BFLOAT16 and BFLOAT16 is not None:
             return _BFLOAT16_TYPE if self.t.version >= _BFLOAT16_SINCE else None
         if dtype == np.bool_:
-            return _UINT8
+            return NCCL_UINT8
         return _NCCL_TYPES.get(dtype)
 
     def _reduction(self, dtype, op):
@@ -444,7 +444,7 @@ class NcclNative:
         dtype = np.dtype(dtype)
         op = ReduceOp.parse(op)
         if dtype == np.bool_:
-            return (_UINT8, _BOOL_OPS[op], 1) if op in _BOOL_OPS else None
+            return (NCCL_UINT8, _BOOL_OPS[op], 1) if op in _BOOL_OPS else None
         if dtype.kind == "c":       # a complex sum is a sum of its float parts
             part = _NCCL_TYPES.get(np.dtype(f"f{dtype.itemsize // 2}"))
             return (part, 0, 2) if op == ReduceOp.SUM and part is not None else None
@@ -479,7 +479,7 @@ class NcclNative:
 
     def _copy(self, dst_ptr, src_ptr, nbytes):
         if nbytes and dst_ptr != src_ptr:
-            self.t.xp.cuda.runtime.memcpyAsync(dst_ptr, src_ptr, nbytes, _D2D, self._stream)
+            self.t.xp.cuda.runtime.memcpyAsync(dst_ptr, src_ptr, nbytes, MEMCPY_D2D, self._stream)
 
     # -- collectives ---------------------------------------------------------------------------
 
@@ -495,7 +495,7 @@ class NcclNative:
                            self._stream)
 
     def broadcast(self, buf, root):
-        self.t.comm.broadcast(buf.data.ptr, buf.data.ptr, buf.nbytes, _UINT8, root,
+        self.t.comm.broadcast(buf.data.ptr, buf.data.ptr, buf.nbytes, NCCL_UINT8, root,
                               self._stream)
 
     def reduce_scatter(self, sendbuf, recvbuf, counts, op):
@@ -517,12 +517,12 @@ class NcclNative:
         comm, stream = self.t.comm, self._stream
         item = recvbuf.itemsize
         if len(set(counts)) == 1:
-            comm.allGather(sendbuf.data.ptr, recvbuf.data.ptr, counts[0] * item, _UINT8, stream)
+            comm.allGather(sendbuf.data.ptr, recvbuf.data.ptr, counts[0] * item, NCCL_UINT8, stream)
             return
         offsets = _offsets(counts)
         self._group([
             (lambda i=i: comm.broadcast(sendbuf.data.ptr, self._ptr(recvbuf, offsets[i]),
-                                        counts[i] * item, _UINT8, i, stream))
+                                        counts[i] * item, NCCL_UINT8, i, stream))
             for i in range(self.t.size) if counts[i]])
 
     def all_to_all(self, sendbuf, recvbuf, send_counts, recv_counts):
@@ -536,10 +536,10 @@ class NcclNative:
                 continue
             if recv_counts[peer]:
                 calls.append(lambda p=peer: comm.recv(self._ptr(recvbuf, r_off[p]),
-                                                      recv_counts[p] * item, _UINT8, p, stream))
+                                                      recv_counts[p] * item, NCCL_UINT8, p, stream))
             if send_counts[peer]:
                 calls.append(lambda p=peer: comm.send(self._ptr(sendbuf, s_off[p]),
-                                                      send_counts[p] * item, _UINT8, p, stream))
+                                                      send_counts[p] * item, NCCL_UINT8, p, stream))
         self._copy(self._ptr(recvbuf, r_off[me]), self._ptr(sendbuf, s_off[me]),
                    send_counts[me] * item)
         self._group(calls)
@@ -549,13 +549,13 @@ class NcclNative:
         item = sendbuf.itemsize
         if me != root:
             if counts[me]:
-                self._group([lambda: comm.send(sendbuf.data.ptr, counts[me] * item, _UINT8,
+                self._group([lambda: comm.send(sendbuf.data.ptr, counts[me] * item, NCCL_UINT8,
                                                root, stream)])
             return
         offsets = _offsets(counts)
         self._copy(self._ptr(recvbuf, offsets[me]), sendbuf.data.ptr, counts[me] * item)
         self._group([(lambda p=p: comm.recv(self._ptr(recvbuf, offsets[p]), counts[p] * item,
-                                            _UINT8, p, stream))
+                                            NCCL_UINT8, p, stream))
                      for p in range(self.t.size) if p != me and counts[p]])
 
     def scatter(self, sendbuf, recvbuf, counts, root):
@@ -563,13 +563,13 @@ class NcclNative:
         item = recvbuf.itemsize
         if me != root:
             if counts[me]:
-                self._group([lambda: comm.recv(recvbuf.data.ptr, counts[me] * item, _UINT8,
+                self._group([lambda: comm.recv(recvbuf.data.ptr, counts[me] * item, NCCL_UINT8,
                                                root, stream)])
             return
         offsets = _offsets(counts)
         self._copy(recvbuf.data.ptr, self._ptr(sendbuf, offsets[me]), counts[me] * item)
         self._group([(lambda p=p: comm.send(self._ptr(sendbuf, offsets[p]), counts[p] * item,
-                                            _UINT8, p, stream))
+                                            NCCL_UINT8, p, stream))
                      for p in range(self.t.size) if p != me and counts[p]])
 
     def barrier(self):

@@ -10,9 +10,8 @@ wrapped subgroup has none (``native`` is None).
 """
 from __future__ import annotations
 
-from .base import Request, Transport
+from .base import ANY_SOURCE, Request, Transport
 
-ANY_SOURCE = -1
 # Each group's own tags (group.TAG_BITS) sit below this bit; the group id above it.
 GROUP_SHIFT = 32
 

@@ -20,13 +20,11 @@ import numpy as np
 
 from ...errors import CollectiveError
 from ...signature import mismatch
-from ..base import Request
+from ..base import ANY_SOURCE, Request
 from . import cma
 from .channels import STAGE_BYTES, Send
 from .wire import (ABORT, ADDRESS, CMA_ACK, CMA_MSG, DATA, GOODBYE, HEADER, MAX_ABORT_REASON,
                    MAX_MESSAGE, NO_SIGNATURE, SHM_CREDIT, SHM_KINDS, SHM_MSG)
-
-ANY_SOURCE = -1
 
 
 class Recv(Request):
