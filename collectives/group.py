@@ -33,7 +33,7 @@ from . import debug, settings, signature, tuning
 from .errors import CollectiveError
 from . import executors
 from .kernels.reduce import BFLOAT16, check_op, fast_reducer, finish_average, reducer
-from .ops import ReduceOp
+from .ops import REDUCING, ReduceOp
 
 ENV_ALGORITHM = settings.ALGORITHM.name
 # steps merged into windows of this many (transforms.windowed); 1 = off
@@ -41,7 +41,6 @@ ENV_WINDOW = settings.WINDOW.name
 # host-buffer transports whose executors walk plans step by step (NCCL's groups steps itself)
 WINDOWED_TRANSPORTS = ("local", "mpi", "socket")
 _REPEATS_KEPT = 256
-REDUCING = ("all_reduce", "reduce_scatter", "reduce")
 
 
 class ConcurrentCalls(CollectiveError):
