@@ -19,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import threading
 import traceback
 import types
@@ -290,41 +289,15 @@ def test_nccl_bench_wrong_results_are_counted_over_ranks(monkeypatch, tmp_path):
     assert [r["wrong"] for r in native] == [6]
 
 
-STORE_HOST_SCRIPT = textwrap.dedent("""
-    import os, time
-    from collectives.bench.timing import StoreHost
-    from collectives.rendezvous import rendezvous
-    store, rank, size = rendezvous("env://", timeout=30)
-    host = StoreHost(store, rank, size, timeout=30)
-    for k in range(5):
-        time.sleep(0.05 * rank * (k % 2))         # stagger: a barrier must hold the early ones
-        store.add("entered/%d" % k, 1)
-        host.barrier()
-        entered = int(store.add("entered/%d" % k, 0))
-        assert entered == size, (k, entered)
-        t = host.max(0.5 + rank + k / 3)
-        w = host.sum(rank * 10 + k)
-        assert t == 0.5 + (size - 1) + k / 3, t
-        assert w == 10 * size * (size - 1) // 2 + size * k, w
-    host.barrier()      # round 16: each rank drops its round-15 key
-    host.barrier()      # round 17: every rank is past 16, so rounds 1-15 are all gone
-    rounds = ["collectives/bench_nccl/%d/%s" % (r, part) for r in range(1, 16)
-              for part in ["arrived", "release"] + [str(q) for q in range(size)]]
-    print("ok", rank, sum(store.check([key]) for key in rounds))
-    host.close()
-""")
-
-
-def test_store_host_under_the_launcher(tmp_path):
-    script = tmp_path / "store_host.py"
-    script.write_text(STORE_HOST_SCRIPT)
+def test_store_host_under_the_launcher():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "tests", "helpers", "store_host_job.py")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root,
                                                                      os.environ.get("PYTHONPATH")])))
     for var in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_SIZE", "MPI_LOCALRANKID"):
         env.pop(var, None)
     done = subprocess.run([sys.executable, "-m", "collectives.run", "--standalone",
-                           "--nproc-per-node", "3", str(script)], env=env,
+                           "--nproc-per-node", "3", script], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = sorted(line.split(":", 1)[1].split() for line in done.stdout.splitlines()
