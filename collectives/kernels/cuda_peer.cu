@@ -1,0 +1,582 @@
+/* The kernel that runs a whole push program (collectives/algorithms/pushed.py) on one GPU;
+   collectives/kernels/cuda_peer.py documents it, compiles it (NVRTC) and prepends the
+   constants it shares with Python (#define lines: flag word offsets, instruction width,
+   MAX_BLOCKS, MAX_RANKS, THREADS, ...) and substitutes the element type and the reduction's
+   body where their placeholders stand. */
+typedef unsigned long long u64;
+typedef long long i64;
+typedef STORAGE S;
+
+#define SHARED_ROWS 64
+
+/* Flag words between GPUs. FENCES 0: acquire loads and release stores at system scope;
+   1: relaxed polls and stores with one acq_rel fence at system scope around them; 2:
+   volatile accesses with __threadfence_system (the classic pattern). */
+#ifndef FENCES
+#define FENCES 0
+#endif
+__device__ __forceinline__ u64 acquire(const u64* p) {
+    u64 v;
+#if FENCES == 0
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+#elif FENCES == 1
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+#else
+    v = *(volatile const u64*)p;
+#endif
+    return v;
+}
+/* after a poll saw its value: what the writer released is visible to this thread */
+__device__ __forceinline__ void acquired() {
+#if FENCES == 1
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+#elif FENCES == 2
+    __threadfence_system();
+#endif
+}
+__device__ __forceinline__ void release(u64* p, u64 v) {
+#if FENCES == 0
+    asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+#elif FENCES == 1
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+#else
+    __threadfence_system();
+    *(volatile u64*)p = v;
+#endif
+}
+__device__ __forceinline__ u64 now() {
+    u64 t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* TRACE (tools/peer_trace.py): block 0's clock before each instruction of the latest call,
+   and the global timer at every call's entry and exit (64 calls kept). */
+#ifdef TRACE
+__device__ u64 trace_ops[4096];
+__device__ u64 trace_calls[128];
+#define MARK_OP(i) if (blockIdx.x == 0 && threadIdx.x == 0 && (i) < 4096) trace_ops[i] = clock64();
+#define MARK_CALL(call, at) if (blockIdx.x == 0 && threadIdx.x == 0) trace_calls[2 * ((call) % 64) + (at)] = now();
+#else
+#define MARK_OP(i)
+#define MARK_CALL(call, at)
+#endif
+
+struct Ctx {
+    u64* flags; const u64* peer_flags; int* error; int rank; int size; u64 deadline;
+};
+
+__device__ void fail(const Ctx& c, int kind, int step, int peer) {
+    if (atomicCAS(c.error, 0, kind) == 0) {
+        c.error[1] = step; c.error[2] = peer;
+        __threadfence_system();
+    }
+    release(c.flags + ABORT_WORD, (u64)(c.rank + 1));
+    for (int q = 0; q < c.size; q++)
+        if (q != c.rank) release((u64*)c.peer_flags[q] + ABORT_WORD, (u64)(c.rank + 1));
+}
+
+__device__ __forceinline__ u64 relaxed(const u64* p) {
+    u64 v;
+    asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* Spin until *p >= target. False when this call must stop (timeout here, or abort).
+   ``ordered``: what the writer released before the flag is read after it (an acquire); a
+   wait that only gates this rank's writes (an inbox half free again) polls relaxed, which
+   costs a microsecond less. */
+__device__ bool wait_for(const Ctx& c, const u64* p, u64 target, int step, int peer,
+                         bool ordered = true) {
+    unsigned polls = 0;
+    while ((ordered ? acquire(p) : relaxed(p)) < target) {
+        if ((++polls & 255) == 0) {
+            u64 aborted = acquire(c.flags + ABORT_WORD);
+            if (aborted) {
+                if (atomicCAS(c.error, 0, 2) == 0) {
+                    c.error[1] = step; c.error[2] = (int)aborted - 1;
+                    __threadfence_system();
+                }
+                return false;
+            }
+            if (now() > c.deadline) { fail(c, 1, step, peer); return false; }
+        }
+    }
+    if (ordered) acquired();
+    return true;
+}
+
+/* One flagged line: poll until it carries this call's flag (``v`` the first load, issued
+   early with the others). False when this call must stop. */
+__device__ __forceinline__ bool line_ready(const Ctx& c, const u64* p, u64* v, unsigned flag,
+                                           int step, int peer) {
+    unsigned polls = 0;
+    while ((unsigned)(*v >> 32) != flag) {
+        if ((++polls & 255) == 0) {
+            if (relaxed(c.flags + ABORT_WORD)) return false;
+            if (now() > c.deadline) { fail(c, 1, step, peer); return false; }
+        }
+        *v = relaxed(p);
+    }
+    return true;
+}
+
+/* All blocks of this kernel: the last to arrive resets the count and moves the generation on
+   (the count starts at 0 in every kernel, whatever the previous one's grid). The barrier is
+   between blocks of one GPU, so its ordering is at GPU scope: a system-scope acquire or
+   release costs microseconds more, once per step. */
+__device__ __forceinline__ u64 acquire_gpu(const u64* p) {
+    u64 v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ bool grid_barrier(const Ctx& c, int step, int* stop) {
+    __syncthreads();
+    if (gridDim.x == 1) return !*stop;
+    if (threadIdx.x == 0) {
+        u64* generation = c.flags + GENERATION_WORD;
+        const u64 seen = acquire_gpu(generation);
+        __threadfence();
+        if (atomicAdd(c.flags + BARRIER_WORD, 1ULL) == gridDim.x - 1) {
+            atomicExch(c.flags + BARRIER_WORD, 0ULL);
+            asm volatile("st.release.gpu.global.u64 [%0], %1;" :: "l"(generation),
+                         "l"(seen + 1) : "memory");
+        } else {
+            unsigned polls = 0;
+            while (acquire_gpu(generation) == seen) {
+                if ((++polls & 255) == 0) {
+                    if (acquire(c.flags + ABORT_WORD)) { *stop = 1; break; }
+                    if (now() > c.deadline) { fail(c, 1, step, c.rank); *stop = 1; break; }
+                }
+            }
+        }
+    }
+    __syncthreads();
+    return !*stop;
+}
+
+/* [lo, hi) of count items for this block, boundaries rounded to multiples of align items. */
+__device__ __forceinline__ void share(i64 count, i64 align, i64* lo, i64* hi) {
+    i64 b = blockIdx.x, g = gridDim.x;
+    i64 units = (count + align - 1) / align;
+    *lo = units * b / g * align;
+    *hi = units * (b + 1) / g * align;
+    if (*lo > count) *lo = count;
+    if (*hi > count) *hi = count;
+}
+
+/* Loops move UNROLL items per thread per round, every load issued before any store: a
+   thread's round pays one memory latency, not one per item. */
+#define UNROLL 4
+
+__device__ void copy_bytes(char* dst, const char* src, i64 n) {
+    if ((((u64)dst | (u64)src) & 15) == 0) {
+        i64 v = n >> 4;
+        uint4* d = (uint4*)dst; const uint4* s = (const uint4*)src;
+        const i64 bd = blockDim.x;
+        for (i64 i = threadIdx.x; i < v; i += UNROLL * bd) {
+            uint4 t[UNROLL];
+#pragma unroll
+            for (int k = 0; k < UNROLL; k++) if (i + k * bd < v) t[k] = s[i + k * bd];
+#pragma unroll
+            for (int k = 0; k < UNROLL; k++) if (i + k * bd < v) d[i + k * bd] = t[k];
+        }
+        for (i64 i = (v << 4) + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+    } else if ((((u64)dst | (u64)src) & 3) == 0) {
+        i64 v = n >> 2;
+        unsigned* d = (unsigned*)dst; const unsigned* s = (const unsigned*)src;
+        for (i64 i = threadIdx.x; i < v; i += blockDim.x) d[i] = s[i];
+        for (i64 i = (v << 2) + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+    } else {
+        for (i64 i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+    }
+}
+
+__device__ __forceinline__ S combine(S a, S b) {
+COMBINE
+}
+
+/* Flagged lines carry 4 data bytes each: a unit is the elements of one line (PER of them)
+   or, for 8-byte elements, one element in two lines (LPU). Shares are in elements (16-byte
+   aligned, as every op's), so a line never straddles two workers. */
+#define PER (sizeof(S) <= 4 ? 4 / (int)sizeof(S) : 1)
+#define LPU (sizeof(S) == 8 ? 2 : 1)
+
+__device__ __forceinline__ S from_bits(u64 b) {
+    union { u64 u; S s; } x;
+    x.u = b;
+    return x.s;
+}
+__device__ __forceinline__ u64 to_bits(S s) {
+    union { u64 u; S s; } x;
+    x.u = 0;
+    x.s = s;
+    return x.u;
+}
+
+/* This worker's share of a message in lines out of the inbox at ``src``: each element
+   stored to ``dst`` (a TAKE_LL), or, with ``other``, combined with it into ``dst`` and kept
+   in ``keep`` when that is not null (a REDUCE_LL; ``first``: the message is the first
+   operand). False when this call must stop. */
+__device__ bool take_lines(const Ctx& c, const u64* src, i64 count, S* dst, const S* other,
+                           S* keep, bool first, unsigned flag, i64 align, int step, int peer) {
+    i64 lo, hi;
+    share(count, align, &lo, &hi);
+    const i64 bd = blockDim.x, u_hi = (hi + PER - 1) / PER;
+    for (i64 u0 = lo / PER + threadIdx.x; u0 < u_hi; u0 += UNROLL * bd) {
+        u64 v[UNROLL][LPU];
+        S o[UNROLL][PER];
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++) {
+            const i64 u = u0 + k * bd;
+            if (u >= u_hi) break;
+#pragma unroll
+            for (int l = 0; l < LPU; l++) v[k][l] = relaxed(src + u * LPU + l);
+            if (other)
+#pragma unroll
+                for (int j = 0; j < PER; j++) if (u * PER + j < hi) o[k][j] = other[u * PER + j];
+        }
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++) {
+            const i64 u = u0 + k * bd;
+            if (u >= u_hi) break;
+#pragma unroll
+            for (int l = 0; l < LPU; l++)
+                if (!line_ready(c, src + u * LPU + l, &v[k][l], flag, step, peer)) return false;
+            u64 bits = (v[k][0] & 0xffffffffULL);
+            if (LPU == 2) bits |= v[k][LPU - 1] << 32;
+#pragma unroll
+            for (int j = 0; j < PER; j++) {
+                const i64 e = u * PER + j;
+                if (e >= hi) break;
+                const S x = from_bits(bits >> (8 * sizeof(S) * j));
+                if (other) {
+                    dst[e] = first ? combine(x, o[k][j]) : combine(o[k][j], x);
+                    if (keep) keep[e] = x;
+                } else {
+                    dst[e] = x;
+                }
+            }
+        }
+    }
+    return true;
+}
+
+/* This worker's share of ``count`` elements at ``src`` into the peer's inbox at ``dst`` as
+   flagged lines. */
+__device__ void send_lines(u64* dst, const S* src, i64 count, u64 flag, i64 align) {
+    i64 lo, hi;
+    share(count, align, &lo, &hi);
+    const i64 bd = blockDim.x, u_hi = (hi + PER - 1) / PER;
+    for (i64 u0 = lo / PER + threadIdx.x; u0 < u_hi; u0 += UNROLL * bd) {
+        u64 bits[UNROLL];
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++) {
+            const i64 u = u0 + k * bd;
+            bits[k] = 0;
+            if (u >= u_hi) continue;
+#pragma unroll
+            for (int j = 0; j < PER; j++) {
+                const i64 e = u * PER + j;
+                if (e >= hi) break;
+                bits[k] |= to_bits(src[e]) << (8 * sizeof(S) * j);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++) {
+            const i64 u = u0 + k * bd;
+            if (u >= u_hi) break;
+#pragma unroll
+            for (int l = 0; l < LPU; l++) {
+                const u64 data = (bits[k] >> (32 * l)) & 0xffffffffULL;
+                asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(dst + u * LPU + l),
+                             "l"(flag | data) : "memory");
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, char* scratch,
+            char* caller_out, const u64* peer_data_at, const u64* peer_flags_at, u64 scratch_at,
+            u64* flags, int* error, int rank, int size, int itemsize, u64 timeout_ns,
+            const u64* peer_inbox_at, u64 inbox_half, const u64* peer_lines_at,
+            u64 lines_half) {
+    __shared__ int stop;
+    __shared__ u64 deadline, call_number;
+    /* The program and the peers' addresses copied into shared memory by every thread at
+       once: one memory latency at the start instead of one per first use on the way. */
+    __shared__ i64 program[SHARED_ROWS * WIDTH];
+    __shared__ u64 peer_data[MAX_RANKS], peer_flags[MAX_RANKS], peer_inbox[MAX_RANKS];
+    __shared__ u64 peer_lines[MAX_RANKS];    /* the inboxes of messages in lines */
+    const i64* code = n <= SHARED_ROWS ? program : code_at;
+    if (n <= SHARED_ROWS)
+        for (int t = threadIdx.x; t < n * WIDTH; t += blockDim.x) program[t] = code_at[t];
+    /* message numbers so far, per peer, and this call's tallies (moved on at the end) */
+    __shared__ u64 sent[MAX_RANKS], received[MAX_RANKS];
+    __shared__ u64 sends[MAX_RANKS], recvs[MAX_RANKS];
+    __shared__ int last_out;
+    if (threadIdx.x < size) {
+        const int t = threadIdx.x;
+        peer_data[t] = peer_data_at[t];
+        peer_flags[t] = peer_flags_at[t];
+        peer_inbox[t] = peer_inbox_at[t];
+        peer_lines[t] = peer_lines_at[t];
+        sent[t] = flags[SENT_WORDS + t];
+        received[t] = flags[RECEIVED_WORDS + t];
+        sends[t] = (u64)tallies[t];
+        recvs[t] = (u64)tallies[size + t];
+    }
+    /* the peers' epochs as this call starts: an eager send whose slot half is already free
+       then skips its wait (almost always: the peer started the previous call long ago) */
+    __shared__ u64 seen[MAX_RANKS];
+    if (threadIdx.x < size)
+        seen[threadIdx.x] = relaxed(flags + SEEN_WORDS + threadIdx.x);
+    if (threadIdx.x == 0) {     /* loaded together: one memory latency */
+        const u64 aborted = relaxed(flags + ABORT_WORD), number = flags[CALL_WORD];
+        deadline = now() + timeout_ns;
+        stop = aborted != 0;    /* an earlier call failed: do nothing, and say so (the host
+                                   raises at the next call or synchronize, naming the rank) */
+        if (aborted && atomicCAS(error, 0, 2) == 0) {
+            error[1] = -1;
+            error[2] = (int)aborted - 1;
+            __threadfence_system();
+        }
+        call_number = number;
+    }
+    __syncthreads();
+    Ctx c = {flags, peer_flags, error, rank, size, deadline};
+    const u64 call = call_number;
+    MARK_CALL(call, 0)
+    char* bases[4] = {in, out, scratch, caller_out};
+    const i64 align = 16 / itemsize > 0 ? 16 / itemsize : 1;
+    for (int i = 0; i < n && !stop; i++) {
+        const i64* r = code + (i64)i * WIDTH;
+        const int step = (int)r[1];
+        MARK_OP(i)
+        switch ((int)r[0]) {
+        case 0:   /* BARRIER: every block (a grid barrier) or this block's threads */
+            if (r[2]) grid_barrier(c, step, &stop);
+            else __syncthreads();
+            break;
+        case 1:   /* EPOCH: into every rank's SEEN word for this rank, so waits poll locally.
+                     The call's first, before anything (r[3]): nothing of this call to
+                     order before it (the previous kernel is complete), a plain store. */
+            if (blockIdx.x == 0 && threadIdx.x < size) {
+                u64* seen = (u64*)peer_flags[threadIdx.x] + SEEN_WORDS + rank;
+                const u64 epoch = ((call + 1) << STEP_BITS) | (u64)r[2];
+                if (r[3])
+                    asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(seen), "l"(epoch)
+                                 : "memory");
+                else
+                    release(seen, epoch);
+            }
+            break;
+        case 2:   /* PUSH (rendezvous) */
+        case 6: { /* SEND (eager) */
+            /* The step's consecutive sends as one batch: their waits in parallel (thread t
+               for message t), every message's share copied, then one release each, in
+               parallel: a step pays one flag latency, not one per message. */
+            const int kind = (int)r[0];
+            int j = i + 1;
+            while (j < n && code[(i64)j * WIDTH] == kind && code[(i64)j * WIDTH + 1] == r[1]) j++;
+            const int m = j - i;
+            for (int t = threadIdx.x; t < m; t += blockDim.x) {
+                const i64* q = code + (i64)(i + t) * WIDTH;
+                const int peer = (int)q[2];
+                /* rendezvous: the receive is posted; eager: the slot's half is free (the
+                   receiver started the previous call, so it is done with the one before) */
+                const u64 target = kind == 2 ? (((call + 1) << STEP_BITS) | (u64)q[8])
+                                             : (call >= 2 ? call << STEP_BITS : 0);
+                if (target && (kind == 2 || seen[peer] < target) && !wait_for(c, flags + SEEN_WORDS + peer, target, step, peer,
+                                        kind == 2))
+                    stop = 1;
+            }
+            __syncthreads();
+            if (stop) break;
+            for (int k = i; k < j; k++) {
+                const i64* q = code + (i64)k * WIDTH;
+                const int peer = (int)q[2];
+                const i64 count = kind == 2 ? q[7] : q[6];
+                i64 lo, hi;
+                share(count, align, &lo, &hi);
+                const char* src = bases[q[3]] + (q[4] + lo) * itemsize;
+                char* dst = kind == 2
+                    ? (char*)peer_data[peer] + (q[5] == OUTPUT ? 0 : scratch_at)
+                      + (q[6] + lo) * itemsize
+                    : (char*)peer_inbox[peer] + (call & 1) * inbox_half
+                      + (q[5] + lo) * itemsize;
+                if (hi > lo) copy_bytes(dst, src, (hi - lo) * itemsize);
+            }
+            /* the block's stores, then one release per message (cumulative over the stores
+               the barrier ordered before it) */
+            __syncthreads();
+            for (int t = threadIdx.x; t < m; t += blockDim.x) {
+                const i64* q = code + (i64)(i + t) * WIDTH;
+                const int peer = (int)q[2];
+                /* one word per sender and block: of several messages to one peer (a
+                   bidirectional ring on 2 ranks) only the last stores its number, or the
+                   stores race and a lower number may land last */
+                bool last = true;
+                for (int u = t + 1; u < m; u++)
+                    if (code[(i64)(i + u) * WIDTH + 2] == peer) last = false;
+                if (!last) continue;
+                const u64 number = kind == 2 ? (u64)q[9] : (u64)q[7];
+                u64* word = (u64*)peer_flags[peer] + DELIVERED_WORDS
+                            + (u64)rank * MAX_BLOCKS + blockIdx.x;
+                release(word, sent[peer] + number + 1);
+            }
+            i = j - 1;
+            break;
+        }
+        case 3:   /* ARRIVE (rendezvous): the sender's block of the same share delivered it */
+        case 7: { /* TAKE (eager): the same, then this block's share copied out of the slot */
+            const int kind = (int)r[0];
+            int j = i + 1;
+            while (j < n && code[(i64)j * WIDTH] == kind && code[(i64)j * WIDTH + 1] == r[1]) j++;
+            const int m = j - i;
+            for (int t = threadIdx.x; t < m; t += blockDim.x) {
+                const i64* q = code + (i64)(i + t) * WIDTH;
+                const int peer = (int)q[2];
+                const u64 target = received[peer] + (u64)q[3] + 1;
+                const u64* word = flags + DELIVERED_WORDS + (u64)peer * MAX_BLOCKS + blockIdx.x;
+                if (!wait_for(c, word, target, step, peer)) stop = 1;
+            }
+            __syncthreads();
+            if (stop) break;
+            if (kind == 7) {
+                for (int k = i; k < j; k++) {
+                    const i64* q = code + (i64)k * WIDTH;
+                    i64 lo, hi;
+                    share(q[7], align, &lo, &hi);
+                    const char* src = (const char*)peer_inbox[rank]
+                                      + (call & 1) * inbox_half + (q[6] + lo) * itemsize;
+                    if (hi > lo) copy_bytes(bases[q[4]] + (q[5] + lo) * itemsize, src,
+                                            (hi - lo) * itemsize);
+                }
+            }
+            i = j - 1;
+            break;
+        }
+        case 8: { /* SEND_LL: 4 data bytes and the call's flag in each 8-byte line */
+            int j = i + 1;
+            while (j < n && code[(i64)j * WIDTH] == 8 && code[(i64)j * WIDTH + 1] == r[1]) j++;
+            const int m = j - i;
+            for (int t = threadIdx.x; t < m; t += blockDim.x) {
+                const i64* q = code + (i64)(i + t) * WIDTH;
+                if (call >= 2 && seen[q[2]] < (call << STEP_BITS) &&
+                    !wait_for(c, flags + SEEN_WORDS + q[2], call << STEP_BITS, step, (int)q[2],
+                              false)) stop = 1;
+            }
+            __syncthreads();
+            if (stop) break;
+            for (int k = i; k < j; k++) {
+                const i64* q = code + (i64)k * WIDTH;
+                send_lines((u64*)((char*)peer_lines[q[2]] + (call & 1) * lines_half
+                                  + q[5] * itemsize),
+                           (const S*)bases[q[3]] + q[4], q[6], (u64)(unsigned)(call + 1) << 32,
+                           align);
+            }
+            i = j - 1;
+            break;
+        }
+        case 9:   /* TAKE_LL: each line waited for by the thread that copies it */
+        case 10: {/* REDUCE_LL: each line waited for and reduced by the thread that reads it */
+            const i64 slot = r[0] == 9 ? r[6] : r[5];
+            const u64* src = (const u64*)((const char*)peer_lines[rank] + (call & 1) * lines_half
+                                          + slot * itemsize);
+            const bool ok = r[0] == 9
+                ? take_lines(c, src, r[7], (S*)bases[r[4]] + r[5], nullptr, nullptr, false,
+                             (unsigned)(call + 1), align, step, (int)r[2])
+                : take_lines(c, src, r[6], (S*)bases[r[7]] + r[8], (const S*)bases[r[9]] + r[10],
+                             r[3] < 0 ? nullptr : (S*)bases[r[3]] + r[4], r[11] != 0,
+                             (unsigned)(call + 1), align, step, (int)r[2]);
+            if (!ok) stop = 1;
+            break;
+        }
+        case 11: { /* TAKE_REDUCE: the sender's block of this share delivered it; reduced
+                      straight out of the slot */
+            const int peer = (int)r[2];
+            if (threadIdx.x == 0) {
+                const u64 target = received[peer] + (u64)r[12] + 1;
+                const u64* word = flags + DELIVERED_WORDS + (u64)peer * MAX_BLOCKS + blockIdx.x;
+                if (!wait_for(c, word, target, step, peer)) stop = 1;
+            }
+            __syncthreads();
+            if (stop) break;
+            i64 lo, hi;
+            share(r[6], align, &lo, &hi);
+            const S* x = (const S*)((const char*)peer_inbox[rank] + (call & 1) * inbox_half
+                                    + r[5] * itemsize);
+            S* dst = (S*)bases[r[7]] + r[8];
+            const S* other = (const S*)bases[r[9]] + r[10];
+            S* keep = r[3] < 0 ? nullptr : (S*)bases[r[3]] + r[4];
+            const bool first = r[11] != 0;
+            const i64 bd = blockDim.x;
+            for (i64 e = lo + threadIdx.x; e < hi; e += UNROLL * bd) {
+                S v[UNROLL], o[UNROLL];
+#pragma unroll
+                for (int k = 0; k < UNROLL; k++)
+                    if (e + k * bd < hi) { v[k] = x[e + k * bd]; o[k] = other[e + k * bd]; }
+#pragma unroll
+                for (int k = 0; k < UNROLL; k++)
+                    if (e + k * bd < hi) {
+                        dst[e + k * bd] = first ? combine(v[k], o[k]) : combine(o[k], v[k]);
+                        if (keep) keep[e + k * bd] = v[k];
+                    }
+            }
+            break;
+        }
+        case 4: { /* COPY */
+            i64 lo, hi;
+            share(r[6], align, &lo, &hi);
+            if (hi > lo)
+                copy_bytes(bases[r[2]] + (r[3] + lo) * itemsize,
+                           bases[r[4]] + (r[5] + lo) * itemsize, (hi - lo) * itemsize);
+            break;
+        }
+        case 5: { /* REDUCE */
+            i64 lo, hi;
+            share(r[8], align, &lo, &hi);
+            S* dst = (S*)bases[r[2]] + r[3];
+            const S* a = (const S*)bases[r[4]] + r[5];
+            const S* b = (const S*)bases[r[6]] + r[7];
+            const i64 bd = blockDim.x;
+            for (i64 e = lo + threadIdx.x; e < hi; e += UNROLL * bd) {
+                S x[UNROLL], y[UNROLL];
+#pragma unroll
+                for (int k = 0; k < UNROLL; k++)
+                    if (e + k * bd < hi) { x[k] = a[e + k * bd]; y[k] = b[e + k * bd]; }
+#pragma unroll
+                for (int k = 0; k < UNROLL; k++)
+                    if (e + k * bd < hi) dst[e + k * bd] = combine(x[k], y[k]);
+            }
+            break;
+        }
+        }
+    }
+    /* The call's end: the last block to finish moves the message tallies and the call
+       number on (the others have read them for the last time; the next kernel on this
+       stream starts after all of them). No block waits for another. */
+    MARK_OP(n)
+    __syncthreads();
+    MARK_OP(n + 1)
+    MARK_CALL(call, 1)
+    if (stop) return;
+    if (threadIdx.x == 0) {
+        if (gridDim.x > 1) __threadfence();
+        last_out = gridDim.x == 1 || atomicAdd(flags + EXIT_WORD, 1ULL) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last_out) {
+        if (threadIdx.x < size) {
+            flags[SENT_WORDS + threadIdx.x] = sent[threadIdx.x] + sends[threadIdx.x];
+            flags[RECEIVED_WORDS + threadIdx.x] = received[threadIdx.x] + recvs[threadIdx.x];
+        }
+        if (threadIdx.x == 0) {
+            flags[EXIT_WORD] = 0;
+            flags[CALL_WORD] = call + 1;
+        }
+    }
+}

@@ -1,0 +1,151 @@
+"""One rank of the peer-memory checks (``test_peer.py``), under ``mpiexec -n N``: what the
+collective-by-collective suite (``nccl_worker.py``) does not reach on the peer path.
+
+1. Graph capture and replay: calls captured once on a side stream, replayed with new input
+   each time; every replay's result checked (the kernel's call number lives in device memory,
+   so replays move the protocol on as eager calls do).
+2. Two streams: calls issued on two streams back to back, no synchronization between them;
+   both results checked (the executor orders a call after the previous call's stream).
+3. A rank that never arrives: rank 1 skips one all_reduce; every other rank's kernel stops at
+   the call's timeout and the next use of the group raises CollectiveTimeout naming rank 1;
+   rank 1's next call finds the abort and does nothing, and its next synchronize raises
+   TransportError naming the rank that gave up (before, that call returned as if it had
+   worked). No kernel is left spinning: every rank's stream drains.
+
+Prints ``RESULT {...}`` per rank (``gpu_jobs.check_results``).
+"""
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+from collectives.bench.nccl import nccl_group  # noqa: E402
+from collectives.errors import CollectiveTimeout, TransportError  # noqa: E402
+
+
+def inputs(call, p, count):
+    """Every rank's input of call number ``call`` (small integers: sums are exact)."""
+    return [np.random.default_rng(1000 * call + r).integers(-8, 9, count).astype(np.float32)
+            for r in range(p)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pid-dir", default="")
+    ap.add_argument("--deadline", type=float, default=200.0)
+    ap.add_argument("--job", default="")
+    args = ap.parse_args()
+    faulthandler.dump_traceback_later(args.deadline, exit=True)
+    group, cupy = nccl_group(timeout=60.0)
+    rank, p = group.rank, group.size
+    if args.pid_dir:
+        with open(os.path.join(args.pid_dir, f"pid.{rank}"), "w") as f:
+            f.write(str(os.getpid()))
+    failures, runs = [], 0
+    executor = getattr(group.transport, "peer_executor", None)
+    if executor is None:
+        failures.append(f"the group does not run on peer memory: "
+                        f"{getattr(group.transport, 'peer_path', '?')}")
+
+    def check(label, got, want):
+        nonlocal runs
+        runs += 1
+        got = cupy.asnumpy(got)
+        if not np.array_equal(got, want):
+            bad = int((got != want).sum())
+            failures.append(f"{label}: {bad} of {want.size} elements differ")
+
+    # 1. graph capture and replay
+    stream = cupy.cuda.Stream(non_blocking=True)
+    for algorithm, count in (("direct", 1000), ("ring", 1 << 16), ("recursive_doubling", 4099)):
+        d_in, d_out = cupy.zeros(count, cupy.float32), cupy.zeros(count, cupy.float32)
+
+        def call():
+            group.prepare("all_reduce", input=d_in, output=d_out, algorithm=algorithm)()
+        with stream:
+            for _ in range(2):
+                call()                      # eager first: staging grown, plan cached
+            stream.synchronize()
+            stream.begin_capture()
+            call()
+            graph = stream.end_capture()
+            for replay in range(4):
+                mine = inputs(replay, p, count)
+                d_in.set(mine[rank], stream=stream)
+                graph.launch(stream)
+                stream.synchronize()
+                check(f"graph replay {replay} all_reduce {algorithm} {count}", d_out,
+                      np.sum(mine, axis=0, dtype=np.float32))
+
+    # 2. two streams, no synchronization between their calls
+    first, second = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    for round_ in range(3):
+        a, b = inputs(10 + round_, p, 5000), inputs(20 + round_, p, 70000)
+        with first:
+            a_in, a_out = cupy.asarray(a[rank]), cupy.zeros(5000, cupy.float32)
+        with second:
+            b_in, b_out = cupy.asarray(b[rank]), cupy.zeros(70000, cupy.float32)
+        first.synchronize()
+        second.synchronize()
+        with first:
+            group.prepare("all_reduce", input=a_in, output=a_out, algorithm="ring")()
+        with second:
+            n = 70000 // p
+            group.prepare("all_gather", input=b_in[:n], output=b_out[:n * p],
+                          algorithm="direct")()
+        with first:
+            group.prepare("all_reduce", input=a_out, output=a_out, algorithm="direct")()
+        first.synchronize()
+        second.synchronize()
+        check(f"two streams round {round_}: all_reduce twice", a_out,
+              np.sum(a, axis=0, dtype=np.float32) * p)
+        n = 70000 // p
+        check(f"two streams round {round_}: all_gather", b_out[:n * p],
+              np.concatenate([b[r][:n] for r in range(p)]))
+
+    # 3. rank 1 never arrives at one all_reduce
+    group.transport.synchronize(30.0)
+    group.bench_host.barrier()
+    d = cupy.ones(1024, cupy.float32)
+    if rank != 1:
+        group.prepare("all_reduce", input=d, output=d, algorithm="ring", timeout=2.0)()
+        try:
+            group.transport.synchronize(30.0)
+            group.prepare("all_reduce", input=d, output=d, algorithm="ring")()
+            failures.append("rank 1 never came, yet the group went on")
+        except CollectiveTimeout as exc:
+            runs += 1
+            if "rank 1" not in str(exc):
+                failures.append(f"the timeout does not name rank 1: {exc}")
+        except Exception as exc:      # noqa: BLE001
+            failures.append(f"expected CollectiveTimeout, got {type(exc).__name__}: {exc}")
+    group.bench_host.barrier()          # rank 0 has given up (its error is in every rank)
+    if rank == 1:
+        try:    # its kernel finds the abort and stops; the error surfaces at the next sync
+            group.prepare("all_reduce", input=d, output=d, algorithm="ring")()
+            group.transport.synchronize(30.0)
+            failures.append("the group went on after rank 0 gave up")
+        except (TransportError, CollectiveTimeout) as exc:
+            runs += 1
+            if "rank 0" not in str(exc):
+                failures.append(f"rank 1's error does not name rank 0: {exc}")
+    try:
+        cupy.cuda.Device().synchronize()    # no kernel left spinning
+        runs += 1
+    except Exception as exc:      # noqa: BLE001
+        failures.append(f"the device did not drain: {type(exc).__name__}: {exc}")
+    print("RESULT " + json.dumps({"rank": rank, "size": p, "runs": runs, "failures": failures}),
+          flush=True)
+    group.bench_host.barrier()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
