@@ -342,7 +342,7 @@ class ProcessGroup:
             direct = read_input_first(plan, output.size)   # no input -> output copy first
         if direct is not None:
             plan = direct
-        if self.window > 1 and self.transport.name in WINDOWED_TRANSPORTS:   # issue 7
+        if self.window > 1 and self.transport.name in WINDOWED_TRANSPORTS:
             plan = windowed(plan, self.window)
 
         extra = {} if mark is None else {"signature": mark}
