@@ -63,8 +63,8 @@ def score(rows, shape):
     regret, worst, errors = 0.0, 1.0, []
     for collective, p, size, itemsize, measured, base in rows:
         params = dataclasses.replace(base, **shape)
-        pick, predicted = cost.choose(collective, p, size, candidates=sorted(measured),
-                                      params=params, itemsize=itemsize)
+        pick, predicted = cost.cheapest(collective, p, size, candidates=sorted(measured),
+                                        params=params, itemsize=itemsize)
         ratio = measured[pick] / min(measured.values())
         regret += math.log(ratio)
         worst = max(worst, ratio)

@@ -7,7 +7,7 @@
 
 For each results file (``bench.py --json``: ``records``; ``bench.py --backend nccl --json``:
 ``rows``) and each (collective, size) it asks the cost model *as it is now* what ``auto``
-would choose among the algorithms that the run measured (``cost.choose`` with the transport's
+would choose among the algorithms that the run measured (``cost.cheapest`` with the transport's
 parameters and measured ratios: the tuning file given after ``=``, else the transport's
 defaults), then divides
 that choice's measured p50 time by the best measured algorithm's: 1.00 means auto would have
@@ -109,11 +109,11 @@ def check(path, tuning=None):
             continue
         times = merge_identical(collective, p, size, itemsize,
                                 {a: times[a] for a in candidates})
-        pick, predicted = cost.choose(collective, p, size, transport, candidates,
-                                      params=params, itemsize=itemsize,
-                                      corrections=corrections)
-        overall, _ = cost.choose(collective, p, size, transport, params=params,
-                                 itemsize=itemsize, corrections=corrections)
+        pick, predicted = cost.cheapest(collective, p, size, transport, candidates,
+                                        params=params, itemsize=itemsize,
+                                        corrections=corrections)
+        overall, _ = cost.cheapest(collective, p, size, transport, params=params,
+                                   itemsize=itemsize, corrections=corrections)
         best_t, best = min((times[a], a) for a in candidates)
         out.append((collective, p, size, best, best_t, pick, times[pick] / best_t,
                     times[pick] / predicted if predicted > 0 else float("nan"), overall))

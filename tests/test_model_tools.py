@@ -89,7 +89,7 @@ def test_model_check_flags_a_wrong_pick(tmp_path):
     """Make the measured winner of one row an algorithm the model does not pick: the check
     reports that row's ratio."""
     params = cost.default_params("mpi")
-    pick, _ = cost.choose("all_reduce", 4, 4096, params=params)
+    pick, _ = cost.cheapest("all_reduce", 4, 4096, params=params)
     run = synthetic_run(tmp_path / "run.json", params,
                         noise={("all_reduce", 4096, pick): 10.0})
     rows = {(r[0], r[2]): r for r in model_check.check(run)[2]}
@@ -103,7 +103,7 @@ def test_model_check_uses_the_measured_ratios_of_the_tuning_file(tmp_path):
     schedules."""
     from collectives.algorithms import measured
     params = cost.default_params("mpi")
-    pick, _ = cost.choose("all_reduce", 4, 4096, params=params)
+    pick, _ = cost.cheapest("all_reduce", 4, 4096, params=params)
     run = synthetic_run(tmp_path / "run.json", params,
                         noise={("all_reduce", 4096, pick): 10.0})
     tuning = tmp_path / "tuning.json"

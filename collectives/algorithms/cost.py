@@ -384,9 +384,9 @@ def ranking(collective: str, size: int, nbytes: int, params: Params, candidates,
     return sorted(timed, key=lambda item: (float(f"{item[0]:.12g}"), item[1]))
 
 
-def choose(collective: str, size: int, nbytes: int, transport: str = "", candidates=None, *,
-           params: Params | None = None, itemsize: int = 4,
-           corrections: Corrections | None = None) -> tuple[str, float]:
+def cheapest(collective: str, size: int, nbytes: int, transport: str = "", candidates=None, *,
+             params: Params | None = None, itemsize: int = 4,
+             corrections: Corrections | None = None) -> tuple[str, float]:
     """(name, predicted seconds) of the candidate with the least predicted time; candidates
     default to every registered algorithm of ``collective``; ``params`` and ``corrections``
     to the transport's from the tuning file (``COLLECTIVES_TUNING``), else its defaults."""

@@ -264,15 +264,15 @@ def test_auto_is_the_argmin_of_the_predictions():
             params = cost.load_params("mpi")
             times = {a: cost.estimate(collective, a, size, nbytes, params)
                      for a in capabilities()[collective]}
-            name, seconds = cost.choose(collective, size, nbytes, "mpi")
+            name, seconds = cost.cheapest(collective, size, nbytes, "mpi")
             assert seconds == min(times.values()) and times[name] == seconds
             assert choose(collective, size, nbytes, "mpi") == name
 
 
 def test_ties_break_by_name():
     # two ranks: ring and recursive doubling all_reduce are the same exchanges
-    assert cost.choose("all_gather", 2, 1024, "mpi", ["ring", "recursive_doubling"])[0] == \
-        cost.choose("all_gather", 2, 1024, "mpi", ["recursive_doubling", "ring"])[0]
+    assert cost.cheapest("all_gather", 2, 1024, "mpi", ["ring", "recursive_doubling"])[0] == \
+        cost.cheapest("all_gather", 2, 1024, "mpi", ["recursive_doubling", "ring"])[0]
 
 
 GRID = [(c, p, n) for c in ("all_reduce", "all_gather", "broadcast", "all_to_all")
@@ -433,9 +433,9 @@ def test_reductions_past_the_cache_share_memory_bandwidth():
     classic model (BENCHMARKS.md §1)."""
     base = Params(alpha=6e-6, beta=1e-10, gamma=8.5e-11)
     shared = Params(alpha=6e-6, beta=1e-10, gamma=8.5e-11, gamma_shared_bytes=16 * MIB)
-    assert cost.choose("reduce_scatter", 8, 64 * MIB, candidates=["ring", "recursive_doubling"],
+    assert cost.cheapest("reduce_scatter", 8, 64 * MIB, candidates=["ring", "recursive_doubling"],
                        params=base)[0] == "recursive_doubling"
-    assert cost.choose("reduce_scatter", 8, 64 * MIB, candidates=["ring", "recursive_doubling"],
+    assert cost.cheapest("reduce_scatter", 8, 64 * MIB, candidates=["ring", "recursive_doubling"],
                        params=shared)[0] == "ring"
     assert shared.gamma_at(8 * MIB, 8) == shared.gamma
     assert shared.gamma_at(32 * MIB, 8) == 8 * shared.gamma
@@ -485,17 +485,17 @@ def test_socket_defaults_pick_the_measured_winners_on_four_ranks():
     pair = ["recursive_doubling", "ring"]
     for collective in ("reduce_scatter", "all_gather"):
         for nbytes in (16 * MIB, 64 * MIB):
-            assert cost.choose(collective, 4, nbytes, "socket", pair)[0] == "ring", \
+            assert cost.cheapest(collective, 4, nbytes, "socket", pair)[0] == "ring", \
                 (collective, nbytes)
             # among every registered schedule: a ring or direct (the third run, with direct:
             # results/socket_4ranks_h200x4_64core_tcp.json, had direct best at 16 MiB)
             assert choose(collective, 4, nbytes, "socket") in ("ring", "ring_bidirectional",
                                                                "direct")
-        assert cost.choose(collective, 4, 4096, "socket", pair)[0] == "recursive_doubling"
+        assert cost.cheapest(collective, 4, 4096, "socket", pair)[0] == "recursive_doubling"
     # the spill term is what decides: with a flat β recursive doubling wins at 16 MiB
     flat = Params(socket.alpha, socket.beta, socket.gamma,
                   gamma_shared_bytes=socket.gamma_shared_bytes)
-    assert cost.choose("reduce_scatter", 4, 16 * MIB, candidates=pair,
+    assert cost.cheapest("reduce_scatter", 4, 16 * MIB, candidates=pair,
                        params=flat)[0] == "recursive_doubling"
 
 
@@ -512,5 +512,5 @@ def test_a_calibrated_socket_file_keeps_the_spill_term(tmp_path):
         cost.load_params("socket", path)
     got = cost.load_params("socket", path)
     assert (got.spill_bytes, got.spill_factor) == (4 * MIB, 2.0)
-    assert cost.choose("all_gather", 4, 64 * MIB, candidates=["recursive_doubling", "ring"],
+    assert cost.cheapest("all_gather", 4, 64 * MIB, candidates=["recursive_doubling", "ring"],
                        params=got)[0] == "ring"

@@ -46,14 +46,14 @@ def test_unmeasured_algorithms_take_the_machines_offset_and_unmeasured_shapes_no
 def test_corrections_turn_auto_to_the_measured_winner():
     nbytes = 1 * MIB
     candidates = ["ring", "recursive_doubling"]
-    model_pick, _ = cost.choose("all_reduce", 8, nbytes, candidates=candidates, params=P,
+    model_pick, _ = cost.cheapest("all_reduce", 8, nbytes, candidates=candidates, params=P,
                                 corrections=measured.NONE)
     other = next(a for a in candidates if a != model_pick)
     # the run measured the model's pick 3x slower than predicted and the other as predicted
     ratio_gap = (cost.estimate("all_reduce", other, 8, nbytes, P)
                  / cost.estimate("all_reduce", model_pick, 8, nbytes, P))
     c = corrections(**{model_pick: [(nbytes, 3.0 * ratio_gap)], other: [(nbytes, 1.0)]})
-    pick, seconds = cost.choose("all_reduce", 8, nbytes, candidates=candidates, params=P,
+    pick, seconds = cost.cheapest("all_reduce", 8, nbytes, candidates=candidates, params=P,
                                 corrections=c)
     assert pick == other
     assert seconds == pytest.approx(cost.estimate("all_reduce", other, 8, nbytes, P))

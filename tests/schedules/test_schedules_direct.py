@@ -200,13 +200,13 @@ def test_auto_picks_direct_where_latency_dominates_and_every_peer_runs_at_once()
     p = 8
     switch = Params(alpha=2e-5, beta=1 / 300e9, gamma=1 / 1e12, ports=p - 1)
     for collective in COLLECTIVES:
-        assert cost.choose(collective, p, 4096, params=switch)[0] == NAME, collective
+        assert cost.cheapest(collective, p, 4096, params=switch)[0] == NAME, collective
     # one port, large messages: p-1 serialized full-vector messages lose to the ring's n/p ones
     one_port = Params(alpha=5e-6, beta=1 / 5e9, gamma=1 / 5e9)
     for collective in COLLECTIVES:
-        assert cost.choose(collective, p, 64 << 20, params=one_port)[0] != NAME, collective
+        assert cost.cheapest(collective, p, 64 << 20, params=one_port)[0] != NAME, collective
     # and with all ports but a large all_reduce: (p-1)nβ against the ring's 2((p-1)/p)nβ
-    assert cost.choose("all_reduce", p, 256 << 20, params=switch)[0] != NAME
+    assert cost.cheapest("all_reduce", p, 256 << 20, params=switch)[0] != NAME
 
 
 def test_estimate_prices_direct_at_infinity_beyond_the_counted_range():

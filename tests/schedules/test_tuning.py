@@ -337,6 +337,23 @@ def test_winners_by_median_over_rounds_beyond_the_noise():
     assert at8k["algorithm"] == model
 
 
+def test_a_gap_beyond_the_noise_of_a_median_is_measured_not_left_to_the_model():
+    """Medians over 5 rounds of rows that each spread 30 % over their rounds: a 20 % gap is
+    beyond the noise of a median (0.30 / sqrt(5) = 13 %) and the measurement decides, even
+    where the model prefers the slower one; a 5 % gap is left to the model."""
+    params = cost.default_params("local")
+    spread = [85, 95, 100, 105, 115]                      # (115 - 85) / 100 = 30 %
+    rows = [record("tree", 4096, spread, p=4),
+            record("direct", 4096, [1.2 * t for t in spread], p=4),
+            record("tree", 8192, spread, p=4),
+            record("direct", 8192, [1.05 * t for t in spread], p=4)]
+    (at4k, at8k), = tuning.decisions_from_records(rows, params).values()
+    assert at4k["noise"] == pytest.approx(0.30) and at4k["rounds"] == 5
+    assert at4k["threshold"] == pytest.approx(0.30 / 5 ** 0.5, abs=1e-4)
+    assert (at4k["algorithm"], at4k["by"]) == ("tree", "measured")
+    assert at8k["by"] == "model"
+
+
 def test_run_noise_without_rounds_comes_from_auto_and_its_choice():
     rows = [{"collective": "all_reduce", "algorithm": "ring", "world_size": 2, "size": 64,
              "time_p50_us": 100.0},
