@@ -197,6 +197,21 @@ __device__ __forceinline__ S combine(S a, S b) {
 COMBINE
 }
 
+/* dst[e] = combine(a[e], b[e]) for this block's share [lo, hi): every thread loads its
+   UNROLL pairs before it stores (dst may be a or b, element by element). */
+__device__ void reduce_share(S* dst, const S* a, const S* b, i64 lo, i64 hi) {
+    const i64 bd = blockDim.x;
+    for (i64 e = lo + threadIdx.x; e < hi; e += UNROLL * bd) {
+        S x[UNROLL], y[UNROLL];
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++)
+            if (e + k * bd < hi) { x[k] = a[e + k * bd]; y[k] = b[e + k * bd]; }
+#pragma unroll
+        for (int k = 0; k < UNROLL; k++)
+            if (e + k * bd < hi) dst[e + k * bd] = combine(x[k], y[k]);
+    }
+}
+
 /* Flagged lines carry 4 data bytes each: a unit is the elements of one line (PER of them)
    or, for 8-byte elements, one element in two lines (LPU). Shares are in elements (16-byte
    aligned, as every op's), so a line never straddles two workers. */
@@ -509,23 +524,12 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             share(r[6], align, &lo, &hi);
             const S* x = (const S*)((const char*)peer_inbox[rank] + (call & 1) * inbox_half
                                     + r[5] * itemsize);
-            S* dst = (S*)bases[r[7]] + r[8];
             const S* other = (const S*)bases[r[9]] + r[10];
-            S* keep = r[3] < 0 ? nullptr : (S*)bases[r[3]] + r[4];
             const bool first = r[11] != 0;
-            const i64 bd = blockDim.x;
-            for (i64 e = lo + threadIdx.x; e < hi; e += UNROLL * bd) {
-                S v[UNROLL], o[UNROLL];
-#pragma unroll
-                for (int k = 0; k < UNROLL; k++)
-                    if (e + k * bd < hi) { v[k] = x[e + k * bd]; o[k] = other[e + k * bd]; }
-#pragma unroll
-                for (int k = 0; k < UNROLL; k++)
-                    if (e + k * bd < hi) {
-                        dst[e + k * bd] = first ? combine(v[k], o[k]) : combine(o[k], v[k]);
-                        if (keep) keep[e + k * bd] = v[k];
-                    }
-            }
+            reduce_share((S*)bases[r[7]] + r[8], first ? x : other, first ? other : x, lo, hi);
+            if (r[3] >= 0)          /* the message kept where the plan reads it again */
+                copy_bytes(bases[r[3]] + (r[4] + lo) * itemsize, (const char*)(x + lo),
+                           (hi - lo) * itemsize);
             break;
         }
         case 4: { /* COPY */
@@ -539,19 +543,8 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
         case 5: { /* REDUCE */
             i64 lo, hi;
             share(r[8], align, &lo, &hi);
-            S* dst = (S*)bases[r[2]] + r[3];
-            const S* a = (const S*)bases[r[4]] + r[5];
-            const S* b = (const S*)bases[r[6]] + r[7];
-            const i64 bd = blockDim.x;
-            for (i64 e = lo + threadIdx.x; e < hi; e += UNROLL * bd) {
-                S x[UNROLL], y[UNROLL];
-#pragma unroll
-                for (int k = 0; k < UNROLL; k++)
-                    if (e + k * bd < hi) { x[k] = a[e + k * bd]; y[k] = b[e + k * bd]; }
-#pragma unroll
-                for (int k = 0; k < UNROLL; k++)
-                    if (e + k * bd < hi) dst[e + k * bd] = combine(x[k], y[k]);
-            }
+            reduce_share((S*)bases[r[2]] + r[3], (const S*)bases[r[4]] + r[5],
+                         (const S*)bases[r[6]] + r[7], lo, hi);
             break;
         }
         }
