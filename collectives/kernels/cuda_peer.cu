@@ -156,6 +156,15 @@ __device__ bool grid_barrier(const Ctx& c, int step, int* stop) {
     return !*stop;
 }
 
+/* The end of the batch that starts at instruction i: the instructions after it of the same
+   kind and step (a step's sends, or its receives, run together). */
+__device__ __forceinline__ int batch_end(const i64* code, int n, int i) {
+    int j = i + 1;
+    while (j < n && code[(i64)j * WIDTH] == code[(i64)i * WIDTH] &&
+           code[(i64)j * WIDTH + 1] == code[(i64)i * WIDTH + 1]) j++;
+    return j;
+}
+
 /* [lo, hi) of count items for this block, boundaries rounded to multiples of align items. */
 __device__ __forceinline__ void share(i64 count, i64 align, i64* lo, i64* hi) {
     i64 b = blockIdx.x, g = gridDim.x;
@@ -394,9 +403,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                for message t), every message's share copied, then one release each, in
                parallel: a step pays one flag latency, not one per message. */
             const int kind = (int)r[0];
-            int j = i + 1;
-            while (j < n && code[(i64)j * WIDTH] == kind && code[(i64)j * WIDTH + 1] == r[1]) j++;
-            const int m = j - i;
+            const int j = batch_end(code, n, i), m = j - i;
             for (int t = threadIdx.x; t < m; t += blockDim.x) {
                 const i64* q = code + (i64)(i + t) * WIDTH;
                 const int peer = (int)q[2];
@@ -448,9 +455,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
         case 3:   /* ARRIVE (rendezvous): the sender's block of the same share delivered it */
         case 7: { /* TAKE (eager): the same, then this block's share copied out of the slot */
             const int kind = (int)r[0];
-            int j = i + 1;
-            while (j < n && code[(i64)j * WIDTH] == kind && code[(i64)j * WIDTH + 1] == r[1]) j++;
-            const int m = j - i;
+            const int j = batch_end(code, n, i), m = j - i;
             for (int t = threadIdx.x; t < m; t += blockDim.x) {
                 const i64* q = code + (i64)(i + t) * WIDTH;
                 const int peer = (int)q[2];
@@ -475,9 +480,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             break;
         }
         case 8: { /* SEND_LL: 4 data bytes and the call's flag in each 8-byte line */
-            int j = i + 1;
-            while (j < n && code[(i64)j * WIDTH] == 8 && code[(i64)j * WIDTH + 1] == r[1]) j++;
-            const int m = j - i;
+            const int j = batch_end(code, n, i), m = j - i;
             for (int t = threadIdx.x; t < m; t += blockDim.x) {
                 const i64* q = code + (i64)(i + t) * WIDTH;
                 if (call >= 2 && seen[q[2]] < (call << STEP_BITS) &&
