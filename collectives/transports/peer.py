@@ -106,23 +106,28 @@ class PeerMemory:
             if nbytes > self.capacity:
                 self._release(self.peer_data, self.data_ptr)
                 self.capacity = max(nbytes, 2 * self.capacity, 1 << 20)
-                self.data_ptr = runtime.malloc(self.capacity)
-                self.peer_data = self._share(self.data_ptr)
-                self.peer_data_array = cupy.asarray(np.array(self.peer_data, np.uint64))
+                self.data_ptr, self.peer_data, self.peer_data_array = \
+                    self._allocate(self.capacity, zeroed=False)
             if inbox > self.inbox_half or self.inbox_ptr == 0:
                 self._release(self.peer_inbox, self.inbox_ptr)
                 self.inbox_half = max(inbox, 2 * self.inbox_half, 1 << 16)
-                self.inbox_ptr = runtime.malloc(2 * self.inbox_half)
-                runtime.memset(self.inbox_ptr, 0, 2 * self.inbox_half)
-                self.peer_inbox = self._share(self.inbox_ptr)
-                self.peer_inbox_array = cupy.asarray(np.array(self.peer_inbox, np.uint64))
+                self.inbox_ptr, self.peer_inbox, self.peer_inbox_array = \
+                    self._allocate(2 * self.inbox_half, zeroed=True)
             if lines > self.lines_half or self.lines_ptr == 0:
                 self._release(self.peer_lines, self.lines_ptr)
                 self.lines_half = max(lines, 2 * self.lines_half, 1 << 16)
-                self.lines_ptr = runtime.malloc(2 * self.lines_half)
-                runtime.memset(self.lines_ptr, 0, 2 * self.lines_half)
-                self.peer_lines = self._share(self.lines_ptr)
-                self.peer_lines_array = cupy.asarray(np.array(self.peer_lines, np.uint64))
+                self.lines_ptr, self.peer_lines, self.peer_lines_array = \
+                    self._allocate(2 * self.lines_half, zeroed=True)
+
+    def _allocate(self, nbytes: int, zeroed: bool):
+        """(this rank's pointer, every rank's address as mapped here, those as a device
+        array) of a new allocation of ``nbytes`` on every rank (collective)."""
+        runtime = self.cupy.cuda.runtime
+        ptr = runtime.malloc(nbytes)
+        if zeroed:
+            runtime.memset(ptr, 0, nbytes)
+        peers = self._share(ptr)
+        return ptr, peers, self.cupy.asarray(np.array(peers, np.uint64))
 
     # -- errors --------------------------------------------------------------------------
 
