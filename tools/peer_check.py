@@ -35,10 +35,11 @@ def buffers(cupy, collective, count, p, dtype, rank, seed):
     return cupy.asarray(data), cupy.zeros(n_out, dtype)
 
 
-def graph_time(cupy, stream, call, iters, reps):
-    """Seconds per call of ``iters`` calls captured in one graph, p50 of ``reps`` replays."""
+def capture(stream, call, iters):
+    """``iters`` calls captured in one CUDA graph on ``stream`` (after three warm-up calls on
+    it: staging grown, plans cached), launched once."""
     for _ in range(3):
-        call()                   # warm up on this stream (staging grown, plans cached)
+        call()
     stream.synchronize()
     stream.begin_capture()
     for _ in range(iters):
@@ -46,6 +47,11 @@ def graph_time(cupy, stream, call, iters, reps):
     graph = stream.end_capture()
     graph.launch(stream)
     stream.synchronize()
+    return graph
+
+
+def replay_seconds(cupy, stream, graph, iters, reps=5):
+    """Seconds per call of a graph of ``iters`` calls, p50 of ``reps`` replays."""
     samples = []
     for _ in range(reps):
         start = stream.record()
@@ -54,6 +60,11 @@ def graph_time(cupy, stream, call, iters, reps):
         end.synchronize()
         samples.append(cupy.cuda.get_elapsed_time(start, end) / 1e3 / iters)
     return float(np.median(samples))
+
+
+def graph_time(cupy, stream, call, iters, reps):
+    """Seconds per call of ``iters`` calls captured in one graph, p50 of ``reps`` replays."""
+    return replay_seconds(cupy, stream, capture(stream, call, iters), iters, reps)
 
 
 def main():

@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from collectives.algorithms import pushed  # noqa: E402
 from collectives.bench.nccl import nccl_group  # noqa: E402
 from collectives.kernels import cuda_peer  # noqa: E402
+from peer_check import capture, replay_seconds  # noqa: E402  (tools/, beside this file)
 
 NAMES = {pushed.BARRIER: "BARRIER", pushed.EPOCH: "EPOCH", pushed.PUSH: "PUSH",
          pushed.ARRIVE: "ARRIVE", pushed.COPY: "COPY", pushed.REDUCE: "REDUCE",
@@ -36,30 +37,6 @@ def traced_kernel(op, dtype, fences=0):
         MODULES[key] = cupy.RawModule(code=cuda_peer.source(op, dtype, fences, trace=True),
                                       options=("-std=c++14",))
     return MODULES[key].get_function("run_program")
-
-
-def graph(cupy, stream, call, iters):
-    for _ in range(3):
-        call()
-    stream.synchronize()
-    stream.begin_capture()
-    for _ in range(iters):
-        call()
-    g = stream.end_capture()
-    g.launch(stream)
-    stream.synchronize()
-    return g
-
-
-def replay(cupy, stream, g, iters, reps=5):
-    samples = []
-    for _ in range(reps):
-        start = stream.record()
-        g.launch(stream)
-        end = stream.record()
-        end.synchronize()
-        samples.append(cupy.cuda.get_elapsed_time(start, end) * 1e3 / iters)
-    return float(np.median(samples))
 
 
 def size_of(text):
@@ -85,8 +62,9 @@ def main():
 
     empty = cupy.RawKernel('extern "C" __global__ void empty() {}', "empty")
     with stream:
-        g = graph(cupy, stream, lambda: empty((1,), (512,), ()), args.iters)
-        say(f"empty kernel, 1 block: {host.max(replay(cupy, stream, g, args.iters)):.2f} µs/launch")
+        g = capture(stream, lambda: empty((1,), (512,), ()), args.iters)
+        launch = replay_seconds(cupy, stream, g, args.iters) * 1e6
+        say(f"empty kernel, 1 block: {host.max(launch):.2f} µs/launch")
     for case in args.cases.split(","):
         collective, algorithm, size = case.split(":")
         nbytes = size_of(size)
@@ -101,9 +79,9 @@ def main():
             def call(label=label):
                 group.prepare(collective, input=d_in, output=d_out, algorithm=label)()
             with stream:
-                g = graph(cupy, stream, call, args.iters)
+                g = capture(stream, call, args.iters)
                 host.barrier()
-                times[label] = host.max(replay(cupy, stream, g, args.iters))
+                times[label] = host.max(replay_seconds(cupy, stream, g, args.iters) * 1e6)
         say(f"\n== {case}: NCCL {times['native']:.1f} µs, ours {times[algorithm]:.1f} µs "
             f"(device time per call in a graph of {args.iters})")
         # the module that ran last: the one whose latest call entry is the newest
