@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call on the GPUs of one host: the peer-memory trace, the GPU test suite and the
 # bench's GPU rows, each step's output under OUT.
-#   bash tools/session_gpu.sh OUT N_GPUS   (STEPS="trace suite bench check" picks steps)
+#   bash tools/session_gpu.sh OUT N_GPUS   (STEPS="check trace suite bench sweep lines fences
+#   large profile" picks steps; SWEEP, LINES, FENCES, *_ARGS and *_SECONDS tune them)
 set -uo pipefail
 out=${1:?output folder}; n=${2:-2}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -22,6 +23,10 @@ for step in ${STEPS:-trace suite bench}; do
              echo "== COLLECTIVES_PEER_LINE_BYTES=$l"
              COLLECTIVES_PEER_LINE_BYTES=$l timeout 120 $mpi -x COLLECTIVES_PEER_LINE_BYTES -n "$n" python3 tools/peer_check.py --no-checks --collectives all_reduce,reduce_scatter,all_gather --algorithms ring,direct --sizes 64K,256K,1M | grep -A12 "device time"
            done 2>&1 | tee "$out/lines.txt" ;;
+    fences) for f in ${FENCES:-0 1 2}; do   # device time with each way of ordering flag words
+              echo "== COLLECTIVES_PEER_FENCES=$f"
+              COLLECTIVES_PEER_FENCES=$f timeout 120 $mpi -x COLLECTIVES_PEER_FENCES -n "$n" python3 tools/peer_check.py --no-checks --collectives all_reduce,all_to_all --algorithms ring,direct --sizes 4K,64K,1M | grep -A12 "device time"
+            done 2>&1 | tee "$out/fences.txt" ;;
     profile) timeout 120 $mpi -n "$n" python3 tools/host_profile.py 2>&1 | tee "$out/profile.txt" ;;
     bench) timeout ${BENCH_SECONDS:-240} $mpi -n "$n" python3 benchmarks/bench.py --backend nccl --no-progress ${BENCH_ARGS:-} --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" ;;
   esac
