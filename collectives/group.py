@@ -70,7 +70,9 @@ class ProcessGroup:
         self.ranks = list(range(transport.size)) if ranks is None else list(ranks)
         self.name = name
         self._sequence = 0
-        self._repeats = {}          # prepare's cache of repeated call shapes
+        self._repeats = {}          # prepare's cache of repeated call shapes (_Shape)
+        # the array type the transport works on (None: any array passes to _check_buffer)
+        self._array_type = None if transport.xp is None else transport.xp.ndarray
         # The largest p2p tag this group's transport can carry apart from every other tag;
         # None where the transport carries no tags at all (NCCL matches messages in order).
         limit = transport.max_tag
@@ -260,19 +262,20 @@ class ProcessGroup:
 
     def _prepare(self, collective, input, output, counts, root, op, algorithm, timeout):
         # A call shaped like an earlier one (same collective, dtypes, sizes, op, algorithm,
-        # root, timeout) reuses that call's checks, choice and plan: only the per-array checks
-        # run again (~8 µs -> ~2 µs per call; see docs/notes/compiled-path-perf.md).
+        # root, timeout) reuses that call's checks, choice and plans: only what the key does
+        # not imply about the arrays is checked again (docs/notes/compiled-path-perf.md).
         key = self._repeat_key(collective, input, output, counts, root, op, algorithm, timeout)
         known = self._repeats.get(key) if key is not None else None
         if known is not None:
-            dtype, plan, reduce, op, deadline, counts, mark = known
-            for name, buf in (("input", input), ("output", output)):
-                self._check_buffer(collective, name, buf, dtype)
+            array = self._array_type
+            if not (_plain(input, array, False) and _plain(output, array, True)):
+                for name, buf in (("input", input), ("output", output)):
+                    self._check_buffer(collective, name, buf, known.dtype)
             tag = self.next_tag()
-            if plan is None:
-                return self._native(collective, input, output, counts, root, op, _no_check)
-            return self._runner(collective, plan, reduce, input, output, root, op, deadline,
-                                _no_check, tag, dtype, mark)
+            if known.plan is None:
+                return self._native(collective, input, output, known.counts, root, known.op,
+                                    _no_check)
+            return self._runner(known, input, output, root, _no_check, tag)
         try:
             op = ReduceOp.parse(op)
         except (TypeError, ValueError) as exc:
@@ -294,16 +297,18 @@ class ProcessGroup:
         tag = self.next_tag()
         if name == NATIVE:
             run = self._native(collective, input, output, counts, root, op, check)
-            self._remember(key, check, (dtype, None, None, op, deadline, counts, None))
+            self._remember(key, check, _Shape(collective, dtype, None, None, op, deadline,
+                                              counts, None, 1))
             return run
 
         plan = build_plan(collective, name, self.rank, self.size,
                           *plan_args(collective, self.size, counts, root))
+        window = self.window if self.transport.name in WINDOWED_TRANSPORTS else 1
         reduce = _host_reducer(op, dtype) if collective in REDUCING else None
-        mark = self._signature(collective, name, dtype, op, root)
-        self._remember(key, check, (dtype, plan, reduce, op, deadline, counts, mark))
-        return self._runner(collective, plan, reduce, input, output, root, op, deadline, check,
-                            tag, dtype, mark)
+        shape = _Shape(collective, dtype, plan, reduce, op, deadline, counts,
+                       self._signature(collective, name, dtype, op, root), window)
+        self._remember(key, check, shape)
+        return self._runner(shape, input, output, root, check, tag)
 
     def _signature(self, collective, name, dtype, op, root):
         """What every message of the call carries where the transport compares it
@@ -334,18 +339,17 @@ class ProcessGroup:
                 self._repeats.clear()
             self._repeats[key] = entry
 
-    def _runner(self, collective, plan, reduce, input, output, root, op, deadline, check, tag,
-                dtype, mark):
+    def _runner(self, shape, input, output, root, check, tag):
         execute = self.execute
+        collective, reduce, op, deadline, dtype = (shape.collective, shape.reduce, shape.op,
+                                                   shape.deadline, shape.dtype)
+        plan = shape.steps
         direct = None
         if collective == "all_reduce" and input is not None and not _overlap(input, output):
-            direct = read_input_first(plan, output.size)   # no input -> output copy first
+            direct = shape.reading_input_first(output.size)   # no input -> output copy first
         if direct is not None:
             plan = direct
-        if self.window > 1 and self.transport.name in WINDOWED_TRANSPORTS:
-            plan = windowed(plan, self.window)
-
-        extra = {} if mark is None else {"signature": mark}
+        extra = shape.extra
 
         def run():
             # _enter's fast path inlined (this is every call's path); the group's async worker
@@ -365,7 +369,8 @@ class ProcessGroup:
                     buffers = {"scratch": self.xp.zeros(plan.scratch, dtype=np.uint8)}
                 execute(plan, self.transport, buffers, reduce, tag=tag, timeout=deadline,
                         operation=collective, dtype=dtype, op=op, **extra)
-                self._finish(collective, op, output, root)
+                if op == ReduceOp.AVG:
+                    self._finish(collective, op, output, root)
             finally:
                 if took:
                     self._caller = None
@@ -543,6 +548,45 @@ def call_size(collective, counts, size) -> int:
 
 def _no_check():
     return None
+
+
+class _Shape:
+    """What ``prepare`` worked out for a call of one shape (collective, dtypes, sizes, op,
+    algorithm, root, timeout), reused by every later call of that shape. ``plan`` None: the
+    native collective. ``steps``: the plan as the executor runs it (its steps merged into
+    windows of ``window``, transforms.windowed). ``extra``: what the executor is also passed
+    (the call's signature where the transport compares it)."""
+    __slots__ = ("collective", "dtype", "plan", "steps", "window", "reduce", "op", "deadline",
+                 "counts", "extra", "_direct")
+
+    def __init__(self, collective, dtype, plan, reduce, op, deadline, counts, mark, window):
+        self.collective, self.dtype, self.plan, self.reduce = collective, dtype, plan, reduce
+        self.op, self.deadline, self.counts, self.window = op, deadline, counts, window
+        self.steps = windowed(plan, window) if plan is not None and window > 1 else plan
+        self.extra = {} if mark is None else {"signature": mark}
+        self._direct = {}
+
+    def reading_input_first(self, count):
+        """The plan rewritten to read input instead of copying it into output first, as the
+        executor runs it (None where it cannot be), worked out once per output size."""
+        if count not in self._direct:
+            direct = read_input_first(self.plan, count)
+            if direct is not None and self.window > 1:
+                direct = windowed(direct, self.window)
+            self._direct[count] = direct
+        return self._direct[count]
+
+
+def _plain(buf, array_type, written) -> bool:
+    """Whether ``buf`` (of a shape seen before: its dtype and size are the key's) is surely
+    fine: None, or a flat contiguous array of the group's type (writable where ``written``).
+    False sends it through ``_check_buffer``, which says what is wrong."""
+    if buf is None:
+        return True
+    if array_type is None or type(buf) is not array_type or buf.ndim != 1:
+        return False
+    flags = buf.flags
+    return flags.c_contiguous and (not written or getattr(flags, "writeable", True))
 
 
 def _same_memory(a, b) -> bool:

@@ -47,7 +47,12 @@ started the previous call (its epoch), which has almost always happened long bef
 at most ``lines`` elements travel in flagged lines (``SEND_LL``/``TAKE_LL``): 4 data bytes and
 the call's flag in each 8-byte line, which the receiver polls itself, so they need neither a
 delivered word nor a fence; they have an inbox of their own (no other message may ever have
-written a line's bytes, or plain data could pass for this call's flag). A receive whose
+written a line's bytes, or plain data could pass for this call's flag). The flag is 32 bits,
+``line_flag(call)``: the call number modulo ``LINE_PERIOD``, plus one (never 0, the inbox's
+initial state), so a line left by a call ``LINE_PERIOD`` calls earlier (a large call, then
+only smaller ones) would pass for the current call's: each half of a rank's line inbox is
+zeroed once a period, at the start of the call before the half's next use (``scrubs``),
+before the rank's first epoch of that call lets any sender write it. A receive whose
 first use is a reduction is reduced straight out of the inbox (``REDUCE_LL``,
 ``TAKE_REDUCE``), its data kept only where the plan reads it again.
 
@@ -159,6 +164,26 @@ def staged(plan: Plan, eager: int = 0) -> bool:
 
 
 STEP_BITS = 24    # an epoch is (call + 1) << STEP_BITS | step
+LINE_PERIOD = 1 << 31     # flagged lines carry the call number modulo this, plus one
+
+
+def line_flag(call: int, period: int = LINE_PERIOD) -> int:
+    """The flag the lines of call number ``call`` carry: 1 .. ``period``, never 0."""
+    return call % period + 1
+
+
+def scrubs(call: int, period: int = LINE_PERIOD):
+    """The half of its line inbox a rank zeroes at the start of call ``call`` (before its
+    first epoch of the call, so before any sender may write that half again), or None.
+
+    Half h serves the calls of parity h. The last two calls of each period zero the half of
+    the call after them: odd at ``period - 2``, even at ``period - 1`` (the previous call,
+    which last used that half, is complete). Between two zeroings a half then sees each flag
+    at most once (``period`` is even: its calls' flags are distinct), so no line left by an
+    earlier call passes for a later call's."""
+    if call % period >= period - 2:
+        return (call + 1) & 1
+    return None
 
 
 def _lower(plan, plans, eager, lines, seeded):

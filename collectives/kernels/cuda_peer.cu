@@ -107,6 +107,11 @@ __device__ bool wait_for(const Ctx& c, const u64* p, u64 target, int step, int p
     return true;
 }
 
+/* The flag in the lines of call number ``call`` (pushed.line_flag): never 0. */
+__device__ __forceinline__ unsigned line_flag(u64 call) {
+    return (unsigned)(call % LINE_PERIOD) + 1u;
+}
+
 /* One flagged line: poll until it carries this call's flag (``v`` the first load, issued
    early with the others). False when this call must stop. */
 __device__ __forceinline__ bool line_ready(const Ctx& c, const u64* p, u64* v, unsigned flag,
@@ -373,6 +378,17 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
     Ctx c = {flags, peer_flags, error, rank, size, deadline};
     const u64 call = call_number;
     MARK_CALL(call, 0)
+    /* Once a period, the line inbox half of the next call zeroed (pushed.scrubs: a line
+       left a period ago would carry this period's flag), all of it before this call's
+       first epoch lets a sender write that half again. */
+    if (call % LINE_PERIOD >= LINE_PERIOD - 2 && !stop) {
+        u64* half = (u64*)((char*)peer_lines[rank] + ((call + 1) & 1) * lines_half);
+        for (u64 w = (u64)blockIdx.x * blockDim.x + threadIdx.x; w < lines_half / 8;
+             w += (u64)gridDim.x * blockDim.x)
+            half[w] = 0;
+        __threadfence_system();
+        grid_barrier(c, -1, &stop);
+    }
     char* bases[4] = {in, out, scratch, caller_out};
     const i64 align = 16 / itemsize > 0 ? 16 / itemsize : 1;
     for (int i = 0; i < n && !stop; i++) {
@@ -493,7 +509,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                 const i64* q = code + (i64)k * WIDTH;
                 send_lines((u64*)((char*)peer_lines[q[2]] + (call & 1) * lines_half
                                   + q[5] * itemsize),
-                           (const S*)bases[q[3]] + q[4], q[6], (u64)(unsigned)(call + 1) << 32,
+                           (const S*)bases[q[3]] + q[4], q[6], (u64)line_flag(call) << 32,
                            align);
             }
             i = j - 1;
@@ -506,10 +522,10 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                                           + slot * itemsize);
             const bool ok = r[0] == 9
                 ? take_lines(c, src, r[7], (S*)bases[r[4]] + r[5], nullptr, nullptr, false,
-                             (unsigned)(call + 1), align, step, (int)r[2])
+                             line_flag(call), align, step, (int)r[2])
                 : take_lines(c, src, r[6], (S*)bases[r[7]] + r[8], (const S*)bases[r[9]] + r[10],
                              r[3] < 0 ? nullptr : (S*)bases[r[3]] + r[4], r[11] != 0,
-                             (unsigned)(call + 1), align, step, (int)r[2]);
+                             line_flag(call), align, step, (int)r[2]);
             if (!ok) stop = 1;
             break;
         }

@@ -8,7 +8,8 @@ of every message and op (``pushed.share``: 16-byte aligned pieces of each region
 of the region's count only), so blocks meet only at the grid barriers the lowering placed.
 Cross-GPU order comes from epoch and delivered words (release stores and acquire loads at
 system scope: other GPUs write them over NVLink) and, for small messages, from flagged lines
-(4 data bytes and the call's number in each 8-byte line, polled by the receiving thread). At
+(4 data bytes and the call's flag, its number modulo 2^31 plus one, in each 8-byte line, polled
+by the receiving thread). At
 its start a block loads the program, the peers' addresses and the message counters into
 shared memory at once; at its end the last block out moves the counters and the call number
 on, no block waiting for another.
@@ -97,7 +98,7 @@ def source(op, dtype, fences: int = 0, trace: bool = False) -> str:
                   ABORT_WORD=ABORT_WORD, GENERATION_WORD=GENERATION_WORD, EXIT_WORD=EXIT_WORD,
                   SENT_WORDS=SENT_WORDS, RECEIVED_WORDS=RECEIVED_WORDS, SEEN_WORDS=SEEN_WORDS,
                   DELIVERED_WORDS=DELIVERED_WORDS, MAX_BLOCKS=MAX_BLOCKS, MAX_RANKS=MAX_RANKS,
-                  WIDTH=pushed.WIDTH, STEP_BITS=pushed.STEP_BITS, OUTPUT=pushed.OUTPUT,
+                  WIDTH=pushed.WIDTH, STEP_BITS=pushed.STEP_BITS, LINE_PERIOD=f"{pushed.LINE_PERIOD}ULL", OUTPUT=pushed.OUTPUT,
                   THREADS=THREADS, FENCES=fences)
     defines = "".join(f"#define {name} {value}\n" for name, value in shared.items())
     if trace:

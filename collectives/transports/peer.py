@@ -25,7 +25,7 @@ import socket
 import numpy as np
 
 from ..errors import TransportError
-from ..kernels.cuda_peer import ABORT_WORD, FLAG_BYTES
+from ..kernels.cuda_peer import ABORT_WORD, CALL_WORD, FLAG_BYTES, SEEN_WORDS
 
 _HANDLE = 64                 # sizeof(cudaIpcMemHandle_t)
 _INFO = 64 + 16 + 16         # handle, host digest, PCI bus id
@@ -59,7 +59,8 @@ class PeerMemory:
             self.peer_flags_array = cupy.asarray(np.array(self.peer_flags, np.uint64))
             self._error_host = runtime.hostAlloc(16, _MAPPED)
             ctypes.memset(self._error_host, 0, 16)
-            self._words = (ctypes.c_int32 * 4).from_address(self._error_host)
+            # the error words (kind, step, peer): 0s until a kernel reports; None once closed
+            self.words = (ctypes.c_int32 * 4).from_address(self._error_host)
             self.error_ptr = self._error_host    # unified addressing: the same pointer
         self.data_ptr, self.capacity = 0, 0
         self.peer_data, self.peer_data_array = [], None
@@ -69,6 +70,7 @@ class PeerMemory:
         self.peer_lines, self.peer_lines_array = [], None
         self._opened = [p for r, p in enumerate(self.peer_flags) if r != self.rank]
         self.last_stream = None
+        self.layout = object()      # replaced whenever an area moves (ensure)
 
     # -- opening -------------------------------------------------------------------------
 
@@ -118,6 +120,7 @@ class PeerMemory:
                 self.lines_half = max(lines, 2 * self.lines_half, 1 << 16)
                 self.lines_ptr, self.peer_lines, self.peer_lines_array = \
                     self._allocate(2 * self.lines_half, zeroed=True)
+            self.layout = object()
 
     def _allocate(self, nbytes: int, zeroed: bool):
         """(this rank's pointer, every rank's address as mapped here, those as a device
@@ -129,12 +132,27 @@ class PeerMemory:
         peers = self._share(ptr)
         return ptr, peers, self.cupy.asarray(np.array(peers, np.uint64))
 
+    def start_at_call(self, call: int) -> None:
+        """Make ``call`` this rank's next call number, as if the calls before it had run, so
+        that tests reach the flagged lines' wrap (``pushed.LINE_PERIOD``) without 2^31
+        calls. Every rank alike, with no call of the group in flight on any rank, and a
+        barrier between this and any rank's next call."""
+        from ..algorithms.pushed import STEP_BITS
+        runtime = self.cupy.cuda.runtime
+        with self.cupy.cuda.Device(self.transport.device):
+            runtime.deviceSynchronize()
+            # every peer as having started call - 1 (its first epoch of that call)
+            seen = np.full(self.size, call << STEP_BITS, np.uint64)
+            runtime.memcpy(self.flags_ptr + 8 * SEEN_WORDS, seen.ctypes.data, seen.nbytes, 1)
+            word = np.array([call], np.uint64)
+            runtime.memcpy(self.flags_ptr + 8 * CALL_WORD, word.ctypes.data, 8, 1)
+
     # -- errors --------------------------------------------------------------------------
 
     def error(self):
         """(kind, step, peer) the kernel reported, or None: read from mapped host memory.
         (3, -1, rank) once the memory is closed."""
-        words = self._words
+        words = self.words
         if words is None:
             return 3, -1, self.rank
         if words[0] == 0:
@@ -187,7 +205,7 @@ class PeerMemory:
                     runtime.free(self.flags_ptr)
                     self.flags_ptr = 0
                 if self._error_host:
-                    self._words = None
+                    self.words = None
                     runtime.freeHost(self._error_host)
                     self._error_host = 0
         except Exception:          # closing after a failed call: the process frees it all

@@ -1,6 +1,12 @@
 """One rank of the peer-memory checks (``test_peer.py``), under ``mpiexec -n N``: what the
 collective-by-collective suite (``nccl_worker.py``) does not reach on the peer path.
 
+0. The flagged lines' wrap: the call number set just below 2^32 (``start_at_call``), then
+   calls of growing size across it, rank 1 held back before each so that rank 0 polls lines
+   its peer has not written yet. The kernel's flag was (call + 1) in 32 bits: at call 2^32 - 1
+   it was 0, which every line never written holds, so rank 0 took zeros for rank 1's data (a
+   silent wrong result). Now the flag is the call modulo 2^31 plus one and each inbox half is
+   zeroed at the end of a period (``pushed.scrubs``); these calls cross two such ends.
 1. Graph capture and replay: calls captured once on a side stream, replayed with new input
    each time; every replay's result checked (the kernel's call number lives in device memory,
    so replays move the protocol on as eager calls do).
@@ -61,6 +67,31 @@ def main():
         if not np.array_equal(got, want):
             bad = int((got != want).sum())
             failures.append(f"{label}: {bad} of {want.size} elements differ")
+
+    # 0. across the flagged lines' wrap (first: no earlier call has written the inboxes)
+    if executor is not None:
+        spin = cupy.RawKernel(r'''extern "C" __global__ void spin(long long cycles) {
+            long long start = clock64(); while (clock64() - start < cycles) {} }''', "spin")
+        executor.memory.start_at_call((1 << 32) - 5)
+        group.bench_host.barrier()
+        for call in range(10):
+            count = 2000 * (call + 1)
+            mine = inputs(100 + call, p, count)
+            d_in = cupy.asarray(mine[rank])
+            cupy.cuda.Device().synchronize()
+            group.bench_host.barrier()
+            if rank == 1:
+                spin((1,), (1,), (np.int64(4_000_000),))       # ~2 ms on the GPU
+            if call % 2:
+                d_out = cupy.zeros(count * p, cupy.float32)
+                group.prepare("all_gather", input=d_in, output=d_out, algorithm="ring")()
+                want = np.concatenate(mine)
+            else:
+                d_out = cupy.zeros(count, cupy.float32)
+                group.prepare("all_reduce", input=d_in, output=d_out, algorithm="direct")()
+                want = np.sum(mine, axis=0, dtype=np.float32)
+            check(f"call 2^32 - 5 + {call} ({'all_gather' if call % 2 else 'all_reduce'}, "
+                  f"{count} elements)", d_out, want)
 
     # 1. graph capture and replay
     stream = cupy.cuda.Stream(non_blocking=True)

@@ -263,3 +263,44 @@ def test_buffer_of_the_wrong_array_library_is_a_clear_error():
         assert message is not None and "all_reduce on rank" in message
         assert "works on numpy arrays (host memory)" in message
         assert untouched == [0.0, 1.0, 2.0, 3.0]
+
+
+def _repeat_with_bad_buffers(rank, p):
+    """A call shape run once, then the same shape (dtype and size) with arrays that the first
+    call's checks would refuse: each must still be refused, naming the operation and rank,
+    before any data moves (the repeated-call path skips only what the shape implies)."""
+    group = dist.GroupMember.WORLD
+    good_in, good_out = np.ones(8, np.float32), np.zeros(8, np.float32)
+    group.prepare("all_reduce", input=good_in, output=good_out, algorithm="ring")()
+    strided = np.ones(16, np.float32)[::2]
+    frozen = np.zeros(8, np.float32)
+    frozen.flags.writeable = False
+
+    class Subclass(np.ndarray):
+        pass
+    cases = {"strided input": dict(input=strided, output=good_out),
+             "read-only output": dict(input=good_in, output=frozen),
+             "2-d output": dict(input=good_in, output=np.zeros((1, 8), np.float32)),
+             "subclass input": dict(input=np.ones(8, np.float32).view(Subclass),
+                                    output=good_out)}
+    said = {}
+    for name, buffers in cases.items():
+        before = {k: v.copy() for k, v in buffers.items()}
+        try:
+            group.prepare("all_reduce", algorithm="ring", **buffers)()
+            said[name] = None
+        except (TypeError, ValueError) as exc:
+            said[name] = str(exc)
+        assert all(np.array_equal(before[k], v) for k, v in buffers.items()), name
+    group.prepare("all_reduce", input=good_in, output=good_out, algorithm="ring")()
+    return said, good_out.tolist()
+
+
+def test_a_repeated_call_shape_still_checks_every_array():
+    for said, result in dist.spawn_local(2, _repeat_with_bad_buffers, 2,
+                                         timeout=timedelta(seconds=30)):
+        assert said["strided input"] and "flat contiguous" in said["strided input"]
+        assert said["read-only output"] and "read-only" in said["read-only output"]
+        assert said["2-d output"] and "flat contiguous" in said["2-d output"]
+        assert said["subclass input"] is None      # a numpy array after all: accepted
+        assert result == [2.0] * 8

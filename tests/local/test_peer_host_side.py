@@ -75,7 +75,7 @@ def test_a_call_handed_to_send_recv_gets_the_buffers_its_plan_reads(monkeypatch)
                         lambda plan, transport, buffers, *a, **k: calls.append(dict(buffers)))
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
     executor.failed, executor._entries = None, {}
-    executor.memory = SimpleNamespace(error=lambda: None)
+    executor.memory = SimpleNamespace(error=lambda: None, words=[0, 0, 0, 0])
     executor.transport = SimpleNamespace(rank=0)
     plan = build_plan("all_reduce", "ring", 0, 2, 8)
     data = np.arange(8, dtype=np.complex64)

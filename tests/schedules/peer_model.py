@@ -30,8 +30,10 @@ class Stuck(RuntimeError):
 class Group:
     """Flags and staging memory of ``size`` ranks, kept across calls (as the GPU's are)."""
 
-    def __init__(self, size, workers, staging=1 << 16, seed=0, align=1):
+    def __init__(self, size, workers, staging=1 << 16, seed=0, align=1,
+                 period=pushed.LINE_PERIOD):
         self.size, self.workers, self.align = size, workers, align
+        self.period = period           # of the lines' flags (pushed.line_flag)
         self.epoch = [0] * size
         self.delivered = np.zeros((size, size, workers), np.int64)   # [dst, src, worker]
         self.sent = np.zeros((size, size), np.int64)                 # [rank, peer]
@@ -111,6 +113,15 @@ class Group:
                     raise Stuck(rank, step, peer, what)
                 yield
 
+        flag = pushed.line_flag(call, self.period)
+        half = pushed.scrubs(call, self.period)
+        if half is not None:               # each worker its share, all before any epoch
+            scrubbed = self.line_flags[rank][half]
+            lo, hi = share(scrubbed.size)
+            scrubbed[lo:hi] = 0
+            yield
+            yield from self._barrier(rank, w, barriers, -1, deadline)
+
         for row in program.code:
             kind, step = int(row[0]), int(row[1])
             if kind == BARRIER:              # a block barrier orders nothing here: a worker
@@ -142,7 +153,7 @@ class Group:
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
                     theirs[slot + a:slot + b] = mine[sb][so + a:so + b]
-                    flags[slot + a:slot + b] = call + 1      # data and flag land together
+                    flags[slot + a:slot + b] = flag      # data and flag land together
                     yield
             elif kind == TAKE_LL:
                 peer, k, db, do, slot, count = map(int, row[2:8])
@@ -151,7 +162,7 @@ class Group:
                 lo, hi = share(count)
                 for a in range(lo, hi, piece):          # each piece as soon as it is there
                     b = min(hi, a + piece)
-                    yield from wait(lambda: (flags[slot + a:slot + b] == call + 1).all(), step,
+                    yield from wait(lambda: (flags[slot + a:slot + b] == flag).all(), step,
                                     peer, "its message")
                     mine[db][do + a:do + b] = inbox[slot + a:slot + b]
             elif kind == SEND:
@@ -196,7 +207,7 @@ class Group:
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
                     if kind == REDUCE_LL:
-                        yield from wait(lambda: (flags[slot + a:slot + b] == call + 1).all(),
+                        yield from wait(lambda: (flags[slot + a:slot + b] == flag).all(),
                                         step, peer, "its message")
                     line, other = inbox[slot + a:slot + b].copy(), mine[ob][oo + a:oo + b]
                     mine[db][do + a:do + b] = reduce(line, other) if first else \

@@ -94,6 +94,47 @@ def test_workers_and_interleavings(workers):
             _check("all_reduce", 4, 37, 0, inputs, outputs)
 
 
+def _across_line_periods(period, seed):
+    """Twelve all_reduce and all_gather calls, all in flagged lines, two large then two
+    small in turn: a large call's tail lines are not written again until a later large call
+    of the same parity, ``period`` calls on (the flags' wrap) for some of them."""
+    group = Group(3, workers=2, seed=seed, period=period)
+    calls = []
+    for i in range(12):
+        n = 40 if (i // 2) % 2 == 0 else 5
+        collective, algorithm = ("all_reduce", "ring") if i % 3 else ("all_gather", "direct")
+        counts = n if collective == "all_reduce" else (n, n, n)
+        calls.append((collective, counts, _call(collective, algorithm, 3, counts, 0,
+                                                seed * 100 + i)))
+    group.run([c[2][0] for c in calls], eager=1 << 20, lines=1 << 20)
+    for collective, counts, (_, inputs, outputs) in calls:
+        _check(collective, 3, counts, 0, inputs, outputs)
+
+
+@pytest.mark.parametrize("period", [4, 8])
+def test_line_flags_wrap_without_a_stale_line_passing(period):
+    """The lines' flag is the call modulo a period (plus one); each inbox half is zeroed
+    once a period (pushed.scrubs), so a line left a period ago never passes for this call's."""
+    for seed in range(3):
+        _across_line_periods(period, seed)
+
+
+def test_line_flags_wrap_needs_the_zeroing(monkeypatch):
+    """The calls above do meet stale lines: without the zeroing a result is wrong."""
+    monkeypatch.setattr(pushed, "scrubs", lambda call, period=pushed.LINE_PERIOD: None)
+    with pytest.raises(AssertionError):
+        for seed in range(3):
+            _across_line_periods(4, seed)
+
+
+def test_line_flag_and_scrubs():
+    assert [pushed.line_flag(c, 4) for c in range(9)] == [1, 2, 3, 4, 1, 2, 3, 4, 1]
+    assert [pushed.scrubs(c, 4) for c in range(8)] == [None, None, 1, 0, None, None, 1, 0]
+    big = pushed.LINE_PERIOD
+    assert pushed.line_flag((1 << 32) - 1) == big and pushed.line_flag(1 << 32) == 1
+    assert 0 < pushed.line_flag(2 * big - 1) < 1 << 32     # fits the line's 32-bit half
+
+
 def _seeded_call(collective, algorithm, p, counts, root, seed):
     """An out-of-place call whose output starts as garbage: the program must read input."""
     rng = np.random.default_rng(seed)
