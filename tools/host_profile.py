@@ -47,6 +47,21 @@ def main():
     calls(args.calls)
     issued = (time.perf_counter() - start) / args.calls
     group.transport.synchronize(30)
+    # as the bench times it: CUDA events around a batch of back-to-back calls after a
+    # barrier, beside the host's own time for the same batch (what the GPU waits on)
+    from collectives.bench.timing import CudaEvents
+    clock = CudaEvents(cupy)
+    batches = {}
+    for n in (50, 500):
+        rows = []
+        for _ in range(7):
+            group.transport.synchronize(30)
+            host.barrier()
+            start = time.perf_counter()
+            event = clock.batch(lambda: calls(1), n)
+            rows.append((event, (time.perf_counter() - start) / n))
+        rows.sort()
+        batches[n] = rows[len(rows) // 2]
     host.barrier()
     profile = cProfile.Profile()
     if group.rank == 0:
@@ -57,6 +72,9 @@ def main():
     if group.rank == 0:
         print(f"{args.collective} {args.algorithm} {args.count} elements: {issued * 1e6:.1f} µs "
               f"of host time per call (issued without waiting)", flush=True)
+        for n, (event, wall) in batches.items():
+            print(f"  batches of {n} after a barrier (as the bench): {event * 1e6:.1f} µs per "
+                  f"call by CUDA events, {wall * 1e6:.1f} µs by the host clock (p50 of 7)")
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
     host.barrier()
 
