@@ -219,6 +219,21 @@ class PeerExecutor:
         self._entries[key] = (plan, entry)     # the plan kept: its id is not reused meanwhile
         return entry
 
+    def start_at_call(self, call: int) -> None:
+        """Make ``call`` this rank's next call number, as if the calls before it had run, so
+        that tests reach the flagged lines' wrap (``pushed.LINE_PERIOD``) without 2^31
+        calls. Every rank alike, with no call of the group in flight on any rank, and a
+        barrier between this and any rank's next call."""
+        memory, runtime = self.memory, self.cupy.cuda.runtime
+        with self.cupy.cuda.Device(self.transport.device):
+            runtime.deviceSynchronize()
+            # every peer as having started call - 1 (its first epoch of that call)
+            seen = np.full(memory.size, call << pushed.STEP_BITS, np.uint64)
+            runtime.memcpy(memory.flags_ptr + 8 * cuda_peer.SEEN_WORDS, seen.ctypes.data,
+                           seen.nbytes, 1)
+            number = np.array([call], np.uint64)
+            runtime.memcpy(memory.flags_ptr + 8 * cuda_peer.CALL_WORD, number.ctypes.data, 8, 1)
+
     def check(self, operation="synchronize"):
         """Raise what a kernel of this group reported (no synchronization)."""
         reported = self.memory.error()

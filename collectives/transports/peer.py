@@ -25,7 +25,7 @@ import socket
 import numpy as np
 
 from ..errors import TransportError
-from ..kernels.cuda_peer import ABORT_WORD, CALL_WORD, FLAG_BYTES, SEEN_WORDS
+from ..kernels.cuda_peer import ABORT_WORD, FLAG_BYTES
 
 _HANDLE = 64                 # sizeof(cudaIpcMemHandle_t)
 _INFO = 64 + 16 + 16         # handle, host digest, PCI bus id
@@ -131,21 +131,6 @@ class PeerMemory:
             runtime.memset(ptr, 0, nbytes)
         peers = self._share(ptr)
         return ptr, peers, self.cupy.asarray(np.array(peers, np.uint64))
-
-    def start_at_call(self, call: int) -> None:
-        """Make ``call`` this rank's next call number, as if the calls before it had run, so
-        that tests reach the flagged lines' wrap (``pushed.LINE_PERIOD``) without 2^31
-        calls. Every rank alike, with no call of the group in flight on any rank, and a
-        barrier between this and any rank's next call."""
-        from ..algorithms.pushed import STEP_BITS
-        runtime = self.cupy.cuda.runtime
-        with self.cupy.cuda.Device(self.transport.device):
-            runtime.deviceSynchronize()
-            # every peer as having started call - 1 (its first epoch of that call)
-            seen = np.full(self.size, call << STEP_BITS, np.uint64)
-            runtime.memcpy(self.flags_ptr + 8 * SEEN_WORDS, seen.ctypes.data, seen.nbytes, 1)
-            word = np.array([call], np.uint64)
-            runtime.memcpy(self.flags_ptr + 8 * CALL_WORD, word.ctypes.data, 8, 1)
 
     # -- errors --------------------------------------------------------------------------
 

@@ -72,7 +72,7 @@ def main():
     if executor is not None:
         spin = cupy.RawKernel(r'''extern "C" __global__ void spin(long long cycles) {
             long long start = clock64(); while (clock64() - start < cycles) {} }''', "spin")
-        executor.memory.start_at_call((1 << 32) - 5)
+        executor.start_at_call((1 << 32) - 5)
         group.bench_host.barrier()
         for call in range(10):
             count = 2000 * (call + 1)
