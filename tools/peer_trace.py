@@ -5,6 +5,10 @@ clock cycles, in µs. Beside it, the same graph of an empty kernel (the launch f
 NCCL's own all_reduce.
 
     mpiexec -n 2 python tools/peer_trace.py [--cases all_reduce:direct:4K,all_reduce:ring:64K]
+
+``--eager``: the calls issued from Python back to back instead (as the bench issues them),
+timed with CUDA events over the batch after a barrier: a kernel that runs longer there than in
+the graph waits for its peer's host.
 """
 from __future__ import annotations
 
@@ -50,6 +54,8 @@ def main():
                     "all_reduce:direct:64K,all_reduce:ring:64K,all_reduce:ring:1M,"
                     "all_to_all:direct:64K,all_reduce:recursive_doubling:256K")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--eager", action="store_true",
+                    help="issue the calls from Python back to back instead of a graph replay")
     args = ap.parse_args()
     cuda_peer.program_kernel = traced_kernel          # before the group lowers any plan
     group, cupy = nccl_group(timeout=120)
@@ -79,11 +85,25 @@ def main():
             def call(label=label):
                 group.prepare(collective, input=d_in, output=d_out, algorithm=label)()
             with stream:
-                g = capture(stream, call, args.iters)
-                host.barrier()
-                times[label] = host.max(replay_seconds(cupy, stream, g, args.iters) * 1e6)
-        say(f"\n== {case}: NCCL {times['native']:.1f} µs, ours {times[algorithm]:.1f} µs "
-            f"(device time per call in a graph of {args.iters})")
+                if args.eager:
+                    for _ in range(3):
+                        call()
+                    stream.synchronize()
+                    host.barrier()
+                    start = stream.record()
+                    for _ in range(args.iters):
+                        call()
+                    end = stream.record()
+                    end.synchronize()
+                    took = cupy.cuda.get_elapsed_time(start, end) * 1e3 / args.iters
+                    times[label] = host.max(took)
+                else:
+                    g = capture(stream, call, args.iters)
+                    host.barrier()
+                    times[label] = host.max(replay_seconds(cupy, stream, g, args.iters) * 1e6)
+        how = "issued from Python back to back" if args.eager else \
+            f"device time per call in a graph of {args.iters}"
+        say(f"\n== {case}: NCCL {times['native']:.1f} µs, ours {times[algorithm]:.1f} µs ({how})")
         # the module that ran last: the one whose latest call entry is the newest
         traces = [(_read(cupy, m, "trace_calls", 128).reshape(64, 2).astype(np.int64), m)
                   for m in MODULES.values()]
