@@ -265,7 +265,10 @@ class ProcessGroup:
         # root, timeout) reuses that call's checks, choice and plans: only what the key does
         # not imply about the arrays is checked again (docs/notes/compiled-path-perf.md).
         key = self._repeat_key(collective, input, output, counts, root, op, algorithm, timeout)
-        known = self._repeats.get(key) if key is not None else None
+        try:
+            known = self._repeats.get(key) if key is not None else None
+        except TypeError:           # something in it cannot be hashed: the full path
+            key = known = None
         if known is not None:
             array = self._array_type
             if not (_plain(input, array, False) and _plain(output, array, True)):
@@ -324,14 +327,12 @@ class ProcessGroup:
         where the call must take the full path (explicit counts, call checks under DETAIL)."""
         if counts is not None or debug.level() == "DETAIL":
             return None
-        try:
-            key = (collective, root, op, algorithm, timeout, self.timeout,
-                   None if input is None else (input.dtype, input.size),
-                   None if output is None else (output.dtype, output.size))
-            hash(key)
-        except (AttributeError, TypeError):
+        try:           # (hashable or not: _prepare's look-up finds out, hashing it once)
+            return (collective, root, op, algorithm, timeout, self.timeout,
+                    None if input is None else (input.dtype, input.size),
+                    None if output is None else (output.dtype, output.size))
+        except AttributeError:
             return None
-        return key
 
     def _remember(self, key, check, entry):
         if key is not None and check is _no_check:

@@ -66,7 +66,8 @@ class _Entry:
     (``cuLaunchKernel`` takes an array of pointers to the values); a call only rewrites the
     four buffer addresses. ~1 µs of host time, where CuPy's generic launch costs ~7."""
     __slots__ = ("program", "code", "tallies", "function", "blocks", "staging", "scratch_at",
-                 "inbox", "lines", "values", "params", "pointers", "layout", "timeout")
+                 "inbox", "lines", "values", "params", "pointers", "layout", "timeout",
+                 "staged")
 
     def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded):
         import cupy
@@ -98,6 +99,7 @@ class _Entry:
             *[ctypes.addressof(v) for v in self.values])
         self.params = ctypes.addressof(self.pointers)
         self.layout = self.timeout = None     # what values hold of the memory and the call
+        self.staged = program.output_staged
 
     def place(self, memory):
         """Set the values that come from the group's memory (which moves when it grows)."""
@@ -178,32 +180,38 @@ class PeerExecutor:
             return nccl.execute(plan, transport, buffers, reduce, tag=tag, timeout=timeout,
                                 operation=operation, dtype=dtype, op=op)
         stream = self.cupy.cuda.get_current_stream()
-        if memory.capacity < entry.staging or memory.inbox_half < entry.inbox or \
-                memory.lines_half < entry.lines:
-            if stream.is_capturing():
-                raise TransportError(f"{operation or plan.collective} on rank {plan.rank}: "
-                                     f"the peer staging memory must grow to {entry.staging} "
-                                     f"bytes (inbox halves {entry.inbox}, {entry.lines} for "
-                                     f"lines), which cannot happen "
-                                     f"during graph capture; run the call once before "
-                                     f"capturing it")
-            memory.ensure(entry.staging, entry.inbox, entry.lines)
+        if entry.layout is not memory.layout:     # a new entry, or the memory moved since
+            self._fit(entry, stream, operation or plan.collective, plan.rank)
         last = memory.last_stream
-        if last is not None and last.ptr != stream.ptr:
+        if last is not stream and last is not None and last.ptr != stream.ptr:
             stream.wait_event(last.record())
         memory.last_stream = stream
         values = entry.values
-        if entry.layout is not memory.layout:
-            entry.place(memory)
         if entry.timeout != timeout:
             values[15].value = int((DEFAULT_TIMEOUT if timeout is None else timeout) * 1e9)
             entry.timeout = timeout
         caller_out = 0 if output is None else output.data.ptr
         values[3].value = 0 if input is None else input.data.ptr
-        values[4].value = memory.data_ptr if entry.program.output_staged else caller_out
+        values[4].value = memory.data_ptr if entry.staged else caller_out
         values[6].value = caller_out
         _launch(entry.function, entry.blocks, 1, 1, cuda_peer.THREADS, 1, 1, 0,
                 stream.ptr, entry.params, 0)
+
+    def _fit(self, entry, stream, operation, rank):
+        """Grow the group's memory to what ``entry`` needs (collective: every rank's entry
+        needs the same) and point its values at it. The memory only grows, so an entry
+        placed since the memory last moved fits."""
+        memory = self.memory
+        if memory.capacity < entry.staging or memory.inbox_half < entry.inbox or \
+                memory.lines_half < entry.lines:
+            if stream.is_capturing():
+                raise TransportError(f"{operation} on rank {rank}: the peer staging memory "
+                                     f"must grow to {entry.staging} bytes (inbox halves "
+                                     f"{entry.inbox}, {entry.lines} for lines), which cannot "
+                                     f"happen during graph capture; run the call once before "
+                                     f"capturing it")
+            memory.ensure(entry.staging, entry.inbox, entry.lines)
+        entry.place(memory)
 
     def _entry(self, plan, dtype, op, key, seeded):
         elsewhere = _Elsewhere(seeded and not pushed.reads_input(plan))
