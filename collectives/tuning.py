@@ -25,8 +25,10 @@ The tuning file (JSON): ``{transport: {"alpha", "beta", "gamma", shape terms, "d
 {collective: {"<world size>": [{"bytes", "algorithm", "by", "median_us": {algorithm: µs},
 "noise", "rounds", "threshold"}, ...]}}, "measured": ratios}}``. ``"by"`` says how the winner
 was found: ``measured`` (its median beat the runner-up's by more than the threshold, the noise
-of a median over the rounds) or ``model`` (it did not, and the model's preference among the
-algorithms within the threshold decided). Files written
+of a median over the rounds), ``rounds`` (it did not, but it was faster than every algorithm
+within the threshold in enough of the rounds, compared round by round: a sign test) or
+``model`` (neither, and the model's preference among the algorithms within the threshold
+decided). Files written
 before ``decisions`` existed carry only the ``measured`` ratios (measured / predicted,
 ``algorithms/measured.py``): their winner at each measured size is the algorithm whose
 ratio times the model's prediction, i.e. whose measured time, is least.
@@ -300,6 +302,8 @@ class DecisionTable:
                 note = f"measured at {format_bytes(nbytes)}"
                 if row.get("by") == "model":
                     note += " (within the noise: the model's pick)"
+                elif row.get("by") == "rounds":
+                    note += " (within the noise of a median, faster round by round)"
                 return self._knobs(name, "measured", note)
         return self._model(collective, cls)
 
@@ -435,11 +439,23 @@ def run_noise(records) -> tuple[float, str]:
     return 0.0, "none measured"
 
 
+def faster_in_rounds(mine, theirs, level: float = 0.05) -> bool:
+    """Whether per-round times ``mine`` beat ``theirs`` round by round (round i of each ran
+    in the same interleaved round, so machine drift cancels) in a one-sided sign test at
+    ``level``: at least 5 rounds, and faster in so many that chance alone would give as many
+    with probability at most ``level`` (5 of 5, 7 of 8, 9 of 10)."""
+    n = min(len(mine), len(theirs))
+    wins = sum(a < b for a, b in zip(mine, theirs))
+    return n >= 5 and sum(math.comb(n, k) for k in range(wins, n + 1)) <= level * 2 ** n
+
+
 def decisions_from_records(records, params, itemsize: int = 4) -> dict:
     """{(collective, world size): [row]} from a bench run's records: at each size the
     algorithm with the least median over rounds if it beats the runner-up by more than the
-    threshold ("by": "measured"), else the model's pick among those within the threshold of
-    it ("by": "model"). Each row keeps every algorithm's median, the noise and the threshold.
+    threshold ("by": "measured"); else the same algorithm if it was faster than each one
+    within the threshold round by round (``faster_in_rounds``; "by": "rounds"); else the
+    model's pick among those within the threshold of it ("by": "model"). Each row keeps every
+    algorithm's median, the noise and the threshold.
     Baselines (native), auto, labelled variants (``ring:graph``) and rows with wrong results
     are no candidates.
 
@@ -447,7 +463,11 @@ def decisions_from_records(records, params, itemsize: int = 4) -> dict:
     noise (one schedule's spread over its rounds) / sqrt(rounds). The spread itself (what one
     measurement may be off by) let the model overrule measured gaps of up to 30-40 % on the
     2-core VM, where the model does not see oversubscription: 4 ranks on 2 cores, the model
-    kept direct where tree was 1.2-1.3x faster in run A and again in run B."""
+    kept direct where tree was 1.2-1.3x faster in run A and again in run B. The round-by-round
+    comparison catches a steady gap below that threshold: 8 MPI ranks on a 32-core host,
+    reduce_scatter at 4 MiB, ring_bidirectional was 10 % faster than recursive doubling in
+    each of run A's 5 rounds (threshold 10.6 %), and 1.12-1.23x faster again in two later
+    runs, where the model had picked recursive doubling (BENCHMARKS.md §4)."""
     noise, how = run_noise(records)
     table: dict = {}
     for row in records:
@@ -457,7 +477,7 @@ def decisions_from_records(records, params, itemsize: int = 4) -> dict:
             continue
         key = (collective, int(row["world_size"]))
         at = table.setdefault(key, {}).setdefault(int(row["size"]), {})
-        at.setdefault(name, []).extend(_row_times(row))
+        at.setdefault(name, []).extend(_row_times(row))     # in round order
     out = {}
     for (collective, p), by_size in table.items():
         rows = []
@@ -475,8 +495,11 @@ def decisions_from_records(records, params, itemsize: int = 4) -> dict:
                    "threshold": round(threshold, 4)}
             if margin - 1.0 <= threshold:
                 tied = [n for n in order if medians[n] <= medians[best] * (1.0 + threshold)]
-                ranked = cost.ranking(collective, p, nbytes, params, tied, itemsize)
-                row.update(algorithm=ranked[0][1], by="model")
+                if all(faster_in_rounds(times[best], times[n]) for n in tied[1:]):
+                    row.update(by="rounds")
+                else:
+                    ranked = cost.ranking(collective, p, nbytes, params, tied, itemsize)
+                    row.update(algorithm=ranked[0][1], by="model")
             rows.append(row)
         out[collective, p] = rows
     return out

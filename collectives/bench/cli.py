@@ -182,13 +182,15 @@ def calibrate_groups(groups, path: str, timeout: float):
 def tune(path: str, rows, transport: str, itemsize: int) -> None:
     """``--tune``: the run's winners into the tuning file, what the decision table reads
     (``tuning.decisions_from_records``: the least median over rounds where it beats the
-    runner-up by more than the noise of a median, else the model's pick), with the medians
+    runner-up by more than the noise of a median, else the one faster round by round, else
+    the model's pick), with the medians
     behind each. Rank 0 only, after the sweep."""
     params = cost.load_params(transport)
     decisions = tuning.decisions_from_records(rows, params, itemsize)
     tuning.save(path, transport, params, decisions)
     chosen = [row for table in decisions.values() for row in table]
     by_model = sum(row["by"] == "model" for row in chosen)
+    by_rounds = sum(row["by"] == "rounds" for row in chosen)
     noise = "-"
     if chosen:
         first = chosen[0]
@@ -196,8 +198,8 @@ def tune(path: str, rows, transport: str, itemsize: int) -> None:
                 f"{first['noise_from']}"
         noise += f", / sqrt({first['rounds']}))" if first["threshold"] != first["noise"] else ")"
     print(f"# tuned {transport}: {len(chosen)} decisions over {len(decisions)} (collective, "
-          f"world size), {by_model} within {noise} of the best left to the model "
-          f"-> {path}", flush=True)
+          f"world size); within {noise} of the best, {by_rounds} decided round by round and "
+          f"{by_model} left to the model -> {path}", flush=True)
 
 
 def _refuse(message: str) -> int:

@@ -340,18 +340,34 @@ def test_winners_by_median_over_rounds_beyond_the_noise():
 def test_a_gap_beyond_the_noise_of_a_median_is_measured_not_left_to_the_model():
     """Medians over 5 rounds of rows that each spread 30 % over their rounds: a 20 % gap is
     beyond the noise of a median (0.30 / sqrt(5) = 13 %) and the measurement decides, even
-    where the model prefers the slower one; a 5 % gap is left to the model."""
+    where the model prefers the slower one. A 5 % gap is within it: where tree was faster in
+    every round (the rounds ran interleaved, so each compares like with like) the rounds
+    decide; where direct won one round of five (a sign test needs 5 of 5), the model does."""
     params = cost.default_params("local")
     spread = [85, 95, 100, 105, 115]                      # (115 - 85) / 100 = 30 %
     rows = [record("tree", 4096, spread, p=4),
             record("direct", 4096, [1.2 * t for t in spread], p=4),
             record("tree", 8192, spread, p=4),
-            record("direct", 8192, [1.05 * t for t in spread], p=4)]
-    (at4k, at8k), = tuning.decisions_from_records(rows, params).values()
+            record("direct", 8192, [1.05 * t for t in spread], p=4),
+            record("tree", 16384, spread, p=4),
+            record("direct", 16384, [84, 99, 105, 110, 125], p=4)]
+    (at4k, at8k, at16k), = tuning.decisions_from_records(rows, params).values()
     assert at4k["noise"] == pytest.approx(0.30) and at4k["rounds"] == 5
     assert at4k["threshold"] == pytest.approx(0.30 / 5 ** 0.5, abs=1e-4)
     assert (at4k["algorithm"], at4k["by"]) == ("tree", "measured")
-    assert at8k["by"] == "model"
+    assert (at8k["algorithm"], at8k["by"]) == ("tree", "rounds")
+    assert at16k["by"] == "model"
+    model = cost.ranking("all_reduce", 4, 16384, params, ["tree", "direct"])[0][1]
+    assert at16k["algorithm"] == model
+
+
+@pytest.mark.parametrize("wins,rounds,decides", [(5, 5, True), (4, 5, False), (6, 6, True),
+                                                 (7, 8, True), (6, 8, False), (9, 10, True),
+                                                 (8, 10, False), (4, 4, False)])
+def test_faster_in_rounds_is_a_one_sided_sign_test(wins, rounds, decides):
+    mine = [1.0] * rounds
+    theirs = [2.0] * wins + [0.5] * (rounds - wins)
+    assert tuning.faster_in_rounds(mine, theirs) is decides
 
 
 def test_run_noise_without_rounds_comes_from_auto_and_its_choice():
@@ -376,7 +392,7 @@ def test_bench_tune_writes_the_table_a_group_then_reads(tmp_path, monkeypatch):
     assert [r["bytes"] for r in rows] == [4 * KIB, 64 * KIB]
     for row in rows:
         assert set(row["median_us"]) == {"ring", "tree", "direct"} and row["rounds"] == 2
-        assert row["by"] in ("measured", "model")
+        assert row["by"] in ("measured", "rounds", "model")
     monkeypatch.setenv("COLLECTIVES_TUNING", str(path))
     groups, errors = groups_of(2)
     assert errors == [None, None]
