@@ -26,9 +26,10 @@ The tuning file (JSON): ``{transport: {"alpha", "beta", "gamma", shape terms, "d
 "noise", "rounds", "threshold"}, ...]}}, "measured": ratios}}``. ``"by"`` says how the winner
 was found: ``measured`` (its median beat the runner-up's by more than the threshold, the noise
 of a median over the rounds), ``rounds`` (it did not, but it was faster than every algorithm
-within the threshold in enough of the rounds, compared round by round: a sign test) or
-``model`` (neither, and the model's preference among the algorithms within the threshold
-decided). Files written
+within the threshold in enough of the rounds, compared round by round: a sign test),
+``neighbour`` (neither, and the algorithm that won outright at the nearest measured size was
+within the threshold here) or ``model`` (none of these, and the model's preference among the
+algorithms within the threshold decided). Files written
 before ``decisions`` existed carry only the ``measured`` ratios (measured / predicted,
 ``algorithms/measured.py``): their winner at each measured size is the algorithm whose
 ratio times the model's prediction, i.e. whose measured time, is least.
@@ -304,6 +305,9 @@ class DecisionTable:
                     note += " (within the noise: the model's pick)"
                 elif row.get("by") == "rounds":
                     note += " (within the noise of a median, faster round by round)"
+                elif row.get("by") == "neighbour":
+                    note += (f" (within the noise: the winner at "
+                             f"{format_bytes(row.get('neighbour_bytes', 0))})")
                 return self._knobs(name, "measured", note)
         return self._model(collective, cls)
 
@@ -453,9 +457,11 @@ def decisions_from_records(records, params, itemsize: int = 4) -> dict:
     """{(collective, world size): [row]} from a bench run's records: at each size the
     algorithm with the least median over rounds if it beats the runner-up by more than the
     threshold ("by": "measured"); else the same algorithm if it was faster than each one
-    within the threshold round by round (``faster_in_rounds``; "by": "rounds"); else the
-    model's pick among those within the threshold of it ("by": "model"). Each row keeps every
-    algorithm's median, the noise and the threshold.
+    within the threshold round by round (``faster_in_rounds``; "by": "rounds"); else, of
+    those within the threshold, the one decided ("measured" or "rounds") at the nearest size
+    of the same collective, the smaller size first ("by": "neighbour"); else the model's pick
+    among them ("by": "model"). Each row keeps every algorithm's median, the noise and the
+    threshold.
     Baselines (native), auto, labelled variants (``ring:graph``) and rows with wrong results
     are no candidates.
 
@@ -467,7 +473,12 @@ def decisions_from_records(records, params, itemsize: int = 4) -> dict:
     comparison catches a steady gap below that threshold: 8 MPI ranks on a 32-core host,
     reduce_scatter at 4 MiB, ring_bidirectional was 10 % faster than recursive doubling in
     each of run A's 5 rounds (threshold 10.6 %), and 1.12-1.23x faster again in two later
-    runs, where the model had picked recursive doubling (BENCHMARKS.md §4)."""
+    runs, where the model had picked recursive doubling (BENCHMARKS.md §4). Which schedule
+    is fastest changes slowly with the size, so a winner measured next door is better evidence
+    than a model that is off by 1.4-2.5x there (all_to_all on that host: the model prefers
+    the bidirectional ring, direct won at the sizes around); judged on later runs
+    (``tools/auto_rules.py``), the two steps before the model never made 8 MPI ranks or
+    2 GPUs worse and took NCCL's worst from 1.46 to 1.09 (BENCHMARKS.md §4)."""
     noise, how = run_noise(records)
     table: dict = {}
     for row in records:
@@ -500,9 +511,26 @@ def decisions_from_records(records, params, itemsize: int = 4) -> dict:
                 else:
                     ranked = cost.ranking(collective, p, nbytes, params, tied, itemsize)
                     row.update(algorithm=ranked[0][1], by="model")
+                    row["tied"] = tied
             rows.append(row)
-        out[collective, p] = rows
+        out[collective, p] = [_from_neighbours(row, rows) for row in rows]
     return out
+
+
+def _from_neighbours(row: dict, rows: list) -> dict:
+    """``row`` with a tie left to the model given instead to the algorithm decided by
+    measurement at the nearest size (the smaller on equal distance) where that one is tied
+    here; ``tied`` (the algorithms within the threshold) is dropped either way."""
+    tied = row.pop("tied", None)
+    if tied is None:
+        return row
+    decided = sorted((abs(math.log2(other["bytes"] / row["bytes"])), other["bytes"],
+                      other["algorithm"]) for other in rows
+                     if other["by"] in ("measured", "rounds") and other is not row)
+    for _, nbytes, name in decided:
+        if name in tied:
+            return {**row, "algorithm": name, "by": "neighbour", "neighbour_bytes": nbytes}
+    return row
 
 
 def save(path: str, transport: str, params, decisions: dict) -> None:

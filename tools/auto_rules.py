@@ -1,13 +1,15 @@
-"""How two ways of settling a tie in ``--tune`` would have done in a later run: run A's tuning
-file against run B's records, each size judged by the chosen algorithm's own row in B (its
-median over B's rounds) over the best row of B.
+"""How ways of settling a tie in ``--tune`` would have done in a later run: run A's records
+turned into decisions by each rule, each size judged in run B by the chosen algorithm's own
+row (its median over B's rounds) over the best row of B (geometric mean, worst, sizes within
+1.10).
 
-* model-in-ties: what ``tuning.decisions_from_records`` writes (the least median of A where it
-  beats the runner-up by more than the threshold, else the model's pick among those within it);
-* median-best: always the least median of A;
-* paired: in a tie, the least median of A where it was faster than every other tied
-  candidate in enough of A's rounds (each round's rows ran interleaved, so a round compares
-  like with like: a sign test, one-sided p <= 0.05), else the model's pick.
+* model: a tie (no algorithm beats the runner-up by more than the noise of a median) goes to
+  the model's pick among the tied (the rule before the seventh session);
+* current: ``tuning.decisions_from_records`` as it is (round by round, then the winner at the
+  nearest decided size, then the model);
+* median: always the least median of A.
+
+The model's parameters are the tuning file's (the ones run A's ``--tune`` broke ties with).
 
     python tools/auto_rules.py A.json TUNING_A.json B.json [A.json TUNING_A.json B.json ...]
 """
@@ -15,16 +17,26 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import sys
+from unittest import mock
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from collectives import tuning  # noqa: E402
+from collectives.algorithms import cost  # noqa: E402
 
 
-def medians(path):
-    """{(collective, bytes): {algorithm: median over rounds, µs}} of a bench run's rows."""
+def records(path):
     with open(path) as f:
-        records = json.load(f)["records"]
+        return json.load(f)["records"]
+
+
+def medians(rows):
+    """{(collective, bytes): {algorithm: median over rounds, µs}} of a run's candidate rows."""
     out = {}
-    for r in records:
+    for r in rows:
         name = r["algorithm"]
         if ":" in name or name in ("native", "auto") or r.get("wrong"):
             continue
@@ -33,64 +45,45 @@ def medians(path):
     return out
 
 
-def rounds(path):
-    """{(collective, bytes): {algorithm: [per-round p50, µs]}} of a bench run's rows."""
-    with open(path) as f:
-        records = json.load(f)["records"]
-    return {(r["collective"], r["size"], r["algorithm"]): r["round_p50_us"] for r in records}
+def decide(rows, params, rule):
+    """{(collective, bytes): algorithm} from run A's rows by ``rule``."""
+    if rule == "median":
+        return {key: min(m, key=m.get) for key, m in medians(rows).items()}
+    with mock.patch.object(tuning, "faster_in_rounds", lambda *a, **k: False), \
+            mock.patch.object(tuning, "_from_neighbours", lambda row, rows: row) \
+            if rule == "model" else _nothing():
+        table = tuning.decisions_from_records(rows, params)
+    return {(collective, row["bytes"]): row["algorithm"]
+            for (collective, _), listed in table.items() for row in listed}
 
 
-def choices(run_a, path):
-    """{(collective, bytes): (the file's choice, A's least median, the paired rule's)}."""
-    with open(path) as f:
-        entry = next(iter(json.load(f).values()))
-    per_round = rounds(run_a)
-    out = {}
-    for collective, by_size in entry["decisions"].items():
-        for rows in by_size.values():
-            for row in rows:
-                m, chosen = row["median_us"], row["algorithm"]
-                best = min(m, key=m.get)
-                paired = chosen
-                if row["by"] == "model":
-                    tied = [n for n in m if m[n] <= m[best] * (1 + row["threshold"])]
-                    mine = per_round[collective, row["bytes"], best]
-                    if all(beats(mine, per_round[collective, row["bytes"], n])
-                           for n in tied if n != best):
-                        paired = best
-                out[collective, row["bytes"]] = (chosen, best, paired)
-    return out
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
-def beats(a, b) -> bool:
-    """Whether times ``a`` beat ``b`` round by round in a one-sided sign test at p <= 0.05."""
-    n = min(len(a), len(b))
-    wins = sum(x < y for x, y in zip(a, b))
-    tail = sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n
-    return n >= 5 and tail <= 0.05
-
-
-def judge(run_a, tuning, run):
-    picked, measured = choices(run_a, tuning), medians(run)
-    ratios = {"model-in-ties": [], "median-best": [], "paired": []}
-    for key, (model, best, paired) in sorted(picked.items()):
-        if key in measured:
-            floor = min(measured[key].values())
-            ratios["model-in-ties"].append(measured[key][model] / floor)
-            ratios["median-best"].append(measured[key][best] / floor)
-            ratios["paired"].append(measured[key][paired] / floor)
-    print(f"{tuning} -> {run}")
-    for rule, values in ratios.items():
-        mean = math.exp(sum(map(math.log, values)) / len(values))
-        print(f"  {rule:14s} geometric mean {mean:.3f}, worst {max(values):.2f}, "
-              f"{sum(v <= 1.10 for v in values)}/{len(values)} sizes within 1.10")
+def judge(run_a, tuning_path, run_b):
+    with open(tuning_path) as f:
+        transport = next(iter(json.load(f)))
+    params = cost.load_params(transport, tuning_path)
+    a, measured = records(run_a), medians(records(run_b))
+    print(f"{run_a} ({os.path.basename(tuning_path)}) -> {run_b}")
+    for rule in ("model", "current", "median"):
+        ratios = [measured[key][name] / min(measured[key].values())
+                  for key, name in sorted(decide(a, params, rule).items()) if key in measured]
+        mean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        print(f"  {rule:8s} geometric mean {mean:.3f}, worst {max(ratios):.2f}, "
+              f"{sum(v <= 1.10 for v in ratios)}/{len(ratios)} sizes within 1.10")
 
 
 def main(argv):
     if len(argv) < 3 or len(argv) % 3:
         sys.exit(__doc__)
-    for run_a, tuning, run in zip(argv[::3], argv[1::3], argv[2::3]):
-        judge(run_a, tuning, run)
+    for run_a, tuning_path, run_b in zip(argv[::3], argv[1::3], argv[2::3]):
+        judge(run_a, tuning_path, run_b)
 
 
 if __name__ == "__main__":

@@ -183,7 +183,7 @@ def tune(path: str, rows, transport: str, itemsize: int) -> None:
     """``--tune``: the run's winners into the tuning file, what the decision table reads
     (``tuning.decisions_from_records``: the least median over rounds where it beats the
     runner-up by more than the noise of a median, else the one faster round by round, else
-    the model's pick), with the medians
+    the winner at the nearest decided size, else the model's pick), with the medians
     behind each. Rank 0 only, after the sweep."""
     params = cost.load_params(transport)
     decisions = tuning.decisions_from_records(rows, params, itemsize)
@@ -191,6 +191,7 @@ def tune(path: str, rows, transport: str, itemsize: int) -> None:
     chosen = [row for table in decisions.values() for row in table]
     by_model = sum(row["by"] == "model" for row in chosen)
     by_rounds = sum(row["by"] == "rounds" for row in chosen)
+    by_neighbour = sum(row["by"] == "neighbour" for row in chosen)
     noise = "-"
     if chosen:
         first = chosen[0]
@@ -198,8 +199,9 @@ def tune(path: str, rows, transport: str, itemsize: int) -> None:
                 f"{first['noise_from']}"
         noise += f", / sqrt({first['rounds']}))" if first["threshold"] != first["noise"] else ")"
     print(f"# tuned {transport}: {len(chosen)} decisions over {len(decisions)} (collective, "
-          f"world size); within {noise} of the best, {by_rounds} decided round by round and "
-          f"{by_model} left to the model -> {path}", flush=True)
+          f"world size); within {noise} of the best, {by_rounds} decided round by round, "
+          f"{by_neighbour} by the nearest decided size and {by_model} left to the model "
+          f"-> {path}", flush=True)
 
 
 def _refuse(message: str) -> int:

@@ -331,10 +331,14 @@ def test_winners_by_median_over_rounds_beyond_the_noise():
     assert at4k["algorithm"] == "direct" and at4k["by"] == "measured"
     assert set(at4k["median_us"]) == {"ring", "tree", "direct"} and at4k["rounds"] == 3
     assert at4k["noise_from"] == "spread over rounds" and at4k["noise"] > 0
-    # 200 vs 201: within the noise -> the model's pick among the two
-    assert at8k["by"] == "model" and set(at8k["median_us"]) == {"ring", "direct"}
+    # 200 vs 201: within the noise, 3 rounds (too few to compare round by round) -> the
+    # winner at the nearest decided size, direct at 4K, which is among the two
+    assert (at8k["algorithm"], at8k["by"]) == ("direct", "neighbour")
+    assert set(at8k["median_us"]) == {"ring", "direct"}
+    # with nothing decided anywhere: the model's pick among the two
+    (alone,), = tuning.decisions_from_records(rows[-2:], params).values()
     model = cost.ranking("all_reduce", 4, 8192, params, ["ring", "direct"])[0][1]
-    assert at8k["algorithm"] == model
+    assert (alone["algorithm"], alone["by"]) == (model, "model")
 
 
 def test_a_gap_beyond_the_noise_of_a_median_is_measured_not_left_to_the_model():
@@ -342,7 +346,8 @@ def test_a_gap_beyond_the_noise_of_a_median_is_measured_not_left_to_the_model():
     beyond the noise of a median (0.30 / sqrt(5) = 13 %) and the measurement decides, even
     where the model prefers the slower one. A 5 % gap is within it: where tree was faster in
     every round (the rounds ran interleaved, so each compares like with like) the rounds
-    decide; where direct won one round of five (a sign test needs 5 of 5), the model does."""
+    decide; where direct won one round of five (a sign test needs 5 of 5), the winner at the
+    nearest decided size does (tree, at 8K)."""
     params = cost.default_params("local")
     spread = [85, 95, 100, 105, 115]                      # (115 - 85) / 100 = 30 %
     rows = [record("tree", 4096, spread, p=4),
@@ -356,9 +361,39 @@ def test_a_gap_beyond_the_noise_of_a_median_is_measured_not_left_to_the_model():
     assert at4k["threshold"] == pytest.approx(0.30 / 5 ** 0.5, abs=1e-4)
     assert (at4k["algorithm"], at4k["by"]) == ("tree", "measured")
     assert (at8k["algorithm"], at8k["by"]) == ("tree", "rounds")
-    assert at16k["by"] == "model"
-    model = cost.ranking("all_reduce", 4, 16384, params, ["tree", "direct"])[0][1]
-    assert at16k["algorithm"] == model
+    assert (at16k["algorithm"], at16k["by"], at16k["neighbour_bytes"]) == \
+        ("tree", "neighbour", 8192)
+
+
+def test_a_tie_goes_to_the_winner_at_the_nearest_decided_size_before_the_model():
+    """all_to_all on 8 MPI ranks (a 32-core host): direct won outright at 64K and 1M, tied
+    with the bidirectional ring at 256K, where the model prefers the ring (it prices the
+    ring's transfers as if the host had bandwidth for every rank at once) and the ring was
+    1.09-1.19x slower in both later runs. The nearest decided size (64K: the smaller of two
+    at equal distance) gives direct. At 16M the winner next door (direct at 1M) is not among
+    the tied, so the model decides; no neighbour's own neighbour counts."""
+    params = cost.default_params("mpi")
+    noisy = [80, 95, 100, 105, 120]                       # spread 40 %: threshold 17.9 %
+    flat = [100, 100, 100, 100, 100]
+    rows = [record("direct", 64 << 10, noisy, p=8), record("ring_bidirectional", 64 << 10,
+                                                            [1.5 * t for t in noisy], p=8),
+            record("direct", 256 << 10, [80, 101, 104, 106, 119], p=8),
+            record("ring_bidirectional", 256 << 10, [81, 97, 105, 104, 121], p=8),
+            record("direct", 1 << 20, noisy, p=8), record("ring_bidirectional", 1 << 20,
+                                                          [1.5 * t for t in noisy], p=8),
+            record("direct", 16 << 20, [2 * t for t in flat], p=8),
+            record("ring", 16 << 20, [82, 93, 104, 103, 125], p=8),  # 2 rounds of 5
+            record("ring_bidirectional", 16 << 20, noisy, p=8)]
+    for row in rows:
+        row["collective"] = "all_to_all"
+    (at64k, at256k, at1m, at16m), = tuning.decisions_from_records(rows, params).values()
+    assert at64k["by"] == at1m["by"] == "measured" and at64k["algorithm"] == "direct"
+    model = cost.ranking("all_to_all", 8, 256 << 10, params,
+                         ["direct", "ring_bidirectional"])[0][1]
+    assert model == "ring_bidirectional"          # what the model alone would have kept
+    assert (at256k["algorithm"], at256k["by"]) == ("direct", "neighbour")
+    assert at256k["neighbour_bytes"] == 64 << 10 and "tied" not in at256k
+    assert at16m["by"] == "model" and at16m["algorithm"] in ("ring", "ring_bidirectional")
 
 
 @pytest.mark.parametrize("wins,rounds,decides", [(5, 5, True), (4, 5, False), (6, 6, True),
@@ -392,7 +427,7 @@ def test_bench_tune_writes_the_table_a_group_then_reads(tmp_path, monkeypatch):
     assert [r["bytes"] for r in rows] == [4 * KIB, 64 * KIB]
     for row in rows:
         assert set(row["median_us"]) == {"ring", "tree", "direct"} and row["rounds"] == 2
-        assert row["by"] in ("measured", "rounds", "model")
+        assert row["by"] in ("measured", "rounds", "neighbour", "model")
     monkeypatch.setenv("COLLECTIVES_TUNING", str(path))
     groups, errors = groups_of(2)
     assert errors == [None, None]
