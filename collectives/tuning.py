@@ -477,8 +477,8 @@ def decisions_from_records(records, params, itemsize: int = 4) -> dict:
     is fastest changes slowly with the size, so a winner measured next door is better evidence
     than a model that is off by 1.4-2.5x there (all_to_all on that host: the model prefers
     the bidirectional ring, direct won at the sizes around); judged on later runs
-    (``tools/auto_rules.py``), the two steps before the model never made 8 MPI ranks or
-    2 GPUs worse and took NCCL's worst from 1.46 to 1.09 (BENCHMARKS.md §4)."""
+    (``tools/auto_rules.py``), the two steps before the model cost at most 0.006 of the
+    geometric mean anywhere and took NCCL's worst from 1.46 to 1.09 (BENCHMARKS.md §4)."""
     noise, how = run_noise(records)
     table: dict = {}
     for row in records:

@@ -88,8 +88,8 @@ class _Entry:
         self.inbox = max(256, _align(program.inbox * itemsize))
         self.lines = max(256, _align(program.line_inbox * itemsize))
         u64, i32 = ctypes.c_uint64, ctypes.c_int32
-        # in the kernel's parameter order; the four buffers (and the peers' tables, which
-        # move when the staging memory grows) are set per call
+        # in the kernel's parameter order; the buffers are set per call, what comes from the
+        # group's memory when it has moved (place), the deadline when the timeout changes
         self.values = [u64(self.code.data.ptr), i32(len(program.code)),
                        u64(self.tallies.data.ptr), u64(0), u64(0), u64(0), u64(0), u64(0),
                        u64(0), u64(self.scratch_at), u64(memory.flags_ptr),
@@ -98,7 +98,10 @@ class _Entry:
         self.pointers = (ctypes.c_void_p * len(self.values))(
             *[ctypes.addressof(v) for v in self.values])
         self.params = ctypes.addressof(self.pointers)
-        self.layout = self.timeout = None     # what values hold of the memory and the call
+        # what values hold of the memory (set by place) and of the call's timeout (None: the
+        # default, in values from the start)
+        self.layout = self.timeout = None
+        self.values[15].value = int(DEFAULT_TIMEOUT * 1e9)
         self.staged = program.output_staged
 
     def place(self, memory):

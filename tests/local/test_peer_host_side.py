@@ -6,6 +6,7 @@ import contextlib
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from collectives.algorithms.schedule import build_plan
 from collectives.algorithms.transforms import read_input_first
@@ -86,3 +87,65 @@ def test_a_call_handed_to_send_recv_gets_the_buffers_its_plan_reads(monkeypatch)
             assert calls[-1]["input"] is data and not output.any()
         else:
             assert set(calls[-1]) == {"output"} and (output == data).all()
+
+
+def test_each_call_sets_its_buffers_the_memory_only_when_it_moved_and_its_deadline(monkeypatch):
+    """The kernel's parameters of one cached entry over calls: the buffers every call, the
+    peers' tables and the staging pointers again only after the memory grew (for another
+    call's needs), the deadline from the call's timeout (None: the default) whenever it
+    changes. Growing during graph capture is refused before anything is launched."""
+    mem, runtime = memory(monkeypatch)
+    mem.layout, mem.last_stream, mem.words = object(), None, [0, 0, 0, 0]
+    mem.flags_ptr, mem.error_ptr = 77, 88
+    mem.peer_flags_array = SimpleNamespace(data=SimpleNamespace(ptr=66))
+    # each table of peers' addresses a device array at an address of its own
+    mem.cupy.asarray = lambda a: SimpleNamespace(data=SimpleNamespace(ptr=int(a[0]) + 1))
+    launched = []
+    monkeypatch.setattr(peer_executor, "_launch", lambda *args: launched.append(
+        [v.value for v in entry.values]))
+    capturing = []
+    stream = SimpleNamespace(ptr=5, is_capturing=lambda: bool(capturing))
+    executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
+    executor.failed, executor._entries, executor.memory = None, {}, mem
+    executor.transport = SimpleNamespace(rank=0)
+    executor.cupy = SimpleNamespace(cuda=SimpleNamespace(get_current_stream=lambda: stream))
+    plan = build_plan("all_gather", "ring", 0, 2, (4, 4))
+    program = SimpleNamespace(code=np.zeros((1, 8)), sends=[0, 1], recvs=[0, 1], largest=4,
+                              scratch_at=0, scratch_max=4, inbox=4, line_inbox=4,
+                              output_staged=False)
+    monkeypatch.setattr(peer_executor.pushed, "lower", lambda *a, **k: program)
+    monkeypatch.setattr(peer_executor.cuda_peer, "program_kernel", lambda *a: SimpleNamespace(
+        kernel=SimpleNamespace(ptr=1)))
+    fake_cupy = SimpleNamespace(asarray=lambda a: SimpleNamespace(data=SimpleNamespace(ptr=9)))
+    monkeypatch.setitem(__import__("sys").modules, "cupy", fake_cupy)
+
+    def array(ptr):
+        return SimpleNamespace(data=SimpleNamespace(ptr=ptr), dtype=np.dtype(np.float32))
+    entry = peer_executor._Entry(plan, np.dtype(np.float32), None, 4, 0, 1 << 10, 0, mem,
+                                 False)
+    executor._entries[(id(plan), np.dtype(np.float32), None, False)] = (plan, entry)
+
+    def call(inp, out, timeout=None):
+        executor(plan, None, {"input": array(inp), "output": array(out)}, timeout=timeout,
+                 dtype=np.dtype(np.float32))
+    call(1000, 2000)
+    first = launched[-1]
+    assert (first[3], first[4], first[6]) == (1000, 2000, 2000)       # input, output
+    assert first[5] == mem.data_ptr and first[7] == mem.peer_data_array.data.ptr
+    assert first[15] == int(peer_executor.DEFAULT_TIMEOUT * 1e9)
+    call(1100, 2100, timeout=2.0)
+    assert (launched[-1][3], launched[-1][6], launched[-1][15]) == (1100, 2100, int(2e9))
+    mem.ensure(1 << 24)                  # another call's needs: the staging memory moves
+    call(1200, 2200)
+    assert launched[-1][5] == mem.data_ptr != first[5]
+    assert launched[-1][7] == mem.peer_data_array.data.ptr != first[7]
+    assert launched[-1][15] == int(peer_executor.DEFAULT_TIMEOUT * 1e9)
+    bigger = peer_executor._Entry(plan, np.dtype(np.float32), None, 4, 0, 1 << 10, 0, mem,
+                                  False)
+    bigger.staging = 2 * mem.capacity
+    executor._entries[(id(plan), np.dtype(np.float32), None, False)] = (plan, bigger)
+    capturing.append(True)
+    count = len(launched)
+    with pytest.raises(peer_executor.TransportError, match="graph capture"):
+        call(1300, 2300)
+    assert len(launched) == count
