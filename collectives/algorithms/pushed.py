@@ -24,7 +24,8 @@ readable and writable by every rank of the group):
 A send completes when it is written, so this is message passing with rendezvous (a send
 waits for its receive to be posted); every registered plan is deadlock-free under rendezvous
 (``cost.replay`` matches that way and would report a deadlock). Call numbers and message
-numbers only grow, so flags are never reset between calls.
+numbers only grow (64 bits), so flag words are never reset between calls; the 32-bit flags of
+flagged lines wrap, and their inbox is zeroed once a period (below).
 
 Each rank's program runs on ``blocks`` workers at once (the GPU's thread blocks): each moves
 its share of every message and op (``share``), a share depending only on the count, so a
