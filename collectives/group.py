@@ -347,7 +347,7 @@ class ProcessGroup:
         plan = shape.steps
         direct = None
         if collective == "all_reduce" and input is not None and not _overlap(input, output):
-            direct = shape.reading_input_first(output.size)   # no input -> output copy first
+            direct = shape.reading_input_first()   # no input -> output copy first
         if direct is not None:
             plan = direct
         extra = shape.extra
@@ -551,6 +551,9 @@ def _no_check():
     return None
 
 
+_UNSET = object()
+
+
 class _Shape:
     """What ``prepare`` worked out for a call of one shape (collective, dtypes, sizes, op,
     algorithm, root, timeout), reused by every later call of that shape. ``plan`` None: the
@@ -565,17 +568,17 @@ class _Shape:
         self.op, self.deadline, self.counts, self.window = op, deadline, counts, window
         self.steps = windowed(plan, window) if plan is not None and window > 1 else plan
         self.extra = {} if mark is None else {"signature": mark}
-        self._direct = {}
+        self._direct = _UNSET
 
-    def reading_input_first(self, count):
-        """The plan rewritten to read input instead of copying it into output first, as the
-        executor runs it (None where it cannot be), worked out once per output size."""
-        if count not in self._direct:
-            direct = read_input_first(self.plan, count)
+    def reading_input_first(self):
+        """The all_reduce plan rewritten to read input instead of copying it into output
+        first, as the executor runs it (None where it cannot be), worked out once."""
+        if self._direct is _UNSET:
+            direct = read_input_first(self.plan, self.counts)    # all_reduce: counts = n
             if direct is not None and self.window > 1:
                 direct = windowed(direct, self.window)
-            self._direct[count] = direct
-        return self._direct[count]
+            self._direct = direct
+        return self._direct
 
 
 def _plain(buf, array_type, written) -> bool:

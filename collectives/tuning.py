@@ -453,7 +453,11 @@ def faster_in_rounds(mine, theirs, level: float = 0.05) -> bool:
     return n >= 5 and sum(math.comb(n, k) for k in range(wins, n + 1)) <= level * 2 ** n
 
 
-def decisions_from_records(records, params, itemsize: int = 4) -> dict:
+TIE_STEPS = ("rounds", "neighbour")     # how a tie is settled before the model, in order
+
+
+def decisions_from_records(records, params, itemsize: int = 4, *,
+                           ties: tuple = TIE_STEPS) -> dict:
     """{(collective, world size): [row]} from a bench run's records: at each size the
     algorithm with the least median over rounds if it beats the runner-up by more than the
     threshold ("by": "measured"); else the same algorithm if it was faster than each one
@@ -461,7 +465,8 @@ def decisions_from_records(records, params, itemsize: int = 4) -> dict:
     those within the threshold, the one decided ("measured" or "rounds") at the nearest size
     of the same collective, the smaller size first ("by": "neighbour"); else the model's pick
     among them ("by": "model"). Each row keeps every algorithm's median, the noise and the
-    threshold.
+    threshold. ``ties``: which of the two steps before the model run (``tools/auto_rules.py``
+    replays earlier runs without them).
     Baselines (native), auto, labelled variants (``ring:graph``) and rows with wrong results
     are no candidates.
 
@@ -491,7 +496,7 @@ def decisions_from_records(records, params, itemsize: int = 4) -> dict:
         at.setdefault(name, []).extend(_row_times(row))     # in round order
     out = {}
     for (collective, p), by_size in table.items():
-        rows = []
+        rows, tied_at = [], {}      # the algorithms within the threshold, where the model chose
         for nbytes, times in sorted(by_size.items()):
             medians = {name: median(t) for name, t in times.items()}
             rounds = max(len(t) for t in times.values())
@@ -506,22 +511,24 @@ def decisions_from_records(records, params, itemsize: int = 4) -> dict:
                    "threshold": round(threshold, 4)}
             if margin - 1.0 <= threshold:
                 tied = [n for n in order if medians[n] <= medians[best] * (1.0 + threshold)]
-                if all(faster_in_rounds(times[best], times[n]) for n in tied[1:]):
+                if "rounds" in ties and all(faster_in_rounds(times[best], times[n])
+                                            for n in tied[1:]):
                     row.update(by="rounds")
                 else:
                     ranked = cost.ranking(collective, p, nbytes, params, tied, itemsize)
                     row.update(algorithm=ranked[0][1], by="model")
-                    row["tied"] = tied
+                    tied_at[nbytes] = tied
             rows.append(row)
-        out[collective, p] = [_from_neighbours(row, rows) for row in rows]
+        if "neighbour" in ties:
+            rows = [_from_neighbours(row, rows, tied_at.get(row["bytes"])) for row in rows]
+        out[collective, p] = rows
     return out
 
 
-def _from_neighbours(row: dict, rows: list) -> dict:
-    """``row`` with a tie left to the model given instead to the algorithm decided by
-    measurement at the nearest size (the smaller on equal distance) where that one is tied
-    here; ``tied`` (the algorithms within the threshold) is dropped either way."""
-    tied = row.pop("tied", None)
+def _from_neighbours(row: dict, rows: list, tied) -> dict:
+    """``row`` (where the model chose among ``tied``, else unchanged) with its tie given
+    instead to the algorithm decided by measurement at the nearest size (the smaller on equal
+    distance) where that one is among ``tied``."""
     if tied is None:
         return row
     decided = sorted((abs(math.log2(other["bytes"] / row["bytes"])), other["bytes"],

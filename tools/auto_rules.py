@@ -20,7 +20,6 @@ import math
 import os
 import statistics
 import sys
-from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -49,20 +48,10 @@ def decide(rows, params, rule):
     """{(collective, bytes): algorithm} from run A's rows by ``rule``."""
     if rule == "median":
         return {key: min(m, key=m.get) for key, m in medians(rows).items()}
-    with mock.patch.object(tuning, "faster_in_rounds", lambda *a, **k: False), \
-            mock.patch.object(tuning, "_from_neighbours", lambda row, rows: row) \
-            if rule == "model" else _nothing():
-        table = tuning.decisions_from_records(rows, params)
+    table = tuning.decisions_from_records(
+        rows, params, ties=() if rule == "model" else tuning.TIE_STEPS)
     return {(collective, row["bytes"]): row["algorithm"]
             for (collective, _), listed in table.items() for row in listed}
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def judge(run_a, tuning_path, run_b):
