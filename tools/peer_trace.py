@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from collectives.algorithms import pushed  # noqa: E402
 from collectives.bench.nccl import nccl_group  # noqa: E402
+from collectives.bench.timing import CudaEvents  # noqa: E402
 from collectives.kernels import cuda_peer  # noqa: E402
 from peer_check import capture, replay_seconds  # noqa: E402  (tools/, beside this file)
 
@@ -90,12 +91,7 @@ def main():
                         call()
                     stream.synchronize()
                     host.barrier()
-                    start = stream.record()
-                    for _ in range(args.iters):
-                        call()
-                    end = stream.record()
-                    end.synchronize()
-                    took = cupy.cuda.get_elapsed_time(start, end) * 1e3 / args.iters
+                    took = CudaEvents(cupy).batch(call, args.iters) * 1e6   # as the bench
                     times[label] = host.max(took)
                 else:
                     g = capture(stream, call, args.iters)
