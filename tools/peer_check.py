@@ -70,7 +70,7 @@ def graph_time(cupy, stream, call, iters, reps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="4K,64K,256K,1M,4M,16M")
-    ap.add_argument("--algorithms", default="ring,tree,recursive_doubling,direct,ring_bidirectional")
+    ap.add_argument("--algorithms", default="ring,tree,recursive_doubling,direct,two_shot,ring_bidirectional")
     ap.add_argument("--collectives", default="all_reduce,reduce_scatter,all_gather,all_to_all")
     ap.add_argument("--quick", action="store_true", help="float32 checks only")
     ap.add_argument("--no-checks", action="store_true", help="timings only")
@@ -174,8 +174,8 @@ def main():
             d_in, d_out = buffers(cupy, collective, count, p, np.float32, rank, 0)
             cells = []
             base = None
-            for algorithm in ["native"] + [a for a in ("ring", "recursive_doubling", "direct")
-                                           if a in have[collective]]:
+            for algorithm in ["native"] + [a for a in args.algorithms.split(",")
+                                           if a in have[collective] and a != "tree"]:
                 def call(algorithm=algorithm):
                     group.prepare(collective, input=d_in, output=d_out, algorithm=algorithm)()
                 try:

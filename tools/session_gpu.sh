@@ -18,7 +18,7 @@ for step in ${STEPS:-trace suite bench}; do
              echo "== COLLECTIVES_PEER_BLOCK_BYTES=$b"
              COLLECTIVES_PEER_BLOCK_BYTES=$b timeout 120 $mpi -x COLLECTIVES_PEER_BLOCK_BYTES -n "$n" python3 tools/peer_check.py --no-checks --no-graphs --collectives all_reduce,reduce_scatter --algorithms ring,direct,recursive_doubling --sizes 64K,256K,1M,4M
            done 2>&1 | tee "$out/sweep.txt" ;;
-    large) COLLECTIVES_PEER_MAX_BYTES=0 timeout ${BENCH_SECONDS:-240} $mpi -x COLLECTIVES_PEER_MAX_BYTES -n "$n" python3 benchmarks/bench.py --backend nccl --no-progress --collectives all_reduce,all_gather --algorithms native,ring,direct --sizes 4M,16M,64M,256M --min-time 0.05 --graph-max 0 2>&1 | tee "$out/large.txt" ;;
+    large) COLLECTIVES_PEER_MAX_BYTES=0 timeout ${BENCH_SECONDS:-240} $mpi -x COLLECTIVES_PEER_MAX_BYTES -n "$n" python3 benchmarks/bench.py --backend nccl --no-progress ${LARGE_ARGS:---collectives all_reduce,all_gather --algorithms native,ring,direct} --sizes ${LARGE_SIZES:-4M,16M,64M,256M} --min-time 0.05 --graph-max 0 --json "$out/large.json" 2>&1 | tee "$out/large.txt" ;;
     lines) for l in ${LINES:-256K 1M}; do   # device time with larger flagged-line messages
              echo "== COLLECTIVES_PEER_LINE_BYTES=$l"
              COLLECTIVES_PEER_LINE_BYTES=$l timeout 120 $mpi -x COLLECTIVES_PEER_LINE_BYTES -n "$n" python3 tools/peer_check.py --no-checks --collectives all_reduce,reduce_scatter,all_gather --algorithms ring,direct --sizes 64K,256K,1M | grep -A12 "device time"
@@ -28,6 +28,16 @@ for step in ${STEPS:-trace suite bench}; do
               COLLECTIVES_PEER_FENCES=$f timeout 120 $mpi -x COLLECTIVES_PEER_FENCES -n "$n" python3 tools/peer_check.py --no-checks --collectives all_reduce,all_to_all --algorithms ring,direct --sizes 4K,64K,1M | grep -A12 "device time"
             done 2>&1 | tee "$out/fences.txt" ;;
     profile) timeout 120 $mpi -n "$n" python3 tools/host_profile.py 2>&1 | tee "$out/profile.txt" ;;
+    tune) A="--algorithms ${TUNE_ALGORITHMS:-ring,ring_bidirectional,tree,recursive_doubling,direct,two_shot,native,auto} --rounds 5"
+          for run in A B; do    # tuned in run A, judged in a separate run B (issue 16)
+            [ $run = A ] && t="--tune $out/tuning_nccl.json" || t="--tuning $out/tuning_nccl.json"
+            timeout ${TUNE_SECONDS:-270} $mpi -n "$n" python3 benchmarks/bench.py --backend nccl --no-progress $A --min-time 0.05 --graph-max 0 $t --json "$out/nccl_$run.json" 2>&1 | tail -40
+          done 2>&1 | tee "$out/tune.txt" ;;
+    mpi) A="--algorithms ${TUNE_ALGORITHMS:-ring,ring_bidirectional,tree,recursive_doubling,direct,two_shot,native,auto} --rounds 5 --min-time ${MPI_MIN_TIME:-0.25}"
+         for run in A B; do     # 8 MPI ranks on the host's cores, tuned in A, judged in B
+           [ $run = A ] && t="--calibrate $out/tuning_mpi.json --tune $out/tuning_mpi.json" || t="--tuning $out/tuning_mpi.json"
+           timeout ${MPI_SECONDS:-280} $mpi -n 8 python3 benchmarks/bench.py --no-progress $A $t --json "$out/mpi_$run.json" 2>&1 | grep -v "variable file\|amca-param\|^---" | tail -40
+         done 2>&1 | tee "$out/mpi.txt" ;;
     bench) timeout ${BENCH_SECONDS:-240} $mpi -n "$n" python3 benchmarks/bench.py --backend nccl --no-progress ${BENCH_ARGS:-} --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" ;;
   esac
   rc=${PIPESTATUS[0]}

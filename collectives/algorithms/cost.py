@@ -331,7 +331,7 @@ COUNTED_WORK = 50_000
 # greedy ports serve in matching order: up to ~2x (p = 8) above the ⌈(p-1)/k⌉(α + k·mβ)
 # optimum once p-1 exceeds k = ports; with ports >= p-1 the replay is exactly α + (p-1)mβ
 # (plus the local work).
-COUNTED_ONLY = frozenset({"ring_bidirectional", "direct"})
+COUNTED_ONLY = frozenset({"ring_bidirectional", "direct", "two_shot"})
 
 
 def counted_work(collective: str, algorithm: str, size: int, nbytes: int,
