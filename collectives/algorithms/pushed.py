@@ -75,7 +75,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import hazards
-from .schedule import Copy, Plan, Region, buffer_sizes, build_plan
+from .schedule import Copy, Plan, Reduce, Region, buffer_sizes, build_plan
 
 # Instruction kinds (column 0); column 1 is the plan step (-1: before the first, or after the
 # last) for error messages; the rest by kind:
@@ -102,7 +102,11 @@ REDUCE_LL = 10  # a receive in lines reduced as it is read: [2] peer [3] buffer 
                 # the message is the reduction's first operand
 TAKE_REDUCE = 11  # an eager receive reduced as it is read out of its slot: as REDUCE_LL, and
                   # [12] message number from that peer
+REDUCE_N = 12   # a chain of reductions in one pass, dst = ((x0 op x1) op x2) ...: [2] dst
+                # buffer [3] dst offset [4] count [5] how many operands (2..FOLD) [6..]
+                # each operand as offset * 4 + buffer (``operand``)
 WIDTH = 13
+FOLD = WIDTH - 6   # operands one REDUCE_N reads
 SLOT_ALIGN = 16  # elements: inbox slots start 16-byte aligned whatever the dtype
 
 # Buffers (what the executor passes): the caller's input, the plan's output (the caller's or
@@ -312,6 +316,15 @@ def _lower(plan, plans, eager, lines, seeded):
                       op.dst.count, _BUFFER[op.dst.buffer], op.dst.offset,
                       _BUFFER[other.buffer], other.offset, int(first), k))
                 return
+            if position in folded:
+                run = folded[position]
+                operands = [read(x) for x in (run[0].a,) + tuple(r.b for r in run)]
+                dst = run[-1].dst
+                order.before((tuple(operands), (dst,)), index)
+                emit((REDUCE_N, index, _BUFFER[dst.buffer], dst.offset, dst.count,
+                      len(operands), *(operand(x) for x in operands)))
+                wrote(dst)
+                return
             if isinstance(op, Copy):
                 src = read(op.src)
                 order.before(((src,), (op.dst,)), index)
@@ -327,8 +340,12 @@ def _lower(plan, plans, eager, lines, seeded):
 
         # local ops that touch nothing the step receives run while its messages travel
         early = _apart_from_receives(step)
+        folded = {}                        # first position of a chain -> its reductions
+        for first, last in _chains(plan, index, 0, early):
+            folded[first] = step.local[first:last]
         for position in range(early):
-            local(position, step.local[position])
+            if _inside(folded, position):
+                local(position, step.local[position])
         for k, r in _numbered(step.recvs, received):
             slot = mine[r.peer, k]
             at = _fused_at(step, r) if slot >= 0 else None
@@ -344,8 +361,11 @@ def _lower(plan, plans, eager, lines, seeded):
                 emit((ARRIVE, index, r.peer, k))
         for r in step.recvs:
             received[r.peer] += 1
+        for first, last in _chains(plan, index, early, len(step.local), taken):
+            folded[first] = step.local[first:last]
         for position in range(early, len(step.local)):
-            local(position, step.local[position])
+            if _inside(folded, position):
+                local(position, step.local[position])
     if out_staged:                            # what the plan (or a seeding copy) wrote
         for lo, hi in list(zip(written.starts, written.ends)):
             order.before(((Region("output", lo, hi - lo),), ()), -1)
@@ -440,6 +460,60 @@ def _fused_at(step, recv):
             return None                    # (the other operand is no message of the step)
         return position
     return None
+
+
+def operand(region: Region) -> int:
+    """A REDUCE_N operand in one column: its offset and buffer (``_BUFFER``, < 4)."""
+    return region.offset * 4 + _BUFFER[region.buffer]
+
+
+def _inside(folded, position):
+    """Whether ``position`` starts a chain or is no part of one (a chain's later reductions
+    run with its first)."""
+    return position in folded or not any(first < position < first + len(run)
+                                         for first, run in folded.items())
+
+
+def _chains(plan, index, start, end, taken=()):
+    """[(first, last)]: runs of step ``index``'s local ops in [start, end) that one REDUCE_N
+    does in a single pass: Reduces of one count, each folding one more operand into the
+    previous one's result (``Reduce(t, acc, x)`` after ``Reduce(acc, ., .)``), at most FOLD
+    operands. The pass keeps the running value in registers and writes only the last
+    destination, so a result in between may be skipped only where nothing reads it: it is
+    the last destination itself or scratch the plan never reads again, and no operand of a
+    later reduction of the run overlaps it. Every operand equals the last destination or
+    lies apart from it (each element is read before it is written, in the same thread).
+    A reduction fused with a receive (``taken``) is no part of any run."""
+    local = plan.steps[index].local
+    runs, position = [], start
+    while position < end:
+        last = position + 1
+        op = local[position]
+        if isinstance(op, Reduce) and position not in taken:
+            while last < end and last - position + 1 < FOLD and _folds(plan, index, local,
+                                                                         position, last, taken):
+                last += 1
+        if last - position > 1:
+            runs.append((position, last))
+        position = last
+    return runs
+
+
+def _folds(plan, index, local, first, position, taken):
+    """Whether local op ``position`` extends the run of reductions ``first..position-1``."""
+    op, before = local[position], local[position - 1]
+    if not isinstance(op, Reduce) or position in taken or op.a != before.dst \
+            or op.dst.count != before.dst.count or op.b.overlaps(before.dst):
+        return False
+    run = local[first:position + 1]
+    for earlier in run[:-1]:               # results skipped if op ends the run
+        if earlier.dst != op.dst and (earlier.dst.buffer != "scratch" or _read_later(
+                plan, index, position, earlier.dst)):
+            return False
+        if any(later.b.overlaps(earlier.dst) for later in run[run.index(earlier) + 1:]):
+            return False
+    operands = [run[0].a] + [r.b for r in run]
+    return all(x == op.dst or not x.overlaps(op.dst) for x in operands)
 
 
 def _read_later(plan, index, position, region):

@@ -211,19 +211,49 @@ __device__ __forceinline__ S combine(S a, S b) {
 COMBINE
 }
 
-/* dst[e] = combine(a[e], b[e]) for this block's share [lo, hi): every thread loads its
-   UNROLL pairs before it stores (dst may be a or b, element by element). */
-__device__ void reduce_share(S* dst, const S* a, const S* b, i64 lo, i64 hi) {
+/* dst[e] = x0[e] op x1[e] op ... op x[m-1][e], left to right, for this block's share
+   [lo, hi): one pass, the running value in registers. Where every pointer is 16-byte
+   aligned at lo, a thread moves 16 bytes of each operand at a time, all its loads issued
+   before it combines; otherwise one element at a time. dst may be an operand, element by
+   element (each element is read before it is written, by the same thread). */
+#define VEC (16 / (int)sizeof(S))
+
+__device__ __forceinline__ void fold_vector(uint4* acc, const uint4* x) {
+    S* a = (S*)acc; const S* b = (const S*)x;
+#pragma unroll
+    for (int t = 0; t < VEC; t++) a[t] = combine(a[t], b[t]);
+}
+
+__device__ void reduce_many(S* dst, const S* const* xs, int m, i64 lo, i64 hi) {
+    bool aligned = (((u64)(dst + lo)) & 15) == 0;
+    for (int j = 0; j < m; j++) aligned = aligned && (((u64)(xs[j] + lo)) & 15) == 0;
     const i64 bd = blockDim.x;
-    for (i64 e = lo + threadIdx.x; e < hi; e += UNROLL * bd) {
-        S x[UNROLL], y[UNROLL];
+    i64 tail = lo;
+    if (aligned) {
+        const i64 v = (hi - lo) / VEC;
+        for (i64 i = threadIdx.x; i < v; i += bd) {
+            uint4 x[FOLD];
 #pragma unroll
-        for (int k = 0; k < UNROLL; k++)
-            if (e + k * bd < hi) { x[k] = a[e + k * bd]; y[k] = b[e + k * bd]; }
+            for (int j = 0; j < FOLD; j++)
+                if (j < m) x[j] = ((const uint4*)(xs[j] + lo))[i];
 #pragma unroll
-        for (int k = 0; k < UNROLL; k++)
-            if (e + k * bd < hi) dst[e + k * bd] = combine(x[k], y[k]);
+            for (int j = 1; j < FOLD; j++)
+                if (j < m) fold_vector(&x[0], &x[j]);
+            ((uint4*)(dst + lo))[i] = x[0];
+        }
+        tail = lo + v * VEC;
     }
+    for (i64 e = tail + threadIdx.x; e < hi; e += bd) {
+        S acc = xs[0][e];
+        for (int j = 1; j < m; j++) acc = combine(acc, xs[j][e]);
+        dst[e] = acc;
+    }
+}
+
+/* dst[e] = combine(a[e], b[e]) for this block's share [lo, hi). */
+__device__ __forceinline__ void reduce_share(S* dst, const S* a, const S* b, i64 lo, i64 hi) {
+    const S* xs[2] = {a, b};
+    reduce_many(dst, xs, 2, lo, hi);
 }
 
 /* Flagged lines carry 4 data bytes each: a unit is the elements of one line (PER of them)
@@ -557,6 +587,16 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             if (hi > lo)
                 copy_bytes(bases[r[2]] + (r[3] + lo) * itemsize,
                            bases[r[4]] + (r[5] + lo) * itemsize, (hi - lo) * itemsize);
+            break;
+        }
+        case 12: { /* REDUCE_N: a chain of reductions in one pass */
+            i64 lo, hi;
+            share(r[4], align, &lo, &hi);
+            const S* xs[FOLD];
+            const int m = (int)r[5];
+            for (int j = 0; j < m; j++)
+                xs[j] = (const S*)bases[r[6 + j] & 3] + (r[6 + j] >> 2);
+            reduce_many((S*)bases[r[2]] + r[3], xs, m, lo, hi);
             break;
         }
         case 5: { /* REDUCE */

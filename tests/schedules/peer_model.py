@@ -16,7 +16,7 @@ import random
 import numpy as np
 
 from collectives.algorithms import pushed
-from collectives.algorithms.pushed import (ARRIVE, BARRIER, COPY, EPOCH, PUSH, REDUCE,
+from collectives.algorithms.pushed import (ARRIVE, BARRIER, COPY, EPOCH, PUSH, REDUCE, REDUCE_N,
                                            REDUCE_LL, SEND, SEND_LL, TAKE, TAKE_LL,
                                            TAKE_REDUCE, INPUT, OUTPUT, SCRATCH, CALLER_OUTPUT)
 
@@ -221,6 +221,17 @@ class Group:
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
                     mine[db][do + a:do + b] = mine[sb][so + a:so + b]
+                    yield
+            elif kind == REDUCE_N:            # one pass: every operand read, then dst written
+                db, do, count, n = map(int, row[2:6])
+                xs = [(int(x) % 4, int(x) // 4) for x in row[6:6 + n]]
+                lo, hi = share(count)
+                for a in range(lo, hi, piece):
+                    b = min(hi, a + piece)
+                    acc = mine[xs[0][0]][xs[0][1] + a:xs[0][1] + b].copy()
+                    for xb, xo in xs[1:]:
+                        acc = reduce(acc, mine[xb][xo + a:xo + b])
+                    mine[db][do + a:do + b] = acc
                     yield
             elif kind == REDUCE:
                 db, do, ab, ao, bb, bo, count = map(int, row[2:9])

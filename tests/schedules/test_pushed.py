@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from collectives.algorithms import capabilities, pushed, simulate
-from collectives.algorithms.schedule import (Matrix, Plan, Recv, Region, Send, Step,
+from collectives.algorithms.schedule import (Matrix, Plan, Recv, Reduce, Region, Send, Step,
                                              buffer_sizes, build_plan, plan_args)
 from collectives.algorithms.transforms import read_input_first
 
@@ -262,3 +262,55 @@ def test_a_plan_too_long_for_the_epoch_is_refused(monkeypatch):
     plan = build_plan("all_reduce", "ring", 0, 4, 64)  # 6 steps
     with pytest.raises(ValueError, match="does not fit the peer-memory epoch"):
         pushed.lower(plan)
+
+
+def test_a_chain_of_reductions_runs_as_one_pass():
+    """direct's rank-order sum of p operands is one REDUCE_N where its messages wait for
+    their receives, split into runs of at most FOLD operands (a last single reduction stays a
+    REDUCE); the protocol
+    model runs those programs in test_every_schedule_through_the_protocol."""
+    for p in (3, 4, 8):
+        for rank in (0, p // 2, p - 1):
+            for algorithm in ("direct", "two_shot"):
+                program = pushed.lower(build_plan("all_reduce", algorithm, rank, p, 1 << 12))
+                kinds = [kind for kind, _ in _kinds(program)]
+                passes = kinds.count(pushed.REDUCE_N) + kinds.count(pushed.REDUCE)
+                assert passes == -(-(p - 1) // (pushed.FOLD - 1)), (algorithm, p, rank)
+                assert pushed.REDUCE_N in kinds
+    folded = [row for row in pushed.lower(build_plan("all_reduce", "direct", 2, 4, 64)).code
+              if row[0] == pushed.REDUCE_N]
+    # rank 2 sums scratch slots 0 and 1 (ranks 0, 1), its own output, slot 2 (rank 3)
+    assert [(int(x) % 4, int(x) // 4) for x in folded[0][6:6 + folded[0][5]]] == \
+        [(pushed.SCRATCH, 0), (pushed.SCRATCH, 64), (pushed.OUTPUT, 0), (pushed.SCRATCH, 128)]
+
+
+def _reductions(*ops, later=()):
+    """A one-rank plan of one step of local ``ops`` and a second step sending ``later``."""
+    steps = (Step(local=tuple(ops)),) + ((Step(sends=tuple(Send(1, r) for r in later)),)
+                                         if later else ())
+    return Plan("all_reduce", "mine", 0, 2, steps, 64)
+
+
+def test_a_chain_skips_only_results_nothing_reads():
+    s = [Region("scratch", 8 * k, 8) for k in range(4)]
+    out = Region("output", 0, 8)
+    chain = (Reduce(s[0], s[0], s[1]), Reduce(out, s[0], s[2]), Reduce(out, out, s[3]))
+    assert pushed._chains(_reductions(*chain), 0, 0, 3) == [(0, 3)]
+    # the scratch result in between is sent later: it must be written, so no chain through it
+    assert pushed._chains(_reductions(*chain, later=(s[0],)), 0, 0, 3) == [(1, 3)]
+    # a result in between that lands in output is never skipped
+    into_output = (Reduce(out, s[0], s[1]), Reduce(s[2], out, s[3]))
+    assert pushed._chains(_reductions(*into_output), 0, 0, 2) == []
+    # an operand that a result in between overwrites is read after it: no chain
+    overwritten = (Reduce(s[1], s[0], s[2]), Reduce(out, s[1], s[1]))
+    assert pushed._chains(_reductions(*overwritten), 0, 0, 2) == []
+    # a destination overlapping an operand without being it: no chain
+    shifted = (Reduce(s[0], s[0], s[1]), Reduce(Region("scratch", 12, 8), s[0], s[2]))
+    assert pushed._chains(_reductions(*shifted), 0, 0, 2) == []
+    # counts differ: no chain; and never more than FOLD operands in one
+    assert pushed._chains(_reductions(Reduce(s[0], s[0], s[1]),
+                                      Reduce(Region("output", 0, 4), Region("scratch", 0, 4),
+                                             Region("scratch", 16, 4))), 0, 0, 2) == []
+    long = [Reduce(out, out, Region("scratch", 8 * k, 8)) for k in range(10)]
+    assert pushed._chains(_reductions(*long), 0, 0, 10) == [(0, pushed.FOLD - 1),
+                                                           (pushed.FOLD - 1, 10)]
