@@ -247,6 +247,7 @@ def _lower(plan, plans, eager, lines, seeded):
     if early:
         emit((EPOCH, 0, 0, 1))
     written = hazards.Ranges()                # output the plan has written so far
+    regions_written = {}                      # ... region by region, as an ordered set
 
     def read(region):
         """The region to read for ``region`` (input where seeded output is not written)."""
@@ -260,12 +261,14 @@ def _lower(plan, plans, eager, lines, seeded):
             order.before(copied, -1)
             emit((COPY, -1, OUTPUT, lo, INPUT, lo, hi - lo))
             written.add(lo, hi)
+            regions_written[Region("output", lo, hi - lo)] = None
         return region
 
     def wrote(*regions):
         for region in regions:
             if region.buffer == "output":
                 written.add(region.offset, region.end)
+                regions_written[region] = None
 
     for lo, hi in _read_before_written(plan) if out_staged and not seeded else []:
         copied = Region("output", lo, hi - lo)       # the caller's output values, staged
@@ -275,7 +278,11 @@ def _lower(plan, plans, eager, lines, seeded):
     received = [0] * size
     for index, step in enumerate(plan.steps):
         if index in waited and not (index == 0 and early):
-            if code:                       # every worker is done with what the receives overwrite
+            # every worker done with what the receives overwrite: a grid barrier, unless no
+            # worker has touched those regions since the last one
+            if code and not order.clear_of([hazards.access(r) for k, r in
+                                            _numbered(step.recvs, received)
+                                            if mine[r.peer, k] < 0]):
                 order.grid(index)
             emit((EPOCH, index, index))
         for s in step.sends:
@@ -367,9 +374,10 @@ def _lower(plan, plans, eager, lines, seeded):
             if _inside(folded, position):
                 local(position, step.local[position])
     if out_staged:                            # what the plan (or a seeding copy) wrote
-        for lo, hi in list(zip(written.starts, written.ends)):
-            order.before(((Region("output", lo, hi - lo),), ()), -1)
-            emit((COPY, -1, CALLER_OUTPUT, lo, OUTPUT, lo, hi - lo))
+        for region in _copies_out(written, regions_written):
+            order.before(((region,), ()), -1)
+            emit((COPY, -1, CALLER_OUTPUT, region.offset, OUTPUT, region.offset,
+                  region.count))
     if seeded:                                # what the plan never wrote keeps input's values
         for lo, hi in list(written.gaps(0, _output_count(plan))):
             order.before(((Region("input", lo, hi - lo),),
@@ -416,6 +424,12 @@ class _Barriers:
             self.unordered = []
         self.unordered.append(accessed)
         self.apart.append(accessed)
+
+    def clear_of(self, accessed):
+        """Whether no access since the last grid barrier conflicts with any of ``accessed``
+        (then every worker may be anywhere since that barrier without touching them)."""
+        return len(self.apart) < self.KEPT and not any(
+            hazards.ordering(a, x) for a in self.apart for x in accessed)
 
     def grid(self, step):
         self.emit((BARRIER, step, 1))
@@ -465,6 +479,16 @@ def _fused_at(step, recv):
 def operand(region: Region) -> int:
     """A REDUCE_N operand in one column: its offset and buffer (``_BUFFER``, < 4)."""
     return region.offset * 4 + _BUFFER[region.buffer]
+
+
+def _copies_out(written, regions):
+    """The staged output to copy out, as regions: those the plan wrote, region by region,
+    where no two of them partly overlap, so each copy is shared out among the workers as
+    its last write was and needs no grid barrier before it; else the written ranges."""
+    tiles = sorted((r for r in regions if r.count), key=lambda r: (r.offset, r.count))
+    if all(a.end <= b.offset for a, b in zip(tiles, tiles[1:])):
+        return tiles
+    return [Region("output", lo, hi - lo) for lo, hi in zip(written.starts, written.ends)]
 
 
 def _inside(folded, position):

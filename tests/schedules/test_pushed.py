@@ -314,3 +314,16 @@ def test_a_chain_skips_only_results_nothing_reads():
     long = [Reduce(out, out, Region("scratch", 8 * k, 8)) for k in range(10)]
     assert pushed._chains(_reductions(*long), 0, 0, 10) == [(0, pushed.FOLD - 1),
                                                            (pushed.FOLD - 1, 10)]
+
+
+def test_grid_barriers_only_where_a_receive_or_the_copy_out_needs_one():
+    """two_shot's second step receives into blocks its first step never touched (seeded: the
+    sends read input) and its staged output is copied out block by block, as the blocks were
+    written: no grid barrier at all. The ring's receives land, some steps later, where its
+    earlier steps worked, so some of its epochs keep one."""
+    for rank in range(4):
+        program = pushed.lower(build_plan("all_reduce", "two_shot", rank, 4, 1 << 16),
+                               seeded=True)
+        assert program.output_staged and (pushed.BARRIER, 1) not in _kinds(program)
+    ring = pushed.lower(build_plan("all_reduce", "ring", 0, 4, 1 << 16), seeded=True)
+    assert (pushed.BARRIER, 1) in _kinds(ring)
