@@ -19,6 +19,10 @@ for step in ${STEPS:-trace suite bench}; do
              COLLECTIVES_PEER_BLOCK_BYTES=$b timeout 120 $mpi -x COLLECTIVES_PEER_BLOCK_BYTES -n "$n" python3 tools/peer_check.py --no-checks --no-graphs --collectives all_reduce,reduce_scatter --algorithms ring,direct,recursive_doubling --sizes 64K,256K,1M,4M
            done 2>&1 | tee "$out/sweep.txt" ;;
     large) COLLECTIVES_PEER_MAX_BYTES=0 timeout ${BENCH_SECONDS:-240} $mpi -x COLLECTIVES_PEER_MAX_BYTES -n "$n" python3 benchmarks/bench.py --backend nccl --no-progress ${LARGE_ARGS:---collectives all_reduce,all_gather --algorithms native,ring,direct} --sizes ${LARGE_SIZES:-4M,16M,64M,256M} --min-time 0.05 --graph-max 0 --json "$out/large.json" 2>&1 | tee "$out/large.txt" ;;
+    knobs) for k in ${KNOBS:-COLLECTIVES_PEER_BLOCKS=64 COLLECTIVES_PEER_BLOCKS=128}; do   # device time per setting
+             echo "== $k"
+             env "$k" COLLECTIVES_PEER_MAX_BYTES=0 timeout 120 $mpi -x "${k%%=*}" -x COLLECTIVES_PEER_MAX_BYTES -n "$n" python3 tools/peer_check.py --no-checks ${KNOB_ARGS:---collectives all_reduce,reduce_scatter --algorithms direct,two_shot --sizes 1M,16M,64M} | grep -A12 "device time"
+           done 2>&1 | tee "$out/knobs.txt" ;;
     lines) for l in ${LINES:-256K 1M}; do   # device time with larger flagged-line messages
              echo "== COLLECTIVES_PEER_LINE_BYTES=$l"
              COLLECTIVES_PEER_LINE_BYTES=$l timeout 120 $mpi -x COLLECTIVES_PEER_LINE_BYTES -n "$n" python3 tools/peer_check.py --no-checks --collectives all_reduce,reduce_scatter,all_gather --algorithms ring,direct --sizes 64K,256K,1M | grep -A12 "device time"
