@@ -248,6 +248,22 @@ def _lower(plan, plans, eager, lines, seeded):
         emit((EPOCH, 0, 0, 1))
     written = hazards.Ranges()                # output the plan has written so far
     regions_written = {}                      # ... region by region, as an ordered set
+    # staged output regions still to be written, with how many of the plan's writes remain:
+    # each is copied out to the caller's output right after its last write, while later
+    # messages still travel (where the written regions tile the output)
+    remaining = _writes_to_output(plan) if out_staged else {}
+    out_early = set()
+
+    def done(index, *regions):
+        """The plan's writes of ``regions`` have been emitted: copy out what is final."""
+        for region in regions:
+            if region in remaining:
+                remaining[region] -= 1
+                if not remaining[region]:
+                    order.before(((region,), ()), index)
+                    emit((COPY, index, CALLER_OUTPUT, region.offset, OUTPUT, region.offset,
+                          region.count))
+                    out_early.add(region)
 
     def read(region):
         """The region to read for ``region`` (input where seeded output is not written)."""
@@ -322,6 +338,7 @@ def _lower(plan, plans, eager, lines, seeded):
                       _BUFFER[r.region.buffer] if keep else -1, r.region.offset, slot,
                       op.dst.count, _BUFFER[op.dst.buffer], op.dst.offset,
                       _BUFFER[other.buffer], other.offset, int(first), k))
+                done(index, op.dst, r.region)
                 return
             if position in folded:
                 run = folded[position]
@@ -331,6 +348,7 @@ def _lower(plan, plans, eager, lines, seeded):
                 emit((REDUCE_N, index, _BUFFER[dst.buffer], dst.offset, dst.count,
                       len(operands), *(operand(x) for x in operands)))
                 wrote(dst)
+                done(index, *(x.dst for x in run))
                 return
             if isinstance(op, Copy):
                 src = read(op.src)
@@ -344,6 +362,7 @@ def _lower(plan, plans, eager, lines, seeded):
                       _BUFFER[a.buffer], a.offset, _BUFFER[b.buffer], b.offset,
                       op.dst.count))
             wrote(op.dst)
+            done(index, op.dst)
 
         # local ops that touch nothing the step receives run while its messages travel
         early = _apart_from_receives(step)
@@ -366,6 +385,7 @@ def _lower(plan, plans, eager, lines, seeded):
                       _BUFFER[r.region.buffer], r.region.offset, slot, r.region.count))
             else:                          # the sender's worker of the same share wrote it
                 emit((ARRIVE, index, r.peer, k))
+            done(index, r.region)
         for r in step.recvs:
             received[r.peer] += 1
         for first, last in _chains(plan, index, early, len(step.local), taken):
@@ -375,6 +395,8 @@ def _lower(plan, plans, eager, lines, seeded):
                 local(position, step.local[position])
     if out_staged:                            # what the plan (or a seeding copy) wrote
         for region in _copies_out(written, regions_written):
+            if region in out_early:
+                continue
             order.before(((region,), ()), -1)
             emit((COPY, -1, CALLER_OUTPUT, region.offset, OUTPUT, region.offset,
                   region.count))
@@ -479,6 +501,18 @@ def _fused_at(step, recv):
 def operand(region: Region) -> int:
     """A REDUCE_N operand in one column: its offset and buffer (``_BUFFER``, < 4)."""
     return region.offset * 4 + _BUFFER[region.buffer]
+
+
+def _writes_to_output(plan):
+    """Output region -> how many of ``plan``'s receives and local ops write it, where those
+    regions tile the output (equal or apart: each then has a last write); else {}."""
+    counts = {}
+    for step in plan.steps:
+        for region in [r.region for r in step.recvs] + [op.dst for op in step.local]:
+            if region.buffer == "output" and region.count:
+                counts[region] = counts.get(region, 0) + 1
+    tiles = sorted(counts, key=lambda r: (r.offset, r.count))
+    return counts if all(a.end <= b.offset for a, b in zip(tiles, tiles[1:])) else {}
 
 
 def _copies_out(written, regions):

@@ -235,8 +235,14 @@ def test_staging_is_only_where_messages_land():
     plan = build_plan("all_gather", "ring", 0, 4, (3, 3, 3, 3))
     program = pushed.lower(plan)
     assert program.output_staged and program.staged_output == 12
-    copies_out = [row for row in program.code if row[0] == pushed.COPY and row[1] == -1]
-    assert copies_out, "the staged output is copied out to the caller's"
+    copies_out = [row for row in program.code
+                  if row[0] == pushed.COPY and row[2] == pushed.CALLER_OUTPUT]
+    assert sorted((int(r[3]), int(r[6])) for r in copies_out) == [(0, 3), (3, 3), (6, 3),
+                                                                  (9, 3)]
+    # each block copied out right after its last write, in the step that writes it (while
+    # later messages still travel), not all after the plan
+    steps = sorted(int(r[1]) for r in copies_out)
+    assert steps[0] >= 0 and len(set(steps)) == len(plan.steps), steps
 
 
 def test_a_plan_built_by_hand_is_refused_before_anything_moves():
