@@ -131,6 +131,27 @@ class ProcessGroup:
     def xp(self):
         return self.transport.xp
 
+    def symmetric_empty(self, shape, dtype="float32"):
+        """A CuPy array in this group's symmetric memory: an allocation every rank of the
+        group makes together and every peer maps (collective: every rank calls it, in the
+        same order). A call whose output lies in it needs no staging: peers write their
+        messages straight into it, which saves two passes over the output (large calls).
+        Its memory is the group's until the group is destroyed (at most 16 per group);
+        only groups on the peer-memory path (GPUs of one host) have it."""
+        executor = getattr(self.transport, "peer_executor", None)
+        if executor is None:
+            why = getattr(self.transport, "peer_path", f"a {self.backend} group")
+            raise CollectiveError(f"symmetric_empty on rank {self.rank}: this group has no "
+                                  f"peer memory ({why})")
+        cupy = executor.cupy
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        memory = executor.memory
+        with cupy.cuda.Device(self.transport.device):
+            ptr = memory.symmetric(nbytes)
+            owned = cupy.cuda.UnownedMemory(ptr, max(nbytes, 1), memory)
+            return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(owned, 0))
+
     # -- tags ------------------------------------------------------------------------------
 
     def next_tag(self) -> int:

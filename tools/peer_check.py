@@ -75,6 +75,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="float32 checks only")
     ap.add_argument("--no-checks", action="store_true", help="timings only")
     ap.add_argument("--no-graphs", action="store_true", help="skip the CUDA graph timings")
+    ap.add_argument("--symmetric", action="store_true",
+                    help="also time each algorithm with its output in symmetric memory "
+                         "(<algorithm>:symm rows; group.symmetric_empty)")
     args = ap.parse_args()
     group, cupy = nccl_group(timeout=120)
     host = group.bench_host
@@ -142,6 +145,7 @@ def main():
     sizes = [int(float(s[:-1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[s[-1]])
              if s[-1] in "KMG" else int(s) for s in args.sizes.split(",")]
     say(f"{'collective':15} {'algorithm':20} " + " ".join(f"{s:>10}" for s in args.sizes.split(",")))
+    heap = group.symmetric_empty(max(sizes) // 4 + 4096, "float32") if args.symmetric else None
     for collective in args.collectives.split(","):
         times = {}
         for nbytes in sizes:
@@ -149,14 +153,16 @@ def main():
                                                              "all_to_all") else 1))
             d_in, d_out = buffers(cupy, collective, count, p, np.float32, rank, 0)
             iters = 50 if nbytes <= (4 << 20) else 10
-            rows = [("native", group, "native")]
+            rows = [("native", group, "native", d_out)]
             for algorithm in args.algorithms.split(","):
                 if algorithm in have[collective]:
-                    rows.append((algorithm, group, algorithm))
-                    rows.append((algorithm + ":nccl", baseline, algorithm))
-            for label, g, algorithm in rows:
-                def call(g=g, algorithm=algorithm):
-                    g.prepare(collective, input=d_in, output=d_out, algorithm=algorithm)()
+                    rows.append((algorithm, group, algorithm, d_out))
+                    if heap is not None:
+                        rows.append((algorithm + ":symm", group, algorithm, heap[:d_out.size]))
+                    rows.append((algorithm + ":nccl", baseline, algorithm, d_out))
+            for label, g, algorithm, out in rows:
+                def call(g=g, algorithm=algorithm, out=out):
+                    g.prepare(collective, input=d_in, output=out, algorithm=algorithm)()
                 host.barrier()
                 t = host.max(timed(cupy, call, iters, 5))
                 times.setdefault(label, []).append(t)
@@ -174,18 +180,23 @@ def main():
             d_in, d_out = buffers(cupy, collective, count, p, np.float32, rank, 0)
             cells = []
             base = None
-            for algorithm in ["native"] + [a for a in args.algorithms.split(",")
-                                           if a in have[collective] and a != "tree"]:
-                def call(algorithm=algorithm):
-                    group.prepare(collective, input=d_in, output=d_out, algorithm=algorithm)()
+            timed_rows = [("native", "native", d_out)]
+            for a in args.algorithms.split(","):
+                if a in have[collective] and a != "tree":
+                    timed_rows.append((a, a, d_out))
+                    if heap is not None:
+                        timed_rows.append((a + ":symm", a, heap[:d_out.size]))
+            for label, algorithm, out in timed_rows:
+                def call(algorithm=algorithm, out=out):
+                    group.prepare(collective, input=d_in, output=out, algorithm=algorithm)()
                 try:
                     with stream:
                         t = host.max(graph_time(cupy, stream, call, 20, 5))
                 except Exception as exc:      # noqa: BLE001
-                    say(f"  {collective} {algorithm}: graph failed: {type(exc).__name__}: {exc}")
+                    say(f"  {collective} {label}: graph failed: {type(exc).__name__}: {exc}")
                     t = host.max(float("nan"))
                 base = t if algorithm == "native" else base
-                cells.append(f"{algorithm} {t * 1e6:.1f}/{base / t:.2f}")
+                cells.append(f"{label} {t * 1e6:.1f}/{base / t:.2f}")
             say(f"  {collective:15} {nbytes:>10}: " + "  ".join(cells), flush=True)
     # fixed cost per step: ring all_reduce at 4 KiB, time / steps
     d_in, d_out = buffers(cupy, "all_reduce", 1024, p, np.float32, rank, 0)

@@ -83,7 +83,9 @@ BARRIER = 0     # [2] 1: every worker of this rank has finished everything befor
                 # 0: the threads of each worker have (its own share, ``_Barriers``)
 EPOCH = 1       # publish epoch (call, step)                    [2]: step
 PUSH = 2        # [2] peer [3] src buffer [4] src offset [5] dst buffer (peer's) [6] dst offset
-                # [7] count [8] the peer's step to wait for [9] message number to that peer
+                # [7] count [8] the peer's step to wait for [9] message number to that peer;
+                # the peer's output is its staging memory's start, or where its epochs say
+                # (a symmetric output)
 ARRIVE = 3      # [2] peer [3] message number from that peer
 COPY = 4        # [2] dst buffer [3] dst offset [4] src buffer [5] src offset [6] count
 REDUCE = 5      # [2] dst buffer [3] dst offset [4] a buffer [5] a offset [6] b buffer
@@ -141,16 +143,20 @@ def plans_of(plan: Plan) -> list:
             for r in range(plan.size)]
 
 
-def lower(plan: Plan, eager: int = 0, lines: int = 0, seeded: bool = False) -> Program:
+def lower(plan: Plan, eager: int = 0, lines: int = 0, seeded: bool = False,
+          symmetric: bool = False) -> Program:
     """The push program of ``plan`` (cached on it); messages of at most ``eager`` elements go
     eagerly, those of at most ``lines`` elements in flagged lines (``SEND_LL``); every rank of
     the call must pass the same values. ``seeded`` (this rank's choice): output starts as a
     copy of input, as an all_reduce or broadcast called out of place needs. The program
     makes no such copy: it reads input wherever the plan reads output it has not written
-    yet, and copies at the end only what the plan never writes."""
+    yet, and copies at the end only what the plan never writes. ``symmetric`` (this rank's
+    choice): the caller's output lies in memory every peer has mapped (a symmetric buffer),
+    so receives land in it directly: no staging, no copies in or out. Its senders learn
+    where with each of its epochs (the output's place in its symmetric memory, ``PUSH``)."""
     lines = min(lines, eager)
-    return plan.derived("_pushed", (eager, lines, seeded),
-                        lambda: _lower(plan, plans_of(plan), eager, lines, seeded))
+    return plan.derived("_pushed", (eager, lines, seeded, symmetric),
+                        lambda: _lower(plan, plans_of(plan), eager, lines, seeded, symmetric))
 
 
 def _output_count(plan):
@@ -191,7 +197,7 @@ def scrubs(call: int, period: int = LINE_PERIOD):
     return None
 
 
-def _lower(plan, plans, eager, lines, seeded):
+def _lower(plan, plans, eager, lines, seeded, symmetric):
     rank, size = plan.rank, plan.size
     longest = max(len(other.steps) for other in plans)
     if longest >= 1 << STEP_BITS:
@@ -239,7 +245,7 @@ def _lower(plan, plans, eager, lines, seeded):
     code = []
     emit = code.append
     order = _Barriers(emit)
-    out_staged = staged(plan, eager)
+    out_staged = staged(plan, eager) and not symmetric
     # The first epoch says only "this call has started" where no rendezvous receive lands in
     # step 0: published before anything else, it needs no barrier.
     early = 0 in waited and all(mine[r.peer, k] >= 0 for k, r in _numbered(plan.steps[0].recvs)) \

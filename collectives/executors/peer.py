@@ -22,8 +22,10 @@ COLLECTIVES_PEER_BLOCK_BYTES up to COLLECTIVES_PEER_BLOCKS.
 
 Caller buffers are never mapped into other processes (opening an IPC handle per call costs
 far more than a collective): ``input`` is read where it is, receives land in the group's
-staging memory, and ``output`` is staged (copied in where read before written, copied out at
-the end, both inside the kernel) only on a rank where some rendezvous receive lands in it.
+staging memory, and ``output`` is staged (copied in where read before written, copied out
+region by region after its last write, both inside the kernel) only on a rank where some
+rendezvous receive lands in it, unless it lies in the group's symmetric memory
+(``ProcessGroup.symmetric_empty``): then peers write into it directly.
 Staging costs two passes over the output, which at large sizes makes NCCL send/recv faster
 (measured on 2 × H100, messages of 128 MiB: 1.25-1.45×; of 32 MiB: even): calls whose
 largest message is above COLLECTIVES_PEER_MAX_BYTES go there.
@@ -69,9 +71,11 @@ class _Entry:
                  "inbox", "lines", "values", "params", "pointers", "layout", "timeout",
                  "staged")
 
-    def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded):
+    def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded,
+                 symmetric=False):
         import cupy
-        program = pushed.lower(plan, eager // dtype.itemsize, lines // dtype.itemsize, seeded)
+        program = pushed.lower(plan, eager // dtype.itemsize, lines // dtype.itemsize, seeded,
+                               symmetric)
         self.program = program
         self.code = cupy.asarray(program.code)
         self.tallies = cupy.asarray(np.array(program.sends + program.recvs, np.int64))
@@ -94,7 +98,8 @@ class _Entry:
                        u64(self.tallies.data.ptr), u64(0), u64(0), u64(0), u64(0), u64(0),
                        u64(0), u64(self.scratch_at), u64(memory.flags_ptr),
                        u64(memory.error_ptr), i32(plan.rank), i32(plan.size),
-                       i32(dtype.itemsize), u64(0), u64(0), u64(0), u64(0), u64(0)]
+                       i32(dtype.itemsize), u64(0), u64(0), u64(0), u64(0), u64(0),
+                       u64(0), u64(memory.peer_heaps_array.data.ptr)]
         self.pointers = (ctypes.c_void_p * len(self.values))(
             *[ctypes.addressof(v) for v in self.values])
         self.params = ctypes.addressof(self.pointers)
@@ -170,12 +175,13 @@ class PeerExecutor:
         input = buffers.get("input")
         output = buffers.get("output")
         seeded = input is not None and plan.collective in _SEEDED
-        key = (id(plan), dtype, op, seeded)
+        place = memory.place(output) if memory.heaps else 0
+        key = (id(plan), dtype, op, seeded, place != 0)
         found = self._entries.get(key)
         if found is not None and found[0] is plan:
             entry = found[1]
         else:
-            entry = self._entry(plan, np.dtype(dtype), op, key, seeded)
+            entry = self._entry(plan, np.dtype(dtype), op, key, seeded, place != 0)
         if entry.__class__ is _Elsewhere:
             if entry.seed:                  # the send/recv plan expects output seeded
                 output[...] = input
@@ -194,6 +200,7 @@ class PeerExecutor:
             values[15].value = int((DEFAULT_TIMEOUT if timeout is None else timeout) * 1e9)
             entry.timeout = timeout
         caller_out = 0 if output is None else output.data.ptr
+        values[20].value = place
         values[3].value = 0 if input is None else input.data.ptr
         values[4].value = memory.data_ptr if entry.staged else caller_out
         values[6].value = caller_out
@@ -216,13 +223,13 @@ class PeerExecutor:
             memory.ensure(entry.staging, entry.inbox, entry.lines)
         entry.place(memory)
 
-    def _entry(self, plan, dtype, op, key, seeded):
+    def _entry(self, plan, dtype, op, key, seeded, symmetric=False):
         elsewhere = _Elsewhere(seeded and not pushed.reads_input(plan))
         if not cuda_peer.supported(op, dtype) or (not plan.args and plan.collective != "barrier"):
             entry = elsewhere
         else:
             entry = _Entry(plan, dtype, op, self.limit, self.eager, self.lines, self.fences,
-                           self.memory, seeded)
+                           self.memory, seeded, symmetric)
             if self.most and entry.program.largest * dtype.itemsize > self.most:
                 entry = elsewhere   # every rank alike: ``largest`` is over every rank's plan
         if len(self._entries) > 4096:

@@ -161,6 +161,16 @@ __device__ bool grid_barrier(const Ctx& c, int step, int* stop) {
     return !*stop;
 }
 
+/* Where a peer's output receives land this call: its staging memory, or its symmetric output
+   as its epoch (seen before any push to it) says. */
+__device__ __forceinline__ char* output_of(const u64* flags, const u64* peer_data,
+                                          const u64* peer_heaps, int peer, int size) {
+    const u64 place = relaxed(flags + PLACE_WORDS + peer);
+    if (place == 0) return (char*)peer_data[peer];
+    const u64 heap = (place >> HEAP_SHIFT) - 1;
+    return (char*)peer_heaps[heap * size + peer] + (place & ((1ULL << HEAP_SHIFT) - 1));
+}
+
 /* The end of the batch that starts at instruction i: the instructions after it of the same
    kind and step (a step's sends, or its receives, run together). */
 __device__ __forceinline__ int batch_end(const i64* code, int n, int i) {
@@ -361,7 +371,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             char* caller_out, const u64* peer_data_at, const u64* peer_flags_at, u64 scratch_at,
             u64* flags, int* error, int rank, int size, int itemsize, u64 timeout_ns,
             const u64* peer_inbox_at, u64 inbox_half, const u64* peer_lines_at,
-            u64 lines_half) {
+            u64 lines_half, u64 place, const u64* peer_heaps) {
     __shared__ int stop;
     __shared__ u64 deadline, call_number;
     /* The program and the peers' addresses copied into shared memory by every thread at
@@ -436,6 +446,11 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             if (blockIdx.x == 0 && threadIdx.x < size) {
                 u64* seen = (u64*)peer_flags[threadIdx.x] + SEEN_WORDS + rank;
                 const u64 epoch = ((call + 1) << STEP_BITS) | (u64)r[2];
+                /* where this call's receives into output land, before the epoch: a
+                   sender that sees the epoch sees it */
+                asm volatile("st.volatile.global.u64 [%0], %1;"
+                             :: "l"((u64*)peer_flags[threadIdx.x] + PLACE_WORDS + rank),
+                                "l"(place) : "memory");
                 if (r[3])
                     asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(seen), "l"(epoch)
                                  : "memory");
@@ -471,7 +486,8 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                 share(count, align, &lo, &hi);
                 const char* src = bases[q[3]] + (q[4] + lo) * itemsize;
                 char* dst = kind == 2
-                    ? (char*)peer_data[peer] + (q[5] == OUTPUT ? 0 : scratch_at)
+                    ? (q[5] == OUTPUT ? output_of(flags, peer_data, peer_heaps, peer, size)
+                                      : (char*)peer_data[peer] + scratch_at)
                       + (q[6] + lo) * itemsize
                     : (char*)peer_inbox[peer] + (call & 1) * inbox_half
                       + (q[5] + lo) * itemsize;

@@ -42,7 +42,12 @@ MAX_BLOCKS = 128          # delivered words per sender in a rank's flags
 EPOCH_WORD, CALL_WORD, BARRIER_WORD, ABORT_WORD, GENERATION_WORD, EXIT_WORD = 0, 1, 2, 3, 4, 5
 SENT_WORDS, RECEIVED_WORDS, SEEN_WORDS, DELIVERED_WORDS = 256, 512, 768, 1024
 MAX_RANKS = 256
-FLAG_BYTES = (DELIVERED_WORDS + MAX_RANKS * MAX_BLOCKS) * 8
+# where each peer's output receives land this call ([peer]: 0 its staging memory, else its
+# symmetric output: (heap + 1) << HEAP_SHIFT | byte offset), written by the peer with its epochs
+PLACE_WORDS = DELIVERED_WORDS + MAX_RANKS * MAX_BLOCKS
+FLAG_BYTES = (PLACE_WORDS + MAX_RANKS) * 8
+MAX_HEAPS = 16            # symmetric allocations per group
+HEAP_SHIFT = 48
 
 _STORAGE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
             np.dtype(np.int8): "signed char", np.dtype(np.int16): "short",
@@ -98,6 +103,7 @@ def source(op, dtype, fences: int = 0, trace: bool = False) -> str:
                   ABORT_WORD=ABORT_WORD, GENERATION_WORD=GENERATION_WORD, EXIT_WORD=EXIT_WORD,
                   SENT_WORDS=SENT_WORDS, RECEIVED_WORDS=RECEIVED_WORDS, SEEN_WORDS=SEEN_WORDS,
                   DELIVERED_WORDS=DELIVERED_WORDS, MAX_BLOCKS=MAX_BLOCKS, MAX_RANKS=MAX_RANKS,
+                  PLACE_WORDS=PLACE_WORDS, HEAP_SHIFT=HEAP_SHIFT,
                   WIDTH=pushed.WIDTH, FOLD=pushed.FOLD, STEP_BITS=pushed.STEP_BITS, LINE_PERIOD=f"{pushed.LINE_PERIOD}ULL", OUTPUT=pushed.OUTPUT,
                   THREADS=THREADS, FENCES=fences)
     defines = "".join(f"#define {name} {value}\n" for name, value in shared.items())

@@ -14,6 +14,13 @@ nowhere. The staging area grows when a call needs more (``ensure``): all ranks o
 compute the same size from the same plans, so they grow together, through the same
 all_gather; the old area is freed once the device is idle.
 
+Symmetric memory (``symmetric``): allocations every rank makes together and every peer maps,
+handed to the caller as arrays. A call whose output lies in one needs no staging: peers write
+their messages straight into it (``pushed.lower(symmetric=True)``), which saves two passes
+over the output where calls are large. Each rank tells its senders, with each epoch, where
+its output is (``place``), so ranks need not agree on it: one rank's output may be
+symmetric while another's is staged.
+
 Never uses NVLink multicast (cuMulticastCreate): only point-to-point mappings.
 """
 from __future__ import annotations
@@ -25,7 +32,7 @@ import socket
 import numpy as np
 
 from ..errors import TransportError
-from ..kernels.cuda_peer import ABORT_WORD, FLAG_BYTES
+from ..kernels.cuda_peer import ABORT_WORD, FLAG_BYTES, HEAP_SHIFT, MAX_HEAPS
 
 _HANDLE = 64                 # sizeof(cudaIpcMemHandle_t)
 _INFO = 64 + 16 + 16         # handle, host digest, PCI bus id
@@ -69,6 +76,11 @@ class PeerMemory:
         self.lines_ptr, self.lines_half = 0, 0          # the inbox of messages in lines
         self.peer_lines, self.peer_lines_array = [], None
         self._opened = [p for r, p in enumerate(self.peer_flags) if r != self.rank]
+        # symmetric allocations: (own pointer, bytes, every rank's as mapped here); the peers'
+        # addresses in one device array, [heap][rank], that never moves
+        self.heaps = []
+        with cupy.cuda.Device(transport.device):
+            self.peer_heaps_array = cupy.zeros(MAX_HEAPS * self.size, np.uint64)
         self.last_stream = None
         self.layout = object()      # replaced whenever an area moves (ensure)
 
@@ -132,6 +144,34 @@ class PeerMemory:
         peers = self._share(ptr)
         return ptr, peers, self.cupy.asarray(np.array(peers, np.uint64))
 
+    def symmetric(self, nbytes: int):
+        """A new symmetric allocation of ``nbytes`` on this rank, mapped by every peer
+        (collective: every rank of the group calls it, in the same order; sizes may differ).
+        Its memory stays until the group closes. Returns the allocation's pointer."""
+        if len(self.heaps) >= MAX_HEAPS:
+            raise ValueError(f"symmetric memory on rank {self.rank}: at most {MAX_HEAPS} "
+                             f"symmetric allocations per group (this group has "
+                             f"{len(self.heaps)}); allocate fewer, larger ones")
+        cupy = self.cupy
+        with cupy.cuda.Device(self.transport.device):
+            ptr, peers, _ = self._allocate(max(int(nbytes), 256), zeroed=True)
+            self.peer_heaps_array[len(self.heaps) * self.size:(len(self.heaps) + 1) *
+                                  self.size] = cupy.asarray(np.array(peers, np.uint64))
+        self.heaps.append((ptr, max(int(nbytes), 256), peers))
+        return ptr
+
+    def place(self, array) -> int:
+        """Where peers write this rank's output ``array`` (``cuda_peer.PLACE_WORDS``): 0
+        (the staging memory) unless it lies whole in a symmetric allocation."""
+        if array is None or not self.heaps:
+            return 0
+        start = array.data.ptr
+        end = start + array.nbytes
+        for h, (ptr, nbytes, _) in enumerate(self.heaps):
+            if ptr <= start and end <= ptr + nbytes:
+                return ((h + 1) << HEAP_SHIFT) | (start - ptr)
+        return 0
+
     # -- errors --------------------------------------------------------------------------
 
     def error(self):
@@ -181,6 +221,9 @@ class PeerMemory:
                 self._release(self.peer_data, self.data_ptr)
                 self._release(self.peer_inbox, self.inbox_ptr)
                 self._release(self.peer_lines, self.lines_ptr)
+                for ptr, _, peers in self.heaps:
+                    self._release(peers, ptr)
+                self.heaps = []
                 self.data_ptr = self.inbox_ptr = self.lines_ptr = 0
                 self.peer_data, self.peer_inbox, self.peer_lines = [], [], []
                 for ptr in self._opened:

@@ -12,6 +12,10 @@ collective-by-collective suite (``nccl_worker.py``) does not reach on the peer p
    so replays move the protocol on as eager calls do).
 2. Two streams: calls issued on two streams back to back, no synchronization between them;
    both results checked (the executor orders a call after the previous call's stream).
+4. Symmetric outputs (``group.symmetric_empty``): calls large enough that peers write
+   outputs directly (rendezvous), with rank 0's output symmetric and the others' staged,
+   then every rank's symmetric; all_reduce (two_shot, ring), all_gather and all_to_all
+   (direct), in place and out of place, against numpy.
 3. A rank that never arrives: rank 1 skips one all_reduce; every other rank's kernel stops at
    the call's timeout and the next use of the group raises CollectiveTimeout naming rank 1;
    rank 1's next call finds the abort and does nothing, and its next synchronize raises
@@ -140,6 +144,34 @@ def main():
         n = 70000 // p
         check(f"two streams round {round_}: all_gather", b_out[:n * p],
               np.concatenate([b[r][:n] for r in range(p)]))
+
+    # 4. symmetric outputs: rank 0's alone, then every rank's
+    count = 3 << 20                             # 12 MiB: messages above the eager limit
+    heap = group.symmetric_empty(count * p, "float32")
+    for mixed in (True, False):
+        symmetric = rank == 0 or not mixed
+        for collective, algorithm in (("all_reduce", "two_shot"), ("all_reduce", "ring"),
+                                      ("all_gather", "direct"), ("all_to_all", "direct")):
+            n = count // p if collective != "all_reduce" else count
+            size_in = n * p if collective == "all_to_all" else n
+            size_out = n * p if collective != "all_reduce" else n
+            mine = inputs(50, p, size_in)
+            d_in = cupy.asarray(mine[rank])
+            d_out = heap[:size_out] if symmetric else cupy.zeros(size_out, cupy.float32)
+            d_out.fill(-1)
+            in_place = collective == "all_reduce" and algorithm == "ring"
+            if in_place:
+                d_out[...] = d_in
+            group.prepare(collective, input=d_out if in_place else d_in, output=d_out,
+                          algorithm=algorithm)()
+            if collective == "all_reduce":
+                want = np.sum(mine, axis=0, dtype=np.float32)
+            elif collective == "all_gather":
+                want = np.concatenate(mine)
+            else:
+                want = np.concatenate([m[rank * n:(rank + 1) * n] for m in mine])
+            check(f"symmetric output ({'rank 0 only' if mixed else 'every rank'}) "
+                  f"{collective} {algorithm}", d_out, want)
 
     # 3. rank 1 never arrives at one all_reduce
     group.transport.synchronize(30.0)

@@ -196,3 +196,14 @@ def test_fake_arrays_look_like_cupys():
     array = FakeArray(np.zeros(3, np.float32), 4096)
     assert array.flags.c_contiguous and not hasattr(array.flags, "writeable")
     assert array.reshape(-1) is array and array.shape == (3,)
+
+
+def test_symmetric_memory_needs_the_peer_path(world):
+    """A group without peer memory (here: no CUDA IPC in the fake) refuses symmetric_empty
+    naming the call and the rank, before anything is allocated."""
+    def body(rank):
+        with pytest.raises(dist.CollectiveError, match=f"symmetric_empty on rank {rank}: this "
+                                                       f"group has no peer memory"):
+            state.current().default.symmetric_empty(16)
+        return True
+    assert run_ranks(world(2), body) == [True, True]

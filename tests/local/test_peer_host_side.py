@@ -48,6 +48,7 @@ def memory(monkeypatch):
     mem.data_ptr, mem.capacity, mem.peer_data, mem.peer_data_array = 0, 0, [], None
     mem.inbox_ptr, mem.inbox_half, mem.peer_inbox, mem.peer_inbox_array = 0, 0, [], None
     mem.lines_ptr, mem.lines_half, mem.peer_lines, mem.peer_lines_array = 0, 0, [], None
+    mem.heaps, mem.peer_heaps_array = [], np.zeros(peer_memory.MAX_HEAPS, np.uint64)
     return mem, runtime
 
 
@@ -76,7 +77,7 @@ def test_a_call_handed_to_send_recv_gets_the_buffers_its_plan_reads(monkeypatch)
                         lambda plan, transport, buffers, *a, **k: calls.append(dict(buffers)))
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
     executor.failed, executor._entries = None, {}
-    executor.memory = SimpleNamespace(error=lambda: None, words=[0, 0, 0, 0])
+    executor.memory = SimpleNamespace(error=lambda: None, words=[0, 0, 0, 0], heaps=[])
     executor.transport = SimpleNamespace(rank=0)
     plan = build_plan("all_reduce", "ring", 0, 2, 8)
     data = np.arange(8, dtype=np.complex64)
@@ -98,6 +99,7 @@ def test_each_call_sets_its_buffers_the_memory_only_when_it_moved_and_its_deadli
     mem.layout, mem.last_stream, mem.words = object(), None, [0, 0, 0, 0]
     mem.flags_ptr, mem.error_ptr = 77, 88
     mem.peer_flags_array = SimpleNamespace(data=SimpleNamespace(ptr=66))
+    mem.peer_heaps_array = SimpleNamespace(data=SimpleNamespace(ptr=44))
     # each table of peers' addresses a device array at an address of its own
     mem.cupy.asarray = lambda a: SimpleNamespace(data=SimpleNamespace(ptr=int(a[0]) + 1))
     launched = []
@@ -123,7 +125,7 @@ def test_each_call_sets_its_buffers_the_memory_only_when_it_moved_and_its_deadli
         return SimpleNamespace(data=SimpleNamespace(ptr=ptr), dtype=np.dtype(np.float32))
     entry = peer_executor._Entry(plan, np.dtype(np.float32), None, 4, 0, 1 << 10, 0, mem,
                                  False)
-    executor._entries[(id(plan), np.dtype(np.float32), None, False)] = (plan, entry)
+    executor._entries[(id(plan), np.dtype(np.float32), None, False, False)] = (plan, entry)
 
     def call(inp, out, timeout=None):
         executor(plan, None, {"input": array(inp), "output": array(out)}, timeout=timeout,
@@ -133,6 +135,7 @@ def test_each_call_sets_its_buffers_the_memory_only_when_it_moved_and_its_deadli
     assert (first[3], first[4], first[6]) == (1000, 2000, 2000)       # input, output
     assert first[5] == mem.data_ptr and first[7] == mem.peer_data_array.data.ptr
     assert first[15] == int(peer_executor.DEFAULT_TIMEOUT * 1e9)
+    assert (first[20], first[21]) == (0, 44)    # output staged (no symmetric memory): place 0
     call(1100, 2100, timeout=2.0)
     assert (launched[-1][3], launched[-1][6], launched[-1][15]) == (1100, 2100, int(2e9))
     mem.ensure(1 << 24)                  # another call's needs: the staging memory moves
@@ -143,9 +146,34 @@ def test_each_call_sets_its_buffers_the_memory_only_when_it_moved_and_its_deadli
     bigger = peer_executor._Entry(plan, np.dtype(np.float32), None, 4, 0, 1 << 10, 0, mem,
                                   False)
     bigger.staging = 2 * mem.capacity
-    executor._entries[(id(plan), np.dtype(np.float32), None, False)] = (plan, bigger)
+    executor._entries[(id(plan), np.dtype(np.float32), None, False, False)] = (plan, bigger)
     capturing.append(True)
     count = len(launched)
     with pytest.raises(peer_executor.TransportError, match="graph capture"):
         call(1300, 2300)
     assert len(launched) == count
+
+
+def test_symmetric_memory_says_where_an_output_lies_and_refuses_too_many(monkeypatch):
+    """An output wholly inside a symmetric allocation has a place (the allocation's number
+    plus one, shifted, and the byte offset), which the kernel publishes to its senders;
+    anything else (another buffer, one running past the allocation's end) is staged
+    (place 0). A group has at most MAX_HEAPS of them; the next is refused naming the rank."""
+    mem, runtime = memory(monkeypatch)
+
+    def array(ptr, nbytes):
+        return SimpleNamespace(data=SimpleNamespace(ptr=ptr), nbytes=nbytes)
+    assert mem.place(array(123, 8)) == 0
+    first = mem.symmetric(4096)
+    second = mem.symmetric(1 << 20)
+    assert runtime.zeroed[-1] == (second, 0, 1 << 20)
+    assert list(mem.peer_heaps_array[:2]) == [first, second]      # one rank: its own
+    shift = peer_memory.HEAP_SHIFT
+    assert mem.place(array(first, 4096)) == 1 << shift
+    assert mem.place(array(second + 64, 256)) == (2 << shift) | 64
+    assert mem.place(array(first + 4000, 256)) == 0              # runs past the end
+    assert mem.place(None) == 0
+    for _ in range(peer_memory.MAX_HEAPS - 2):
+        mem.symmetric(256)
+    with pytest.raises(ValueError, match="rank 0: at most 16 symmetric allocations"):
+        mem.symmetric(256)

@@ -47,14 +47,18 @@ class Group:
         # messages in lines have an inbox of their own (data and flag of each line)
         self.lines = [[np.full(staging, np.nan) for _ in (0, 1)] for _ in range(size)]
         self.line_flags = [[np.zeros(staging, np.int64) for _ in (0, 1)] for _ in range(size)]
+        # where each rank's output receives land, as its latest epoch says: its staging
+        # output, or its caller's output where that is symmetric (``lower(symmetric=)``)
+        self.landing = list(self.out)
 
     def run(self, calls, reduce=np.add, *, piece=3, deadline=100000, absent=(), eager=0,
-            lines=0, seeded=False):
+            lines=0, seeded=False, symmetric=()):
         """Several calls, each a list ``[(plan, input, output)]`` of one entry per rank
         (arrays float64 or None). A rank starts its next call when it has finished the
         previous one, whatever the others do (as kernels on one stream). Ranks in ``absent``
         never start (a dead rank). ``seeded``: all_reduce and broadcast calls that pass an
-        input run the program that reads it instead of copying it into output first."""
+        input run the program that reads it instead of copying it into output first. Ranks in
+        ``symmetric`` pass outputs their peers write directly (symmetric memory)."""
         barriers = [[0] * self.workers for _ in range(self.size)]
         running = []
         for rank in range(self.size):
@@ -63,7 +67,7 @@ class Group:
             mine = [call[rank] for call in calls]
             for w in range(self.workers):
                 running.append(self._worker(rank, w, mine, reduce, piece, barriers, deadline,
-                                            eager, lines, seeded))
+                                            eager, lines, seeded, rank in symmetric))
         while running:
             worker = self.random.choice(running)
             try:
@@ -82,10 +86,10 @@ class Group:
             yield
 
     def _worker(self, rank, w, calls, reduce, piece, barriers, deadline, eager, lines,
-                seeded):
+                seeded, symmetric):
         for plan, input, output in calls:
             program = pushed.lower(plan, eager, lines, seeded and input is not None and
-                                   plan.collective in ("all_reduce", "broadcast"))
+                                   plan.collective in ("all_reduce", "broadcast"), symmetric)
             yield from self._call(rank, w, program, input, output, reduce, piece, barriers,
                                   deadline)
             # the kernel's end: bookkeeping once every worker is done, before the next call
@@ -128,14 +132,15 @@ class Group:
                 if row[2]:                   # is one sequence
                     yield from self._barrier(rank, w, barriers, step, deadline)
             elif kind == EPOCH:
-                if w == 0:
+                if w == 0:                   # where output lands, then the epoch
+                    self.landing[rank] = mine[OUTPUT]
                     self.epoch[rank] = ((call + 1) << pushed.STEP_BITS) | int(row[2])
             elif kind == PUSH:
                 peer, sb, so, db, do, count, their_step, k = map(int, row[2:10])
                 target = ((call + 1) << pushed.STEP_BITS) | their_step
                 yield from wait(lambda: self.epoch[peer] >= target, step, peer,
                                 "its receive to be posted")
-                theirs = {OUTPUT: self.out[peer], SCRATCH: self.scratch[peer]}[db]
+                theirs = {OUTPUT: self.landing[peer], SCRATCH: self.scratch[peer]}[db]
                 lo, hi = share(count)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)

@@ -333,3 +333,26 @@ def test_grid_barriers_only_where_a_receive_or_the_copy_out_needs_one():
         assert program.output_staged and (pushed.BARRIER, 1) not in _kinds(program)
     ring = pushed.lower(build_plan("all_reduce", "ring", 0, 4, 1 << 16), seeded=True)
     assert (pushed.BARRIER, 1) in _kinds(ring)
+
+
+@pytest.mark.parametrize("collective,algorithm",
+                         [(c, a) for c, a in CASES if c in ("all_reduce", "all_gather",
+                                                           "all_to_all", "broadcast")])
+@pytest.mark.parametrize("p,symmetric", [(2, {0}), (3, {0, 1, 2}), (4, {1, 3})])
+def test_symmetric_outputs_take_receives_directly(collective, algorithm, p, symmetric):
+    """Ranks whose output peers have mapped (symmetric memory) run unstaged programs; their
+    senders write where each call's epochs say, ranks with staged outputs beside them."""
+    group = Group(p, workers=3, seed=p)
+    for n in (p - 1 or 1, 4 * p + 3):
+        counts = _counts(collective, p, n)
+        calls = [_call(collective, algorithm, p, counts, 0, seed, out_of_place=seed % 2)
+                 for seed in range(3)]
+        group.run([c[0] for c in calls], symmetric=symmetric, seeded=True)
+        for _, inputs, outputs in calls:
+            _check(collective, p, counts, 0, inputs, outputs)
+    plan = build_plan("all_gather", "direct", 0, 4, (5, 5, 5, 5))
+    assert pushed.lower(plan).output_staged
+    unstaged = pushed.lower(plan, symmetric=True)
+    assert not unstaged.output_staged
+    assert not any(row[0] == pushed.COPY and row[2] == pushed.CALLER_OUTPUT
+                   for row in unstaged.code)
