@@ -9,7 +9,10 @@ collective (``native``); each of our algorithms as the group runs it (on peer me
 the transport opened it, else NCCL send/recv); ``<alg>:sendrecv``, the same schedule on the
 NCCL send/recv executor over the same transport, where the group runs peer memory;
 ``<alg>:ceiling``, the send/recv plan with its local copies and reductions removed (its
-transfers alone, the bound a send/recv schedule cannot beat); ``<alg>:graph`` (sizes up to
+transfers alone, the bound a send/recv schedule cannot beat); ``<alg>:symm`` (all_reduce,
+all_gather, all_to_all on peer memory), the schedule with its output in the group's
+symmetric memory (``group.symmetric_empty``: peers write it directly, no staging), as
+SymmetricMemory's rows run on symmetric buffers; ``<alg>:graph`` (sizes up to
 ``--graph-max``), the call captured once as a CUDA graph and replayed; ``ring:seg=N``
 (``--segments``), the pipelined send/recv executor; and for all_reduce, when torch can run
 it here, torch's SymmetricMemory ``symm_mem:one_shot`` and ``symm_mem:two_shot``
@@ -118,6 +121,9 @@ def _plan_buffers(collective, d_in, d_out):
     return {"input": d_in, "output": d_out}
 
 
+SYMMETRIC_ROWS = ("all_reduce", "all_gather", "all_to_all")   # whose outputs peers write
+
+
 def sendrecv_group(group):
     """The same group (transport, ranks, decision table) with its plans run by the NCCL
     send/recv executor, or None where the group runs them there already."""
@@ -146,6 +152,7 @@ class GpuBench:
         self.twin = sendrecv_group(group)
         self.symmetric = None
         self._buffers = []
+        self._heap = None              # our symmetric memory for the <alg>:symm rows
         self.stream = cupy.cuda.Stream(non_blocking=True)
 
     def running(self):
@@ -204,6 +211,8 @@ class GpuBench:
                 continue
             if self.twin is not None:
                 out.append(entry(f"{name}:sendrecv", self.twin, name, chosen=name))
+                if collective in SYMMETRIC_ROWS:
+                    out.append(self._symmetric_entry(collective, name, d_in, expect, op))
             out.append(self._ceiling(collective, name, count, dtype, d_in, d_out))
         for name in plain if nbytes <= self.graph_max else ():
             out.append(entry(f"{name}:graph", group, name, chosen=name,
@@ -213,6 +222,28 @@ class GpuBench:
                              chosen="ring", env={executor.ENV_GRAPH: "0",
                                                  executor.ENV_SEGMENT: str(seg)}))
         return out
+
+    def _symmetric_entry(self, collective, name, d_in, expect, op) -> Entry:
+        """``name`` with its output in the group's symmetric memory (grown collectively as
+        sizes grow: every rank asks for the same rows in the same order)."""
+        nbytes = expect.nbytes
+        if self._heap is None or self._heap.nbytes < nbytes:
+            size = max(nbytes, 2 * (self._heap.nbytes if self._heap is not None else 0))
+            self._heap = self.group.symmetric_empty(size, "uint8")
+        out = self._heap[:nbytes].view(expect.dtype)
+        group = self.group
+
+        def call():
+            group.prepare(collective, input=d_in, output=out, op=op, algorithm=name)()
+
+        def poison():
+            out[...] = 0
+
+        def wrong():
+            self.clock.settle()
+            return int((out != expect).sum())
+        return Entry(f"{name}:symm", call, chosen=name, poison=poison, wrong=wrong,
+                     env={executor.ENV_GRAPH: "0"})
 
     def _ceiling(self, collective, name, count, dtype, d_in, d_out) -> Entry:
         group = self.group
@@ -236,6 +267,7 @@ class GpuBench:
 
     def release(self):
         self._buffers = []
+        self._heap = None                 # (its memory is the group's until it closes)
         if self.symmetric is not None:
             self.symmetric.release()
         self.cupy.get_default_memory_pool().free_all_blocks()
