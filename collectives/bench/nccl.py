@@ -211,7 +211,8 @@ class GpuBench:
                 continue
             if self.twin is not None:
                 out.append(entry(f"{name}:sendrecv", self.twin, name, chosen=name))
-                if collective in SYMMETRIC_ROWS:
+                if collective in SYMMETRIC_ROWS and \
+                        getattr(group.transport, "peer_executor", None) is not None:
                     out.append(self._symmetric_entry(collective, name, d_in, expect, op))
             out.append(self._ceiling(collective, name, count, dtype, d_in, d_out))
         for name in plain if nbytes <= self.graph_max else ():
