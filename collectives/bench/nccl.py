@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 
 for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
     os.environ.setdefault(_name, _value)
@@ -122,6 +123,7 @@ def _plan_buffers(collective, d_in, d_out):
 
 
 SYMMETRIC_ROWS = ("all_reduce", "all_gather", "all_to_all")   # whose outputs peers write
+_HEAPS = weakref.WeakKeyDictionary()     # group -> its symmetric memory for those rows
 
 
 def sendrecv_group(group):
@@ -152,7 +154,6 @@ class GpuBench:
         self.twin = sendrecv_group(group)
         self.symmetric = None
         self._buffers = []
-        self._heap = None              # our symmetric memory for the <alg>:symm rows
         self.stream = cupy.cuda.Stream(non_blocking=True)
 
     def running(self):
@@ -227,12 +228,12 @@ class GpuBench:
     def _symmetric_entry(self, collective, name, d_in, expect, op) -> Entry:
         """``name`` with its output in the group's symmetric memory (grown collectively as
         sizes grow: every rank asks for the same rows in the same order)."""
-        nbytes = expect.nbytes
-        if self._heap is None or self._heap.nbytes < nbytes:
-            size = max(nbytes, 2 * (self._heap.nbytes if self._heap is not None else 0))
-            self._heap = self.group.symmetric_empty(size, "uint8")
-        out = self._heap[:nbytes].view(expect.dtype)
-        group = self.group
+        nbytes, group = expect.nbytes, self.group
+        heap = _HEAPS.get(group)       # one per group, kept across benches (16 at most)
+        if heap is None or heap.nbytes < nbytes:
+            size = max(nbytes, 4 * (heap.nbytes if heap is not None else 1 << 20))
+            heap = _HEAPS[group] = group.symmetric_empty(size, "uint8")
+        out = heap[:nbytes].view(expect.dtype)
 
         def call():
             group.prepare(collective, input=d_in, output=out, op=op, algorithm=name)()
@@ -268,7 +269,6 @@ class GpuBench:
 
     def release(self):
         self._buffers = []
-        self._heap = None                 # (its memory is the group's until it closes)
         if self.symmetric is not None:
             self.symmetric.release()
         self.cupy.get_default_memory_pool().free_all_blocks()
