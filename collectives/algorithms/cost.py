@@ -330,7 +330,7 @@ COUNTED_WORK = 50_000
 # (one-shot) schedules likewise: one step of p-1 sends and p-1 receives per rank, which the
 # greedy ports serve in matching order: up to ~2x (p = 8) above the ⌈(p-1)/k⌉(α + k·mβ)
 # optimum once p-1 exceeds k = ports; with ports >= p-1 the replay is exactly α + (p-1)mβ
-# (plus the local work).
+# (plus the local work). two_shot is two such steps (of n/p per message).
 COUNTED_ONLY = frozenset({"ring_bidirectional", "direct", "two_shot"})
 
 
