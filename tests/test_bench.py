@@ -251,6 +251,26 @@ def test_summary_judges_autos_choice_by_its_own_row():
     assert "all_reduce: 4K: ring\n" in text and "ring vs recursive_doubling: ring faster at 4K" in text
 
 
+def test_summary_names_the_best_row_with_a_symmetric_output():
+    """<alg>:symm rows (bench.nccl) are not among "ours" (a variant, like :sendrecv), but the
+    summary gives their best per size on a line of its own, with its ratio to native."""
+    from collectives.bench import format_summary, summarize
+
+    def row(algorithm, us):
+        return {"collective": "all_reduce", "algorithm": algorithm, "size": 1 << 24,
+                "time_p50_us": us, "busbw_gbs": 1.0 / us, "ratio_to_native": 100.0 / us,
+                "chosen": algorithm.partition(":")[0]}
+    records = [row("native", 100.0), row("two_shot", 105.0), row("two_shot:symm", 93.0),
+               row("ring:symm", 120.0)]
+    best = summarize(records)["all_reduce"]["best"][0]
+    assert best["best"] == "two_shot"
+    assert best["symmetric"] == {"best": "two_shot", "ratio_to_native": pytest.approx(100 / 93)}
+    text = format_summary(summarize(records))
+    assert "#  all_reduce: 16M: two_shot 0.95x" in text
+    assert "#    with the output in symmetric memory: 16M: two_shot 1.08x" in text
+    assert "symmetric memory" not in format_summary(summarize(records[:2]))
+
+
 def test_each_side_meets_at_its_own_barrier_over_sockets():
     """Over sockets our rows synchronize with our barrier and gloo's rows with gloo's; under
     MPI (the native library is the transport) every row uses the native barrier."""

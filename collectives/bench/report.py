@@ -107,6 +107,9 @@ def summarize(records: list[dict]) -> dict:
                         None)
             tied = [r["algorithm"] for r in ours if top and r is not top and
                     not _beyond(r["time_p50_us"], top["time_p50_us"], margin)]
+            # ours again with the output in symmetric memory (bench.nccl's <alg>:symm rows)
+            symmetric = max((r for r in at if r["algorithm"].endswith(":symm")),
+                            key=lambda r: r["busbw_gbs"], default=None)
             best.append({"size": size, "best": top["algorithm"] if top else None,
                          "tied": tied,
                          "busbw_gbs": top["busbw_gbs"] if top else None,
@@ -118,7 +121,10 @@ def summarize(records: list[dict]) -> dict:
                          "pick_vs_best": (pick["time_p50_us"] / top["time_p50_us"])
                          if pick and top else None,
                          "auto_vs_pick": (auto["time_p50_us"] / pick["time_p50_us"])
-                         if pick else None})
+                         if pick else None,
+                         "symmetric": None if symmetric is None else {
+                             "best": symmetric["algorithm"].partition(":")[0],
+                             "ratio_to_native": symmetric.get("ratio_to_native")}})
         crossings = {}
         by = {(r["algorithm"], r["size"]): r["time_p50_us"] for r in rows}
         sizes = sorted({r["size"] for r in rows})
@@ -191,6 +197,12 @@ def format_summary(summary: dict) -> str:
             name = "~".join([str(b["best"])] + list(b.get("tied") or ()))
             cells.append(f"{format_size(b['size'])}: {name}{ratio}")
         lines.append(f"#  {collective}: " + "; ".join(cells))
+        symmetric = [(b["size"], b["symmetric"]) for b in info["best"] if b.get("symmetric")]
+        if symmetric:
+            lines.append("#    with the output in symmetric memory: " + "; ".join(
+                f"{format_size(size)}: {s['best']}"
+                + ("" if s["ratio_to_native"] is None else f" {s['ratio_to_native']:.2f}x")
+                for size, s in symmetric))
         autos = [b for b in info["best"] if b.get("auto_vs_best") is not None]
         if autos:
             worst = max(b["auto_vs_best"] for b in autos)
