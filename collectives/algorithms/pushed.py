@@ -375,8 +375,9 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
         folded = {}                        # first position of a chain -> its reductions
         for first, last in _chains(plan, index, 0, early):
             folded[first] = step.local[first:last]
+        skipped = _run_with_their_first(folded)
         for position in range(early):
-            if _inside(folded, position):
+            if position not in skipped:
                 local(position, step.local[position])
         for k, r in _numbered(step.recvs, received):
             slot = mine[r.peer, k]
@@ -396,8 +397,9 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
             received[r.peer] += 1
         for first, last in _chains(plan, index, early, len(step.local), taken):
             folded[first] = step.local[first:last]
+        skipped = _run_with_their_first(folded)
         for position in range(early, len(step.local)):
-            if _inside(folded, position):
+            if position not in skipped:
                 local(position, step.local[position])
     if out_staged:                            # what the plan (or a seeding copy) wrote
         for region in _copies_out(written, regions_written):
@@ -517,25 +519,28 @@ def _writes_to_output(plan):
         for region in [r.region for r in step.recvs] + [op.dst for op in step.local]:
             if region.buffer == "output" and region.count:
                 counts[region] = counts.get(region, 0) + 1
-    tiles = sorted(counts, key=lambda r: (r.offset, r.count))
-    return counts if all(a.end <= b.offset for a, b in zip(tiles, tiles[1:])) else {}
+    return counts if _tile(counts) else {}
+
+
+def _tile(regions) -> bool:
+    """Whether ``regions`` (of one buffer) are each equal to or apart from every other."""
+    tiles = sorted(set(regions), key=lambda r: (r.offset, r.count))
+    return all(a.end <= b.offset for a, b in zip(tiles, tiles[1:]))
 
 
 def _copies_out(written, regions):
     """The staged output to copy out, as regions: those the plan wrote, region by region,
     where no two of them partly overlap, so each copy is shared out among the workers as
     its last write was and needs no grid barrier before it; else the written ranges."""
-    tiles = sorted((r for r in regions if r.count), key=lambda r: (r.offset, r.count))
-    if all(a.end <= b.offset for a, b in zip(tiles, tiles[1:])):
-        return tiles
+    tiles = [r for r in regions if r.count]
+    if _tile(tiles):
+        return sorted(tiles, key=lambda r: (r.offset, r.count))
     return [Region("output", lo, hi - lo) for lo, hi in zip(written.starts, written.ends)]
 
 
-def _inside(folded, position):
-    """Whether ``position`` starts a chain or is no part of one (a chain's later reductions
-    run with its first)."""
-    return position in folded or not any(first < position < first + len(run)
-                                         for first, run in folded.items())
+def _run_with_their_first(folded) -> set:
+    """Positions of the reductions that run as part of an earlier one's REDUCE_N."""
+    return {p for first, run in folded.items() for p in range(first + 1, first + len(run))}
 
 
 def _chains(plan, index, start, end, taken=()):
