@@ -403,3 +403,26 @@ def test_symmetric_memory_rows_fail_soft(monkeypatch, capsys):
         "16-byte aligned blocks",
         "# no symm_mem rows: they reduce with sum in float32, float16, bfloat16 only (this "
         "run: max, float32)"]
+
+
+def test_symm_rows_share_one_symmetric_allocation_per_group(monkeypatch):
+    """The sweep makes a bench anew for every collective and size; each allocating its own
+    symmetric memory ran out of the group's 16 allocations on 4 GPUs (the bench failed at
+    its 17th). The rows' outputs now come from one allocation per group, grown by 4x when a
+    size outgrows it: sizes 4K-1G of three collectives on fresh benches need 5."""
+    from collectives.bench import nccl as bench_nccl
+
+    class Group:
+        made = []
+
+        def symmetric_empty(self, nbytes, dtype):
+            self.made.append(nbytes)
+            return np.zeros(nbytes, dtype)
+    group = Group()
+    for size in [4 << 10 << 2 * k for k in range(10)]:
+        for _ in ("all_reduce", "all_gather", "all_to_all"):
+            bench = bench_nccl.GpuBench.__new__(bench_nccl.GpuBench)
+            bench.group = group
+            out = bench._symmetric(np.zeros(size // 4, np.float32))
+            assert out.nbytes == size and out.dtype == np.float32
+    assert len(group.made) == 5, group.made

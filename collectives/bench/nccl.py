@@ -184,16 +184,16 @@ class GpuBench:
         nbytes = count * dtype.itemsize
         have = capabilities()
 
-        def poison():
-            d_out[...] = 0
-
-        def wrong():
-            self.clock.settle()
-            return int((d_out != expect).sum())
-
-        def entry(label, on, algorithm, **kw):
+        def entry(label, on, algorithm, output=d_out, **kw):
             def call():
-                on.prepare(collective, input=d_in, output=d_out, op=op, algorithm=algorithm)()
+                on.prepare(collective, input=d_in, output=output, op=op, algorithm=algorithm)()
+
+            def poison():
+                output[...] = 0
+
+            def wrong():
+                self.clock.settle()
+                return int((output != expect).sum())
             kw.setdefault("env", {executor.ENV_GRAPH: "0"})
             return Entry(label, call, poison=poison, wrong=wrong, **kw)
 
@@ -214,7 +214,8 @@ class GpuBench:
                 out.append(entry(f"{name}:sendrecv", self.twin, name, chosen=name))
                 if collective in SYMMETRIC_ROWS and \
                         getattr(group.transport, "peer_executor", None) is not None:
-                    out.append(self._symmetric_entry(collective, name, d_in, expect, op))
+                    out.append(entry(f"{name}:symm", group, name, chosen=name,
+                                     output=self._symmetric(expect)))
             out.append(self._ceiling(collective, name, count, dtype, d_in, d_out))
         for name in plain if nbytes <= self.graph_max else ():
             out.append(entry(f"{name}:graph", group, name, chosen=name,
@@ -225,27 +226,16 @@ class GpuBench:
                                                  executor.ENV_SEGMENT: str(seg)}))
         return out
 
-    def _symmetric_entry(self, collective, name, d_in, expect, op) -> Entry:
-        """``name`` with its output in the group's symmetric memory (grown collectively as
-        sizes grow: every rank asks for the same rows in the same order)."""
-        nbytes, group = expect.nbytes, self.group
-        heap = _HEAPS.get(group)       # one per group, kept across benches (16 at most)
+    def _symmetric(self, like):
+        """An output like ``like`` in the group's symmetric memory (the <alg>:symm rows),
+        grown collectively as sizes grow: every rank asks for the same rows in the same
+        order. One allocation per group, kept across benches (a group has 16 at most)."""
+        nbytes, group = like.nbytes, self.group
+        heap = _HEAPS.get(group)
         if heap is None or heap.nbytes < nbytes:
             size = max(nbytes, 4 * (heap.nbytes if heap is not None else 1 << 20))
             heap = _HEAPS[group] = group.symmetric_empty(size, "uint8")
-        out = heap[:nbytes].view(expect.dtype)
-
-        def call():
-            group.prepare(collective, input=d_in, output=out, op=op, algorithm=name)()
-
-        def poison():
-            out[...] = 0
-
-        def wrong():
-            self.clock.settle()
-            return int((out != expect).sum())
-        return Entry(f"{name}:symm", call, chosen=name, poison=poison, wrong=wrong,
-                     env={executor.ENV_GRAPH: "0"})
+        return heap[:nbytes].view(like.dtype)
 
     def _ceiling(self, collective, name, count, dtype, d_in, d_out) -> Entry:
         group = self.group
