@@ -124,7 +124,9 @@ class Program(NamedTuple):
     scratch: int              # elements of scratch
     sends: tuple              # messages this rank sends to each peer in one call
     recvs: tuple              # messages it receives from each peer in one call
-    largest: int              # elements of the largest message of any rank (for ``blocks``)
+    largest: int              # elements of the largest message of any rank
+    busiest: int              # elements the busiest rank sends in its busiest step (for
+                              # ``blocks``: a worker moves its share of every message of a step)
     scratch_at: int           # where scratch starts in every rank's staging memory, in
                               # elements (after the largest staged output of any rank)
     scratch_max: int          # the largest scratch of any rank (then the inboxes)
@@ -424,9 +426,11 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
     table.flags.writeable = False
     largest = max((t.region.count for other in plans for step in other.steps
                    for t in step.sends), default=0)
+    busiest = max((sum(t.region.count for t in step.sends) for other in plans
+                   for step in other.steps), default=0)
     outputs = [_staged_output(other, eager) for other in plans]
     return Program(table, out_staged, outputs[rank], plan.scratch, tuple(sent), tuple(received),
-                   largest, max(outputs), max(other.scratch for other in plans), max(inboxes),
+                   largest, busiest, max(outputs), max(other.scratch for other in plans), max(inboxes),
                    max(line_inboxes))
 
 

@@ -16,9 +16,12 @@ Calls on different streams are kept in issue order: when a call comes on another
 than the previous one, its stream first waits for the previous call's (an event). Flags and
 message numbers therefore advance in the same order on every rank, as the plans require.
 
-``blocks``: the kernel's thread blocks, from the largest message of the call (every rank
-computes the same number: the delivered words are per block), one per
-COLLECTIVES_PEER_BLOCK_BYTES up to COLLECTIVES_PEER_BLOCKS.
+``blocks``: the kernel's thread blocks, one per COLLECTIVES_PEER_BLOCK_BYTES of what the
+busiest rank sends in one step, up to COLLECTIVES_PEER_BLOCKS (every rank computes the same
+number: the delivered words are per block). Every block moves its share of each message of
+a step, one message after another, so a step to three peers needs three times the blocks of
+a step to one for the same time (4 GPUs, direct all_reduce at 4 KiB: one block took 11.9
+µs where on 2 GPUs it takes 3.7).
 
 Caller buffers are never mapped into other processes (opening an IPC handle per call costs
 far more than a collective): ``input`` is read where it is, receives land in the group's
@@ -80,8 +83,8 @@ class _Entry:
         self.code = cupy.asarray(program.code)
         self.tallies = cupy.asarray(np.array(program.sends + program.recvs, np.int64))
         self.function = cuda_peer.program_kernel(op, dtype, fences).kernel.ptr   # CUfunction
-        largest = program.largest * dtype.itemsize
-        self.blocks = int(min(limit, max(1, -(-largest // settings.PEER_BLOCK_BYTES()))))
+        busiest = program.busiest * dtype.itemsize
+        self.blocks = int(min(limit, max(1, -(-busiest // settings.PEER_BLOCK_BYTES()))))
         # staging memory, alike on every rank: output, then scratch; the inboxes apart (their
         # halves must not move between calls: a sender may write the next call's half while
         # the receiver still works in this call's staging layout)

@@ -212,6 +212,23 @@ def test_eager_messages_go_to_inbox_slots_and_others_wait_for_their_receive():
     assert program.inbox == 6 * 16          # 2(p-1) messages of 16 elements
 
 
+def test_blocks_follow_what_a_rank_sends_in_one_step_alike_on_every_rank():
+    """A worker moves its share of every message of a step one after another, so the
+    kernel's blocks come from a step's sum of messages, not its largest one: direct
+    all_reduce on 4 ranks sends 3 whole vectors in its one step, ring one quarter per step.
+    Every rank's program carries the same number (an uneven all_to_all included)."""
+    n = 1000
+    direct = [pushed.lower(build_plan("all_reduce", "direct", r, 4, n)) for r in range(4)]
+    ring = [pushed.lower(build_plan("all_reduce", "ring", r, 4, n)) for r in range(4)]
+    assert {p.busiest for p in direct} == {3 * n} and {p.largest for p in direct} == {n}
+    assert {p.busiest for p in ring} == {n // 4}
+    counts = Matrix(((0, 5, 6, 7), (9, 0, 0, 0), (1, 1, 0, 1), (0, 0, 2, 0)))
+    programs = [pushed.lower(build_plan("all_to_all", "direct", r, 4, counts))
+                for r in range(4)]
+    assert {p.busiest for p in programs} == {5 + 6 + 7}     # rank 0's step
+    assert {p.largest for p in programs} == {9}             # rank 1's one message
+
+
 def test_messages_in_lines_have_an_inbox_of_their_own():
     """A line counts as arrived when its flag half holds the call's number. Plain data of an
     earlier call at the same bytes could hold that number (bfloat16 zeros and small integers
