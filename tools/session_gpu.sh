@@ -21,15 +21,15 @@ for step in ${STEPS:-trace suite bench}; do
     large) COLLECTIVES_PEER_MAX_BYTES=0 timeout ${BENCH_SECONDS:-240} $mpi -x COLLECTIVES_PEER_MAX_BYTES -n "$n" python3 benchmarks/bench.py --backend nccl --no-progress ${LARGE_ARGS:---collectives all_reduce,all_gather --algorithms native,ring,direct} --sizes ${LARGE_SIZES:-4M,16M,64M,256M} --min-time 0.05 --graph-max 0 --json "$out/large.json" 2>&1 | tee "$out/large.txt" ;;
     knobs) for k in ${KNOBS:-COLLECTIVES_PEER_BLOCKS=64 COLLECTIVES_PEER_BLOCKS=128}; do   # device time per setting
              echo "== $k"
-             env "$k" COLLECTIVES_PEER_MAX_BYTES=0 timeout 120 $mpi -x "${k%%=*}" -x COLLECTIVES_PEER_MAX_BYTES -n "$n" python3 tools/peer_check.py --no-checks ${KNOB_ARGS:---collectives all_reduce,reduce_scatter --algorithms direct,two_shot --sizes 1M,16M,64M} | grep -A12 "device time"
+             env "$k" COLLECTIVES_PEER_MAX_BYTES=0 timeout 120 $mpi -x "${k%%=*}" -x COLLECTIVES_PEER_MAX_BYTES -n "$n" python3 tools/peer_check.py --no-checks ${KNOB_ARGS:---collectives all_reduce,reduce_scatter --algorithms direct,two_shot --sizes 1M,16M,64M} | grep -A${KNOB_LINES:-12} "device time"
            done 2>&1 | tee "$out/knobs.txt" ;;
     lines) for l in ${LINES:-256K 1M}; do   # device time with larger flagged-line messages
              echo "== COLLECTIVES_PEER_LINE_BYTES=$l"
-             COLLECTIVES_PEER_LINE_BYTES=$l timeout 120 $mpi -x COLLECTIVES_PEER_LINE_BYTES -n "$n" python3 tools/peer_check.py --no-checks --collectives all_reduce,reduce_scatter,all_gather --algorithms ring,direct --sizes 64K,256K,1M | grep -A12 "device time"
+             COLLECTIVES_PEER_LINE_BYTES=$l timeout 120 $mpi -x COLLECTIVES_PEER_LINE_BYTES -n "$n" python3 tools/peer_check.py --no-checks --collectives all_reduce,reduce_scatter,all_gather --algorithms ring,direct --sizes 64K,256K,1M | grep -A${KNOB_LINES:-12} "device time"
            done 2>&1 | tee "$out/lines.txt" ;;
     fences) for f in ${FENCES:-0 1 2}; do   # device time with each way of ordering flag words
               echo "== COLLECTIVES_PEER_FENCES=$f"
-              COLLECTIVES_PEER_FENCES=$f timeout 120 $mpi -x COLLECTIVES_PEER_FENCES -n "$n" python3 tools/peer_check.py --no-checks --collectives all_reduce,all_to_all --algorithms ring,direct --sizes 4K,64K,1M | grep -A12 "device time"
+              COLLECTIVES_PEER_FENCES=$f timeout 120 $mpi -x COLLECTIVES_PEER_FENCES -n "$n" python3 tools/peer_check.py --no-checks --collectives all_reduce,all_to_all --algorithms ring,direct --sizes 4K,64K,1M | grep -A${KNOB_LINES:-12} "device time"
             done 2>&1 | tee "$out/fences.txt" ;;
     profile) timeout 120 $mpi -n "$n" python3 tools/host_profile.py 2>&1 | tee "$out/profile.txt" ;;
     tune) A="--algorithms ${TUNE_ALGORITHMS:-ring,ring_bidirectional,tree,recursive_doubling,direct,two_shot,native,auto} --rounds 5"
