@@ -19,9 +19,11 @@ message numbers therefore advance in the same order on every rank, as the plans 
 ``blocks``: the kernel's thread blocks, one per COLLECTIVES_PEER_BLOCK_BYTES of what the
 busiest rank sends in one step, up to COLLECTIVES_PEER_BLOCKS (every rank computes the same
 number: the delivered words are per block). Every block moves its share of each message of
-a step, one message after another, so a step to three peers needs three times the blocks of
-a step to one for the same time (4 GPUs, direct all_reduce at 4 KiB: one block took 11.9
-µs where on 2 GPUs it takes 3.7).
+a step, one message after another, so a step to three peers wants three times the blocks of
+a step to one. Measured on 4 x H100 (device time, BENCHMARKS.md §6): from the largest
+message at 8K per block to the step's sum at 4K, two_shot all_reduce at 1 MiB 24.0 -> 20.2
+µs, ring at 64 KiB 24.1 -> 19.6, direct all_gather at 1 MiB 14.0 -> 11.1; 2K per block no
+better than 4K.
 
 Caller buffers are never mapped into other processes (opening an IPC handle per call costs
 far more than a collective): ``input`` is read where it is, receives land in the group's
