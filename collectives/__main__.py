@@ -62,8 +62,17 @@ def _package_dir() -> str:
     return os.path.dirname(os.path.abspath(__file__))
 
 
+def _peer_lane() -> str:
+    try:
+        from .executors import _peer_lane  # noqa: F401
+    except ImportError as exc:
+        return f"not built ({exc}): repeated calls take the Python path"
+    return "built" + ("" if settings.PEER_LANE() else " (off: COLLECTIVES_PEER_LANE=0)")
+
+
 def _kernels() -> list[str]:
-    lines = [f"compiled MPI executor (Cython): {_compiled_executor()}"]
+    lines = [f"compiled MPI executor (Cython): {_compiled_executor()}",
+             f"compiled peer-memory repeat path (Cython): {_peer_lane()}"]
     try:
         from .kernels.reduce import kernel_status
     except ImportError:

@@ -83,6 +83,9 @@ class ProcessGroup:
         self._caller = None         # (thread id, operation) holding it
         self._broken = None         # why concurrent calls failed this group
         self.execute = executors.select(transport)      # what runs this group's plans
+        # the executor's compiled repeat path for call shapes seen before (or None)
+        lane = getattr(self.execute, "lane", None)
+        self._lane = lane(self) if lane is not None else None
         # may be reassigned per group (benchmarks); read by _runner on every call
         self.window = settings.WINDOW()
         self.table = None
@@ -95,7 +98,7 @@ class ProcessGroup:
         calibrates). Under ``COLLECTIVES_DEBUG=INFO`` the table is logged once."""
         table = tuning.DecisionTable.for_group(self.size, self.transport, window=self.window)
         self.table = table
-        self._repeats.clear()
+        self._forget_repeats()
         if self.size > 1:
             self._agree(table)
         if debug.level() != "OFF" and self.rank == 0:
@@ -265,6 +268,12 @@ class ProcessGroup:
     def prepare(self, collective: str, *, input=None, output=None, counts=None, root: int = 0,
                 op=ReduceOp.SUM, algorithm: str | None = None, timeout: float | None = None):
         """Validate a call and return ``run()`` that performs it. Nothing moves before run()."""
+        lane = self._lane
+        if lane is not None:        # a shape seen before, on the executor's compiled path
+            run = lane.prepare(self, collective, input, output, counts, root, op, algorithm,
+                               timeout)
+            if run is not None:
+                return run
         took = self._enter(collective)
         sequence = self._sequence
         try:
@@ -358,8 +367,15 @@ class ProcessGroup:
     def _remember(self, key, check, entry):
         if key is not None and check is _no_check:
             if len(self._repeats) >= _REPEATS_KEPT:
-                self._repeats.clear()
+                self._forget_repeats()
             self._repeats[key] = entry
+            if self._lane is not None:
+                self._lane.remember(key, entry)
+
+    def _forget_repeats(self):
+        self._repeats.clear()
+        if getattr(self, "_lane", None) is not None:
+            self._lane.clear()
 
     def _runner(self, shape, input, output, root, check, tag):
         execute = self.execute

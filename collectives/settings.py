@@ -231,6 +231,7 @@ PEER_FENCES = declare("COLLECTIVES_PEER_FENCES", choice("0", "1", "2"), "0", GRO
 PEER_LINE_BYTES = declare("COLLECTIVES_PEER_LINE_BYTES", byte_size, 256 << 10, GROUP, "Eager peer-memory messages up to this size travel in flagged lines (4 data bytes + a flag in 8; no fences, twice the bytes)", kind=_BYTES)
 PEER_BLOCKS = declare("COLLECTIVES_PEER_BLOCKS", integer(1), 128, GROUP, "Most thread blocks the peer-memory kernel runs a plan on (one per COLLECTIVES_PEER_BLOCK_BYTES that one rank sends in one step)", kind="integer >= 1")
 PEER_MAX_BYTES = declare("COLLECTIVES_PEER_MAX_BYTES", byte_size, 32 << 20, GROUP, "Calls whose largest message is bigger go over NCCL send/recv instead of peer memory, which stages the caller's output through its own memory (0: no limit)", kind=_BYTES)
+PEER_LANE = declare("COLLECTIVES_PEER_LANE", flag, True, GROUP, "1: a repeated peer-memory call (a shape seen before, plain arrays) is launched by the compiled repeat path (executors/_peer_lane.pyx, where it is built) instead of the Python one; 0: the Python path always", kind="0 or 1")
 NCCL_P2P_CHUNKSIZE = declare("COLLECTIVES_NCCL_P2P_CHUNKSIZE", byte_size, 65536, GROUP, "NCCL_P2P_NVL_CHUNKSIZE set before the first communicator unless already set (0: NCCL's default)", kind=_BYTES)
 # -- building ----------------------------------------------------------------------------------
 MPI_INCLUDE = declare("COLLECTIVES_MPI_INCLUDE", text, "", BUILD, "Folder holding mpi.h for building the compiled executor (setup.py; `MPICC` or `mpicc -show` otherwise)", kind="path")

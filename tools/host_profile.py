@@ -3,6 +3,9 @@ as the bench and the facade call it, timed without and then with cProfile on ran
 rank makes the same calls). Run on the GPUs of one host:
 
     mpiexec -n 2 python tools/host_profile.py [--collective all_reduce] [--algorithm direct]
+
+With COLLECTIVES_PEER_LANE=0 every call takes the Python path (the compiled repeat path's
+before/after in one device call).
 """
 from __future__ import annotations
 
@@ -70,8 +73,11 @@ def main():
     profile.disable()
     group.transport.synchronize(30)
     if group.rank == 0:
+        lane = group._lane
+        path = "the Python path (no compiled repeat path: not built, or COLLECTIVES_PEER_LANE=0)" \
+            if lane is None else f"the compiled repeat path launched {lane.launched} calls"
         print(f"{args.collective} {args.algorithm} {args.count} elements: {issued * 1e6:.1f} µs "
-              f"of host time per call (issued without waiting)", flush=True)
+              f"of host time per call (issued without waiting); {path}", flush=True)
         for n, (event, wall) in batches.items():
             print(f"  batches of {n} after a barrier (as the bench): {event * 1e6:.1f} µs per "
                   f"call by CUDA events, {wall * 1e6:.1f} µs by the host clock (p50 of 7)")

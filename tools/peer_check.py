@@ -90,7 +90,7 @@ def main():
     baseline = ProcessGroup.__new__(ProcessGroup)
     baseline.__dict__.update(group.__dict__)
     baseline.execute = nccl_executor.execute
-    baseline._repeats = {}
+    baseline._repeats, baseline._lane = {}, None
 
     have = capabilities()
     wrong = 0

@@ -31,7 +31,10 @@ for step in ${STEPS:-trace suite bench}; do
               echo "== COLLECTIVES_PEER_FENCES=$f"
               COLLECTIVES_PEER_FENCES=$f timeout 120 $mpi -x COLLECTIVES_PEER_FENCES -n "$n" python3 tools/peer_check.py --no-checks --collectives all_reduce,all_to_all --algorithms ring,direct --sizes 4K,64K,1M | grep -A${KNOB_LINES:-12} "device time"
             done 2>&1 | tee "$out/fences.txt" ;;
-    profile) timeout 120 $mpi -n "$n" python3 tools/host_profile.py 2>&1 | tee "$out/profile.txt" ;;
+    profile) for lane in 1 0; do     # the compiled repeat path, then the Python path alone
+               echo "== COLLECTIVES_PEER_LANE=$lane"
+               COLLECTIVES_PEER_LANE=$lane timeout 120 $mpi -x COLLECTIVES_PEER_LANE -n "$n" python3 tools/host_profile.py ${PROFILE_ARGS:-}
+             done 2>&1 | tee "$out/profile.txt" ;;
     tune) A="--algorithms ${TUNE_ALGORITHMS:-ring,ring_bidirectional,tree,recursive_doubling,direct,two_shot,native,auto} --rounds 5"
           for run in A B; do    # tuned in run A, judged in a separate run B (issue 16)
             [ $run = A ] && t="--tune $out/tuning_nccl.json" || t="--tuning $out/tuning_nccl.json"

@@ -134,7 +134,7 @@ def sendrecv_group(group):
     twin = ProcessGroup.__new__(ProcessGroup)
     twin.__dict__.update(group.__dict__)
     twin.execute = executor.execute
-    twin._repeats = {}
+    twin._repeats, twin._lane = {}, None
     return twin
 
 

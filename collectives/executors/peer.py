@@ -63,6 +63,12 @@ def _launch(*args):
     return _launch(*args)
 
 
+def launch_address() -> int:
+    """The address of the driver's cuLaunchKernel (for the compiled repeat path)."""
+    import ctypes
+    return ctypes.cast(ctypes.CDLL("libcuda.so.1").cuLaunchKernel, ctypes.c_void_p).value
+
+
 def max_blocks() -> int:
     return min(cuda_peer.MAX_BLOCKS, settings.PEER_BLOCKS())
 
@@ -241,6 +247,18 @@ class PeerExecutor:
             self._entries.clear()
         self._entries[key] = (plan, entry)     # the plan kept: its id is not reused meanwhile
         return entry
+
+    def lane(self, group):
+        """The compiled repeat path for ``group`` (``_peer_lane.Lane``), or None where it is
+        not built or COLLECTIVES_PEER_LANE=0: then every call takes the Python path."""
+        if not settings.PEER_LANE():
+            return None
+        try:
+            from ._peer_lane import Lane
+        except ImportError:
+            return None
+        return Lane(group, self, launch_address(), cuda_peer.THREADS,
+                    self.cupy.cuda.get_current_stream, _Elsewhere)
 
     def start_at_call(self, call: int) -> None:
         """Make ``call`` this rank's next call number, as if the calls before it had run, so

@@ -1,0 +1,266 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The compiled repeat path of a peer-memory group: a call shaped like one that already ran
+(same collective, dtypes, sizes, op, algorithm, root, timeout), on plain arrays, launched
+from here in a few microseconds where the Python path (``ProcessGroup.prepare`` then its
+``run`` then ``PeerExecutor.__call__``) costs 10-20.
+
+It decides nothing of its own. The group registers each call shape its Python path worked
+out (``ProcessGroup._remember``), with the plans that path runs; a call then takes the same
+plan, the same executor entry and the same kernel parameters the Python path would, and
+advances the group's call sequence as it does. Where anything is not as it was when the
+shape and the entry were made, or is unusual (a buffer that is not a flat contiguous array
+of the group's type, input and output overlapping in part, another stream than the last
+call's, the staging memory moved, a changed timeout, an error reported, DETAIL debugging, a
+concurrent caller, another executor swapped in), the call takes the Python path instead,
+which handles it or raises. So the two paths cannot disagree on anything but speed; tests
+compare the kernel parameters of both (tests/local/test_peer_lane.py).
+
+Limits: calls of the peer-memory executor only (GPUs of one host); no barrier, no AVG (its
+final division is a host-side step), no calls with explicit counts.
+"""
+from libc.stdint cimport int32_t, uint64_t, uintptr_t
+
+from threading import get_ident
+
+from .. import settings
+from ..ops import ReduceOp
+
+ctypedef int (*launch_t)(void* function, unsigned gx, unsigned gy, unsigned gz,
+                         unsigned bx, unsigned by, unsigned bz, unsigned shared,
+                         void* stream, void** params, void** extra) noexcept nogil
+
+# The executor's kernel parameters (executors/peer.py, _Entry.values): the ones a call sets.
+cdef enum:
+    IN_VALUE = 3
+    OUT_VALUE = 4
+    CALLER_OUT_VALUE = 6
+    PLACE_VALUE = 20
+
+_SEEDED = frozenset(("all_reduce", "broadcast"))    # as executors/peer.py: input seeds output
+_UNSET = object()
+
+
+cdef inline bint _plain(object buf, object array_type, bint written):
+    """group._plain: None, or a flat contiguous array of the group's type."""
+    if buf is None:
+        return True
+    if type(buf) is not array_type or buf.ndim != 1:
+        return False
+    flags = buf.flags
+    return flags.c_contiguous and (not written or getattr(flags, "writeable", True))
+
+
+cdef class _Launch:
+    """One executor entry as the lane launches it: the entry (for its layout and timeout),
+    the driver handles and where its four per-call values live."""
+    cdef object entry
+    cdef void* function
+    cdef unsigned blocks
+    cdef void** params
+    cdef bint staged
+    cdef uint64_t* values[4]
+
+    def __cinit__(self, entry):
+        import ctypes
+        self.entry = entry
+        self.function = <void*><uintptr_t>entry.function
+        self.blocks = entry.blocks
+        self.params = <void**><uintptr_t>entry.params
+        self.staged = entry.staged
+        for i, at in enumerate((IN_VALUE, OUT_VALUE, CALLER_OUT_VALUE, PLACE_VALUE)):
+            self.values[i] = <uint64_t*><uintptr_t>ctypes.addressof(entry.values[at])
+
+
+cdef class _Shape:
+    """A call shape the group registered: its _Shape (plans, dtype, op, deadline, ...), the
+    read-input-first plan (worked out when first needed) and the launches found for it."""
+    cdef readonly object shape
+    cdef object direct
+    cdef dict launches          # (id(plan), seeded, symmetric) -> _Launch
+
+    def __cinit__(self, shape):
+        self.shape = shape
+        self.direct = _UNSET
+        self.launches = {}
+
+
+cdef class Lane:
+    """The repeat path of ``group``, whose executor is ``executor`` (a PeerExecutor).
+    ``launch``: the address of ``cuLaunchKernel`` (tests pass a recorder's)."""
+    cdef object group, executor, memory, array_type, level, get_stream, elsewhere
+    cdef dict shapes
+    cdef launch_t launch
+    cdef unsigned threads
+    cdef object words
+    cdef int32_t* word
+    cdef public long launched           # calls launched from here (tests, host_profile)
+
+    def __cinit__(self, group, executor, uintptr_t launch, unsigned threads, get_stream,
+                  elsewhere):
+        self.group = group
+        self.executor = executor
+        self.memory = executor.memory
+        self.array_type = group._array_type
+        self.level = settings.DEBUG
+        self.get_stream = get_stream
+        self.elsewhere = elsewhere          # the executor's class of entries it hands on
+        self.shapes = {}
+        self.launch = <launch_t>launch
+        self.threads = threads
+        self.words = None
+        self.launched = 0
+
+    def remember(self, key, shape):
+        """Register a call shape the group's Python path worked out under ``key`` (its repeat
+        key); shapes the lane never runs are left out."""
+        if key is None or shape.plan is None or shape.collective == "barrier" or \
+                shape.dtype is None or shape.op == ReduceOp.AVG or shape.extra:
+            return
+        self.shapes[key] = _Shape(shape)
+
+    def clear(self):
+        self.shapes.clear()
+
+    def prepare(self, caller, collective, input, output, counts, root, op, algorithm, timeout):
+        """``run`` for this call as ProcessGroup.prepare would return it, or None: take the
+        Python path. ``caller``: the group calling (a copy of the group made with its
+        ``__dict__``, as the bench's send/recv twin, is not this lane's)."""
+        cdef _Shape known
+        cdef bint seeded = False
+        group = self.group
+        if caller is not group or counts is not None or group._broken is not None or \
+                group.execute is not self.executor or output is None:
+            return None
+        try:
+            key = (collective, root, op, algorithm, timeout, group.timeout,
+                   None if input is None else (input.dtype, input.size),
+                   (output.dtype, output.size))
+            found = self.shapes.get(key)
+        except (AttributeError, TypeError):
+            return None
+        if found is None or self.level() == "DETAIL":
+            return None
+        array_type = self.array_type
+        if not (_plain(input, array_type, False) and _plain(output, array_type, True)):
+            return None
+        known = <_Shape>found
+        shape = known.shape
+        plan = shape.steps
+        if input is not None:
+            if output.size == 0 or input.size == 0:
+                return None
+            a, b = input.data.ptr, output.data.ptr
+            if a < b + output.nbytes and b < a + input.nbytes:      # they overlap
+                if collective not in _SEEDED or a != b or input.size != output.size:
+                    return None
+                input = None            # the same memory: the plan runs on output alone
+            elif collective in _SEEDED:
+                seeded = True           # the kernel reads input where output is unwritten
+                if collective == "all_reduce":
+                    if known.direct is _UNSET:
+                        known.direct = shape.reading_input_first()
+                    if known.direct is not None:
+                        plan = known.direct
+        gate = group._gate
+        if not gate.acquire(False):
+            return None                 # another caller inside: the Python path says so
+        try:
+            group._caller = (get_ident(), collective)
+            tag = group.next_tag()
+        finally:
+            group._caller = None
+            gate.release()
+        return _Call(self, known, plan, input, output, seeded, tag)
+
+    cdef bint run(self, _Shape known, object plan, object input, object output,
+                  bint seeded) except -1:
+        """Launch ``plan`` as PeerExecutor.__call__ would; False where it must do it."""
+        cdef _Launch launch
+        cdef uintptr_t out, stream_ptr
+        cdef int rc
+        executor = self.executor
+        if executor.failed is not None:
+            return False
+        memory = self.memory
+        words = memory.words
+        if words is not self.words:
+            if words is None:
+                return False
+            import ctypes
+            self.words = words
+            self.word = <int32_t*><uintptr_t>ctypes.addressof(words)
+        if self.word[0] != 0:
+            return False
+        place = memory.place(output) if memory.heaps else 0
+        shape = known.shape
+        key = (id(plan), seeded, place != 0)
+        found = known.launches.get(key)
+        if found is None:
+            held = executor._entries.get((id(plan), shape.dtype, shape.op, seeded, place != 0))
+            if held is None or held[0] is not plan or type(held[1]) is self.elsewhere:
+                return False
+            found = known.launches[key] = _Launch(held[1])
+        launch = <_Launch>found
+        entry = launch.entry
+        if entry.layout is not memory.layout or entry.timeout != shape.deadline:
+            del known.launches[key]     # the Python path fits it (or makes a new one)
+            return False
+        stream = self.get_stream()
+        last = memory.last_stream
+        if last is not stream and last is not None and last.ptr != stream.ptr:
+            return False
+        out = output.data.ptr
+        stream_ptr = stream.ptr
+        memory.last_stream = stream
+        launch.values[3][0] = <uint64_t>place
+        launch.values[0][0] = 0 if input is None else <uint64_t><uintptr_t>input.data.ptr
+        launch.values[1][0] = <uint64_t><uintptr_t>memory.data_ptr if launch.staged else out
+        launch.values[2][0] = out
+        with nogil:
+            rc = self.launch(launch.function, launch.blocks, 1, 1, self.threads, 1, 1, 0,
+                             <void*>stream_ptr, launch.params, NULL)
+        if rc != 0:
+            return False                # the Python path launches again and raises CuPy's error
+        self.launched += 1
+        return True
+
+
+cdef class _Call:
+    """``run()`` of one call: claims the group as the Python run does, launches, or hands
+    the call to the group's executor exactly as the Python run would."""
+    cdef Lane lane
+    cdef _Shape known
+    cdef object plan, input, output, tag
+    cdef bint seeded
+
+    def __cinit__(self, Lane lane, _Shape known, plan, input, output, bint seeded, tag):
+        self.lane, self.known, self.plan = lane, known, plan
+        self.input, self.output, self.seeded, self.tag = input, output, seeded, tag
+
+    def __call__(self):
+        cdef Lane lane = self.lane
+        cdef bint took = False
+        group = lane.group
+        shape = self.known.shape
+        collective = shape.collective
+        me = get_ident()
+        if me == group.async_thread:
+            pass
+        elif group._broken is None and group._gate.acquire(False):
+            group._caller = (me, collective)
+            took = True
+        else:
+            took = group._enter(collective)
+        try:
+            if not lane.run(self.known, self.plan, self.input, self.output, self.seeded):
+                if self.input is None and collective in _SEEDED:
+                    buffers = {"output": self.output}
+                else:
+                    buffers = {"input": self.input, "output": self.output}
+                group.execute(self.plan, group.transport, buffers, shape.reduce, tag=self.tag,
+                              timeout=shape.deadline, operation=collective, dtype=shape.dtype,
+                              op=shape.op)
+        finally:
+            if took:
+                group._caller = None
+                group._gate.release()

@@ -1,0 +1,268 @@
+"""The compiled repeat path of peer-memory groups (executors/_peer_lane.pyx) on the CPU: a
+ProcessGroup of 2 ranks (this process is rank 0) over a stand-in transport, whose executor is
+the real PeerExecutor over stand-in memory and CuPy; the driver's launch is a recorder. What
+matters: a repeated call launches from the lane with exactly the kernel parameters the
+Python path gives the same call, advances the call sequence alike, and every case the lane
+does not own (odd buffers, overlap, another stream, moved memory, a reported error, a
+concurrent caller, another executor) reaches the Python path, which handles or refuses it."""
+import ctypes
+import sys
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from collectives import executors
+from collectives.executors import peer as peer_executor
+from collectives.group import ConcurrentCalls, ProcessGroup
+
+lane_module = pytest.importorskip("collectives.executors._peer_lane",
+                                  reason="the compiled repeat path is not built")
+
+from test_peer_host_side import memory  # noqa: E402  (tests/local, beside this file)
+
+LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint,
+                          ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                          ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+
+
+class DeviceArray:
+    """Stands in for cupy.ndarray: ``size`` elements at a device address."""
+
+    def __init__(self, ptr, size, dtype=np.float32, ndim=1, contiguous=True):
+        self.data = SimpleNamespace(ptr=ptr)
+        self.dtype, self.size, self.ndim = np.dtype(dtype), size, ndim
+        self.itemsize = self.dtype.itemsize
+        self.nbytes = size * self.itemsize
+        self.flags = SimpleNamespace(c_contiguous=contiguous)
+
+
+class Stream:
+    def __init__(self, ptr):
+        self.ptr, self.waited = ptr, []
+
+    def wait_event(self, event):
+        self.waited.append(event)
+
+    def record(self):
+        return ("event", self.ptr)
+
+    def is_capturing(self):
+        return False
+
+
+class Rig:
+    """The group, its executor, and every launch of either path, as (path, function, blocks,
+    stream, the values of all the kernel's parameters)."""
+
+    def __init__(self, monkeypatch, lane=True):
+        monkeypatch.setenv("COLLECTIVES_PEER_LANE", "1" if lane else "0")
+        mem, _ = memory(monkeypatch)
+        mem.size = 2
+        mem.layout, mem.last_stream = object(), None
+        self.words = (ctypes.c_int32 * 4)()
+        mem.words = self.words
+        mem.flags_ptr, mem.error_ptr = 77, 88
+        mem.peer_flags_array = SimpleNamespace(data=SimpleNamespace(ptr=66))
+        mem.peer_heaps_array = SimpleNamespace(data=SimpleNamespace(ptr=44))
+        mem.cupy.asarray = lambda a: SimpleNamespace(data=SimpleNamespace(ptr=1000 + len(a)))
+        monkeypatch.setattr(peer_executor.cuda_peer, "program_kernel", lambda *a: SimpleNamespace(
+            kernel=SimpleNamespace(ptr=4242)))
+        uploads = iter(range(9000, 1 << 30, 4096))      # each device copy an address of its own
+        monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(
+            asarray=lambda a: SimpleNamespace(data=SimpleNamespace(ptr=next(uploads)))))
+        self.stream = Stream(5)
+        streams = self
+        executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
+        executor.failed, executor._entries, executor.memory = None, {}, mem
+        executor.limit, executor.eager, executor.lines, executor.fences = 4, 1 << 20, 1 << 16, 0
+        executor.most = 0
+        executor.transport = SimpleNamespace(rank=0)
+        executor.cupy = SimpleNamespace(cuda=SimpleNamespace(
+            get_current_stream=lambda: streams.stream))
+        self.executor, self.memory = executor, mem
+        self.launches = []
+
+        def entry_of(params):
+            return next(e for _, e in executor._entries.values()
+                        if getattr(e, "params", None) == params)
+
+        def python_launch(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+            self.launches.append(("python", function, gx, bx, stream,
+                                  [v.value for v in entry_of(params).values]))
+
+        def lane_launch(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+            self.launches.append(("lane", function, gx, bx, stream or 0,
+                                  [v.value for v in entry_of(params).values]))
+            return 0
+        monkeypatch.setattr(peer_executor, "_launch", python_launch)
+        self.recorder = LAUNCH(lane_launch)           # kept alive as long as the rig
+        monkeypatch.setattr(peer_executor, "launch_address",
+                            lambda: ctypes.cast(self.recorder, ctypes.c_void_p).value)
+        xp = SimpleNamespace(__name__="cupy", ndarray=DeviceArray)
+        transport = SimpleNamespace(rank=0, size=2, xp=xp, max_tag=None, name="nccl",
+                                    native=None, device=0, carries_signatures=False,
+                                    offers=())
+        monkeypatch.setattr(executors, "select", lambda transport: executor)
+        monkeypatch.setattr(ProcessGroup, "_agree", lambda group, table: None)  # one process
+        self.group = ProcessGroup(transport, backend="nccl", timeout=60.0)
+
+    def call(self, collective, input, output, **kw):
+        self.group.prepare(collective, input=input, output=output, **kw)()
+        return self.launches[-1]
+
+
+def same_launch(a, b):
+    return a[1:] == b[1:]
+
+
+@pytest.mark.parametrize("case", ["out_of_place", "in_place", "no_input"])
+def test_a_repeated_all_reduce_launches_from_the_lane_as_the_python_path_would(monkeypatch,
+                                                                                 case):
+    rig = Rig(monkeypatch)
+    out = DeviceArray(0x20000, 1024)
+    inp = {"out_of_place": DeviceArray(0x10000, 1024), "in_place": out, "no_input": None}[case]
+    first = rig.call("all_reduce", inp, out, algorithm="direct")
+    again = rig.call("all_reduce", inp, out, algorithm="direct")
+    assert (first[0], again[0]) == ("python", "lane") and same_launch(first, again)
+    values = again[5]
+    assert values[3] == (0x10000 if case == "out_of_place" else 0)     # input read, or none
+    assert values[6] == 0x20000 and values[20] == 0
+    rig.group._lane = None                                    # the Python path, same call
+    assert same_launch(rig.call("all_reduce", inp, out, algorithm="direct"), again)
+
+
+def test_each_call_gets_its_own_buffers_and_the_sequence_advances_alike(monkeypatch):
+    rig = Rig(monkeypatch)
+    group = rig.group
+    rig.call("all_gather", DeviceArray(0x1000, 256), DeviceArray(0x9000, 512), algorithm="ring")
+    for i in range(1, 4):
+        before = group._sequence
+        got = rig.call("all_gather", DeviceArray(0x1000 * (i + 1), 256),
+                       DeviceArray(0x9000 * (i + 1), 512), algorithm="ring")
+        assert got[0] == "lane" and group._sequence == before + 1
+        assert (got[5][3], got[5][6]) == (0x1000 * (i + 1), 0x9000 * (i + 1))
+    assert group._lane.launched == 3
+
+
+def test_out_of_place_all_reduce_runs_the_read_input_first_plan_and_in_place_the_plain_one(
+        monkeypatch):
+    """Two plans of one shape: the one that reads input (out of place) and the one that
+    runs on output alone (the same memory): each its own executor entry, as in Python."""
+    rig = Rig(monkeypatch)
+    out = DeviceArray(0x20000, 1024)
+    a = rig.call("all_reduce", DeviceArray(0x10000, 1024), out, algorithm="ring")
+    b = rig.call("all_reduce", out, out, algorithm="ring")
+    c = rig.call("all_reduce", DeviceArray(0x30000, 1024), out, algorithm="ring")
+    d = rig.call("all_reduce", out, out, algorithm="ring")
+    assert [x[0] for x in (a, b, c, d)] == ["python", "python", "lane", "lane"]
+    assert c[5][:3] == a[5][:3] and d[5][:3] == b[5][:3] and a[5][0] != b[5][0]  # programs
+    assert (c[5][3], d[5][3]) == (0x30000, 0)
+
+
+@pytest.mark.parametrize("odd", ["two_d", "strided", "partial_overlap", "wrong_type"])
+def test_what_the_lane_does_not_own_takes_the_python_path(monkeypatch, odd):
+    rig = Rig(monkeypatch)
+    out = DeviceArray(0x20000, 1024)
+    rig.call("all_reduce", DeviceArray(0x10000, 1024), out, algorithm="direct")
+    inp = {"two_d": DeviceArray(0x10000, 1024, ndim=2),
+           "strided": DeviceArray(0x10000, 1024, contiguous=False),
+           "partial_overlap": DeviceArray(0x20000 + 64, 1024),
+           "wrong_type": SimpleNamespace(dtype=np.dtype(np.float32), size=1024, ndim=1)}[odd]
+    count = len(rig.launches)
+    if odd == "partial_overlap":      # the Python path copies input first (here: stand-ins)
+        with pytest.raises(Exception):
+            rig.call("all_reduce", inp, out, algorithm="direct")
+    else:
+        with pytest.raises((TypeError, ValueError), match="all_reduce on rank 0"):
+            rig.call("all_reduce", inp, out, algorithm="direct")
+    assert len(rig.launches) == count and rig.group._lane.launched == 0
+
+
+def test_another_stream_a_moved_memory_and_a_new_timeout_go_through_python(monkeypatch):
+    rig = Rig(monkeypatch)
+    inp, out = DeviceArray(0x10000, 1024), DeviceArray(0x20000, 1024)
+    rig.call("all_reduce", inp, out, algorithm="direct")
+    assert rig.call("all_reduce", inp, out, algorithm="direct")[0] == "lane"
+    rig.stream = Stream(6)                         # the next call orders after the last one
+    got = rig.call("all_reduce", inp, out, algorithm="direct")
+    assert got[0] == "python" and got[4] == 6 and rig.stream.waited
+    assert rig.call("all_reduce", inp, out, algorithm="direct")[0] == "lane"
+    before = got[5][5]
+    rig.memory.ensure(1 << 24)                     # the staging memory moves
+    got = rig.call("all_reduce", inp, out, algorithm="direct")
+    assert got[0] == "python" and got[5][5] == rig.memory.data_ptr != before
+    assert rig.call("all_reduce", inp, out, algorithm="direct")[0] == "lane"
+    # one plan under two timeouts: the entry's deadline set by Python on every change
+    got = rig.call("all_reduce", inp, out, algorithm="direct", timeout=2.0)
+    assert got[0] == "python" and got[5][15] == int(2e9)
+    got = rig.call("all_reduce", inp, out, algorithm="direct")
+    assert got[0] == "python" and got[5][15] == int(60e9)
+    assert rig.call("all_reduce", inp, out, algorithm="direct")[0] == "lane"
+
+
+def test_a_reported_error_raises_from_the_python_path_and_nothing_launches(monkeypatch):
+    rig = Rig(monkeypatch)
+    inp, out = DeviceArray(0x10000, 1024), DeviceArray(0x20000, 1024)
+    rig.call("all_reduce", inp, out, algorithm="direct")
+    rig.words[0], rig.words[1], rig.words[2] = 1, 0, 1          # a timeout waiting for rank 1
+    count = len(rig.launches)
+    with pytest.raises(peer_executor.CollectiveTimeout, match="rank 0: timed out .* rank 1"):
+        rig.call("all_reduce", inp, out, algorithm="direct")
+    with pytest.raises(peer_executor.CollectiveTimeout):          # and every later call
+        rig.call("all_reduce", inp, out, algorithm="direct")
+    assert len(rig.launches) == count
+
+
+def test_a_second_thread_inside_a_call_is_refused_as_on_the_python_path(monkeypatch):
+    rig = Rig(monkeypatch)
+    group = rig.group
+    inp, out = DeviceArray(0x10000, 1024), DeviceArray(0x20000, 1024)
+    rig.call("all_reduce", inp, out, algorithm="direct")
+    aborted = []
+    group.transport.abort = lambda *a, **k: aborted.append(True)
+    inside, done = threading.Event(), threading.Event()
+
+    def hold():
+        took = group._enter("broadcast")
+        inside.set()
+        done.wait(10)
+        group._leave(took)
+    t = threading.Thread(target=hold)
+    t.start()
+    inside.wait(10)
+    try:
+        with pytest.raises(ConcurrentCalls, match="all_reduce"):
+            rig.call("all_reduce", inp, out, algorithm="direct")
+    finally:
+        done.set()
+        t.join()
+
+
+def test_a_copy_of_the_group_with_another_executor_never_uses_the_lane(monkeypatch):
+    """The bench's and peer_check's send/recv twin: the group's __dict__ copied, its
+    executor swapped. Its calls must reach its own executor."""
+    rig = Rig(monkeypatch)
+    inp, out = DeviceArray(0x10000, 1024), DeviceArray(0x20000, 1024)
+    rig.call("all_reduce", inp, out, algorithm="direct")
+    twin = ProcessGroup.__new__(ProcessGroup)
+    twin.__dict__.update(rig.group.__dict__)
+    ran = []
+    twin.execute = lambda plan, transport, buffers, *a, **k: ran.append(plan)
+    twin.prepare("all_reduce", input=inp, output=out, algorithm="direct")()
+    assert len(ran) == 1 and rig.group._lane.launched == 0
+
+
+def test_avg_and_the_lane_switched_off_stay_on_the_python_path(monkeypatch):
+    rig = Rig(monkeypatch)
+    out = DeviceArray(0x20000, 1024)
+    finished = []
+    monkeypatch.setattr(rig.group, "_finish", lambda *a: finished.append(a))
+    for _ in range(3):
+        assert rig.call("all_reduce", out, out, algorithm="direct", op="avg")[0] == "python"
+    assert len(finished) == 3
+    off = Rig(monkeypatch, lane=False)
+    assert off.group._lane is None
+    for _ in range(2):
+        assert off.call("all_reduce", out, out, algorithm="direct")[0] == "python"
