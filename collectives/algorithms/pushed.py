@@ -106,7 +106,8 @@ TAKE_REDUCE = 11  # an eager receive reduced as it is read out of its slot: as R
                   # [12] message number from that peer
 REDUCE_N = 12   # a chain of reductions in one pass, dst = ((x0 op x1) op x2) ...: [2] dst
                 # buffer [3] dst offset [4] count [5] how many operands (2..FOLD) [6..]
-                # each operand as offset * 4 + buffer (``operand``)
+                # each operand as offset * 4 + buffer (``operand``), or, negative, a message
+                # of this step in lines read straight out of the inbox (``line_operand``)
 WIDTH = 13
 FOLD = WIDTH - 6   # operands one REDUCE_N reads
 SLOT_ALIGN = 16  # elements: inbox slots start 16-byte aligned whatever the dtype
@@ -332,6 +333,15 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
                 emit((PUSH, index, s.peer, _BUFFER[source.buffer], source.offset,
                       _BUFFER[region.buffer], region.offset, s.region.count, their_step, k))
         taken = {}                         # local op position -> (receive, slot, k): fused
+        # chains that read messages in lines straight out of the inbox (those messages are
+        # never taken), after the receives
+        early = _apart_from_receives(step)
+        in_lines = {r.region: (r, mine[r.peer, k], k) for k, r in _numbered(step.recvs, received)
+                    if 0 <= mine[r.peer, k] and r.region.count <= lines}
+        line_runs = _line_runs(plan, index, early, in_lines)
+        in_line_runs = {p for first, (run, _) in line_runs.items()
+                        for p in range(first, first + len(run))}
+        consumed = {x for _, regions in line_runs.values() for x in regions}
 
         def local(position, op):
             if position in taken:          # the message reduced straight out of the inbox
@@ -350,11 +360,15 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
                 return
             if position in folded:
                 run = folded[position]
-                operands = [read(x) for x in (run[0].a,) + tuple(r.b for r in run)]
+                from_lines = line_runs[position][1] if position in line_runs else {}
+                operands = [x if x in from_lines else read(x)
+                            for x in (run[0].a,) + tuple(r.b for r in run)]
                 dst = run[-1].dst
-                order.before((tuple(operands), (dst,)), index)
+                order.before((tuple(x for x in operands if x not in from_lines), (dst,)),
+                             index)
                 emit((REDUCE_N, index, _BUFFER[dst.buffer], dst.offset, dst.count,
-                      len(operands), *(operand(x) for x in operands)))
+                      len(operands), *(line_operand(from_lines[x][1], from_lines[x][0].peer)
+                                       if x in from_lines else operand(x) for x in operands)))
                 wrote(dst)
                 done(index, *(x.dst for x in run))
                 return
@@ -373,7 +387,6 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
             done(index, op.dst)
 
         # local ops that touch nothing the step receives run while its messages travel
-        early = _apart_from_receives(step)
         folded = {}                        # first position of a chain -> its reductions
         for first, last in _chains(plan, index, 0, early):
             folded[first] = step.local[first:last]
@@ -382,8 +395,12 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
             if position not in skipped:
                 local(position, step.local[position])
         for k, r in _numbered(step.recvs, received):
+            if r.region in consumed:       # a chain polls its lines
+                continue
             slot = mine[r.peer, k]
             at = _fused_at(step, r) if slot >= 0 else None
+            if at in in_line_runs:         # its reduction runs inside such a chain
+                at = None
             if at is not None:
                 taken[at] = (r, slot, k)
                 continue
@@ -397,7 +414,10 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
             done(index, r.region)
         for r in step.recvs:
             received[r.peer] += 1
-        for first, last in _chains(plan, index, early, len(step.local), taken):
+        for first, (run, _) in line_runs.items():
+            folded[first] = run
+        for first, last in _chains(plan, index, early, len(step.local),
+                                   set(taken) | in_line_runs):
             folded[first] = step.local[first:last]
         skipped = _run_with_their_first(folded)
         for position in range(early, len(step.local)):
@@ -513,6 +533,48 @@ def _fused_at(step, recv):
 def operand(region: Region) -> int:
     """A REDUCE_N operand in one column: its offset and buffer (``_BUFFER``, < 4)."""
     return region.offset * 4 + _BUFFER[region.buffer]
+
+
+LINE_PEER_BITS = 16
+
+
+def line_operand(slot: int, peer: int) -> int:
+    """A REDUCE_N operand that is a message in lines: its slot in this rank's inbox of lines
+    and the peer it comes from (named when it never arrives), negative."""
+    return -1 - ((slot << LINE_PEER_BITS) | peer)
+
+
+def decode_line_operand(value: int) -> tuple[int, int]:
+    """(slot, peer) of a negative REDUCE_N operand."""
+    value = -1 - value
+    return value >> LINE_PEER_BITS, value & ((1 << LINE_PEER_BITS) - 1)
+
+
+def _line_runs(plan, index, start, in_lines):
+    """{first: (run, {region: receive})}: the chains of step ``index``'s local ops from
+    ``start`` on (``_chains``) that read some message of the step in lines as an operand and
+    nothing else reads: the REDUCE_N then polls those lines itself, where the message would
+    first be copied out of the inbox (TAKE_LL) or reduced on its own (REDUCE_LL), each
+    behind a barrier. ``in_lines``: region -> (receive, slot, k) of the step's messages in
+    lines. A message read outside its run, kept in output, or read twice in the run is
+    taken as before."""
+    step = plan.steps[index]
+    local = step.local
+    out = {}
+    for first, last in _chains(plan, index, start, len(local)):
+        run = local[first:last]
+        operands = [run[0].a] + [r.b for r in run]
+        read_elsewhere = [x for op in local[start:first] for x in hazards.access(op)[0]]
+        consumed = {}
+        for x in operands:
+            if x not in in_lines or x.buffer == "output" or operands.count(x) != 1 or \
+                    any(x.overlaps(y) for y in read_elsewhere) or \
+                    _read_later(plan, index, last - 1, x):
+                continue
+            consumed[x] = in_lines[x]
+        if consumed:
+            out[first] = (run, consumed)
+    return out
 
 
 def _writes_to_output(plan):

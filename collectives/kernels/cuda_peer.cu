@@ -332,6 +332,61 @@ __device__ bool take_lines(const Ctx& c, const u64* src, i64 count, S* dst, cons
     return true;
 }
 
+/* dst[e] = x0[e] op x1[e] op ... for this worker's share, where operand j is a message in
+   lines at ``lines[j]`` (polled: each line waited for by the thread that reads it) or, where
+   that is null, plain memory at ``xs[j]``: a chain of reductions over several messages in
+   one pass, with no copy out of the inbox and no barrier between messages. Each thread
+   issues the loads of all its operands before it waits for any. False when this call must
+   stop. */
+__device__ bool reduce_lines(const Ctx& c, S* dst, const S* const* xs, const u64* const* lines,
+                             const int* peers, int m, i64 count, unsigned flag, i64 align,
+                             int step) {
+    i64 lo, hi;
+    share(count, align, &lo, &hi);
+    const i64 bd = blockDim.x, u_hi = (hi + PER - 1) / PER;
+    for (i64 u = lo / PER + threadIdx.x; u < u_hi; u += bd) {
+        u64 v[FOLD][LPU];
+        S plain[FOLD][PER];
+#pragma unroll
+        for (int j = 0; j < FOLD; j++) {
+            if (j >= m) break;
+            if (lines[j]) {
+#pragma unroll
+                for (int l = 0; l < LPU; l++) v[j][l] = relaxed(lines[j] + u * LPU + l);
+            } else {
+#pragma unroll
+                for (int t = 0; t < PER; t++)
+                    if (u * PER + t < hi) plain[j][t] = xs[j][u * PER + t];
+            }
+        }
+        S acc[PER];
+#pragma unroll
+        for (int j = 0; j < FOLD; j++) {
+            if (j >= m) break;
+            S x[PER];
+            if (lines[j]) {
+#pragma unroll
+                for (int l = 0; l < LPU; l++)
+                    if (!line_ready(c, lines[j] + u * LPU + l, &v[j][l], flag, step, peers[j]))
+                        return false;
+                u64 bits = (v[j][0] & 0xffffffffULL);
+                if (LPU == 2) bits |= v[j][LPU - 1] << 32;
+#pragma unroll
+                for (int t = 0; t < PER; t++) x[t] = from_bits(bits >> (8 * sizeof(S) * t));
+            } else {
+#pragma unroll
+                for (int t = 0; t < PER; t++) x[t] = plain[j][t];
+            }
+#pragma unroll
+            for (int t = 0; t < PER; t++) acc[t] = j == 0 ? x[t] : combine(acc[t], x[t]);
+        }
+#pragma unroll
+        for (int t = 0; t < PER; t++)
+            if (u * PER + t < hi) dst[u * PER + t] = acc[t];
+    }
+    return true;
+}
+
 /* This worker's share of ``count`` elements at ``src`` into the peer's inbox at ``dst`` as
    flagged lines. */
 __device__ void send_lines(u64* dst, const S* src, i64 count, u64 flag, i64 align) {
@@ -605,14 +660,36 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                            bases[r[4]] + (r[5] + lo) * itemsize, (hi - lo) * itemsize);
             break;
         }
-        case 12: { /* REDUCE_N: a chain of reductions in one pass */
-            i64 lo, hi;
-            share(r[4], align, &lo, &hi);
+        case 12: { /* REDUCE_N: a chain of reductions in one pass; an operand < 0 is a
+                      message in lines, -1 - (slot << LINE_PEER_BITS | peer) */
             const S* xs[FOLD];
+            const u64* in_lines[FOLD];
+            int peers[FOLD];
             const int m = (int)r[5];
-            for (int j = 0; j < m; j++)
-                xs[j] = (const S*)bases[r[6 + j] & 3] + (r[6 + j] >> 2);
-            reduce_many((S*)bases[r[2]] + r[3], xs, m, lo, hi);
+            bool polled = false;
+            const char* inbox = (const char*)peer_lines[rank] + (call & 1) * lines_half;
+            for (int j = 0; j < m; j++) {
+                const i64 x = r[6 + j];
+                in_lines[j] = nullptr;
+                xs[j] = nullptr;
+                peers[j] = rank;
+                if (x >= 0) {
+                    xs[j] = (const S*)bases[x & 3] + (x >> 2);
+                } else {
+                    const i64 w = -1 - x;
+                    in_lines[j] = (const u64*)(inbox + (w >> LINE_PEER_BITS) * itemsize);
+                    peers[j] = (int)(w & ((1 << LINE_PEER_BITS) - 1));
+                    polled = true;
+                }
+            }
+            if (polled) {
+                if (!reduce_lines(c, (S*)bases[r[2]] + r[3], xs, in_lines, peers, m, r[4],
+                                  line_flag(call), align, step)) stop = 1;
+            } else {
+                i64 lo, hi;
+                share(r[4], align, &lo, &hi);
+                reduce_many((S*)bases[r[2]] + r[3], xs, m, lo, hi);
+            }
             break;
         }
         case 5: { /* REDUCE */

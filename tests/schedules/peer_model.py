@@ -229,13 +229,24 @@ class Group:
                     yield
             elif kind == REDUCE_N:            # one pass: every operand read, then dst written
                 db, do, count, n = map(int, row[2:6])
-                xs = [(int(x) % 4, int(x) // 4) for x in row[6:6 + n]]
+                inbox = self.lines[rank][call & 1]
+                flags = self.line_flags[rank][call & 1]
+                xs = [(int(x) % 4, int(x) // 4, None) if x >= 0 else
+                      (None,) + pushed.decode_line_operand(int(x)) for x in row[6:6 + n]]
                 lo, hi = share(count)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
-                    acc = mine[xs[0][0]][xs[0][1] + a:xs[0][1] + b].copy()
-                    for xb, xo in xs[1:]:
-                        acc = reduce(acc, mine[xb][xo + a:xo + b])
+                    values = []
+                    for xb, xo, peer in xs:     # a message in lines: each piece once there
+                        if xb is None:
+                            yield from wait(lambda: (flags[xo + a:xo + b] == flag).all(),
+                                            step, peer, "its message")
+                            values.append(inbox[xo + a:xo + b].copy())
+                        else:
+                            values.append(mine[xb][xo + a:xo + b].copy())
+                    acc = values[0]
+                    for value in values[1:]:
+                        acc = reduce(acc, value)
                     mine[db][do + a:do + b] = acc
                     yield
             elif kind == REDUCE:
