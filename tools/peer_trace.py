@@ -30,7 +30,7 @@ NAMES = {pushed.BARRIER: "BARRIER", pushed.EPOCH: "EPOCH", pushed.PUSH: "PUSH",
          pushed.ARRIVE: "ARRIVE", pushed.COPY: "COPY", pushed.REDUCE: "REDUCE",
          pushed.SEND: "SEND", pushed.TAKE: "TAKE", pushed.SEND_LL: "SEND_LL",
          pushed.TAKE_LL: "TAKE_LL", pushed.REDUCE_LL: "REDUCE_LL",
-         pushed.TAKE_REDUCE: "TAKE_REDUCE"}
+         pushed.TAKE_REDUCE: "TAKE_REDUCE", pushed.REDUCE_N: "REDUCE_N"}
 MODULES = {}
 
 
