@@ -50,6 +50,23 @@ def main():
     calls(args.calls)
     issued = (time.perf_counter() - start) / args.calls
     group.transport.synchronize(30)
+    # the floor under it: an empty kernel launched from a Python loop through the driver
+    # (what every call pays whatever the path), and through CuPy's generic launch
+    from cupy.cuda import driver
+    empty = cupy.RawKernel('extern "C" __global__ void empty() {}', "empty")
+    empty((1,), (32,), ())
+    function, stream = empty.kernel.ptr, cupy.cuda.get_current_stream().ptr
+    floors = {}
+    for name, launch in (("the driver's cuLaunchKernel", lambda: driver.launchKernel(
+            function, 1, 1, 1, 32, 1, 1, 0, stream, 0, 0)),
+                         ("CuPy's RawKernel call", lambda: empty((1,), (32,), ()))):
+        for _ in range(200):
+            launch()
+        start = time.perf_counter()
+        for _ in range(args.calls):
+            launch()
+        floors[name] = (time.perf_counter() - start) / args.calls
+        group.transport.synchronize(30)
     # as the bench times it: CUDA events around a batch of back-to-back calls after a
     # barrier, beside the host's own time for the same batch (what the GPU waits on)
     from collectives.bench.timing import CudaEvents
@@ -78,6 +95,9 @@ def main():
             if lane is None else f"the compiled repeat path launched {lane.launched} calls"
         print(f"{args.collective} {args.algorithm} {args.count} elements: {issued * 1e6:.1f} µs "
               f"of host time per call (issued without waiting); {path}", flush=True)
+        for name, took in floors.items():
+            print(f"  floor: an empty kernel launched from Python through {name}: "
+                  f"{took * 1e6:.1f} µs per launch")
         for n, (event, wall) in batches.items():
             print(f"  batches of {n} after a barrier (as the bench): {event * 1e6:.1f} µs per "
                   f"call by CUDA events, {wall * 1e6:.1f} µs by the host clock (p50 of 7)")
