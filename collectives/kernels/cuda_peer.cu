@@ -332,75 +332,14 @@ __device__ bool take_lines(const Ctx& c, const u64* src, i64 count, S* dst, cons
     return true;
 }
 
-/* A step's consecutive TAKE_LLs (``m`` rows from ``rows``) in one pass: a thread issues the
-   loads of its line of every message before it waits for any, so the batch costs about one
-   line latency where one message after another cost one each (4 GPUs: ~1 µs a message).
-   TAKE_BATCH messages at a time. False when this call must stop. */
-#define TAKE_BATCH 8
-__device__ bool take_lines_batch(const Ctx& c, const i64* rows, int m, char* const* bases,
-                                 const char* inbox, unsigned flag, i64 align, int step) {
-    const i64 bd = blockDim.x;
-    for (int k0 = 0; k0 < m; k0 += TAKE_BATCH) {
-        const int mk = m - k0 < TAKE_BATCH ? m - k0 : TAKE_BATCH;
-        const u64* src[TAKE_BATCH];
-        S* dst[TAKE_BATCH];
-        i64 first[TAKE_BATCH], end[TAKE_BATCH], hi_e[TAKE_BATCH];
-        int peer[TAKE_BATCH];
-        i64 rounds = 0;
-#pragma unroll
-        for (int k = 0; k < TAKE_BATCH; k++) {
-            if (k >= mk) break;
-            const i64* q = rows + (i64)(k0 + k) * WIDTH;
-            i64 lo, hi;
-            share(q[7], align, &lo, &hi);
-            src[k] = (const u64*)(inbox + q[6] * (i64)sizeof(S));
-            dst[k] = (S*)bases[q[4]] + q[5];
-            first[k] = lo / PER;
-            end[k] = (hi + PER - 1) / PER;
-            hi_e[k] = hi;
-            peer[k] = (int)q[2];
-            const i64 r = (end[k] - first[k] + bd - 1) / bd;
-            if (r > rounds) rounds = r;
-        }
-        for (i64 round = 0; round < rounds; round++) {
-            u64 v[TAKE_BATCH][LPU];
-#pragma unroll
-            for (int k = 0; k < TAKE_BATCH; k++) {
-                if (k >= mk) break;
-                const i64 u = first[k] + threadIdx.x + round * bd;
-                if (u < end[k])
-#pragma unroll
-                    for (int l = 0; l < LPU; l++) v[k][l] = relaxed(src[k] + u * LPU + l);
-            }
-#pragma unroll
-            for (int k = 0; k < TAKE_BATCH; k++) {
-                if (k >= mk) break;
-                const i64 u = first[k] + threadIdx.x + round * bd;
-                if (u >= end[k]) continue;
-#pragma unroll
-                for (int l = 0; l < LPU; l++)
-                    if (!line_ready(c, src[k] + u * LPU + l, &v[k][l], flag, step, peer[k]))
-                        return false;
-                u64 bits = (v[k][0] & 0xffffffffULL);
-                if (LPU == 2) bits |= v[k][LPU - 1] << 32;
-#pragma unroll
-                for (int t = 0; t < PER; t++) {
-                    const i64 e = u * PER + t;
-                    if (e < hi_e[k]) dst[k][e] = from_bits(bits >> (8 * sizeof(S) * t));
-                }
-            }
-        }
-    }
-    return true;
-}
-
 /* dst[e] = x0[e] op x1[e] op ... for this worker's share, where operand j is a message in
    lines at ``lines[j]`` (polled: each line waited for by the thread that reads it) or, where
    that is null, plain memory at ``xs[j]``: a chain of reductions over several messages in
    one pass, with no copy out of the inbox and no barrier between messages. Each thread
    issues the loads of all its operands before it waits for any. False when this call must
-   stop. */
-__device__ bool reduce_lines(const Ctx& c, S* dst, const S* const* xs, const u64* const* lines,
+   stop. Not inlined: its registers then stay out of the kernel's allocation (inlined, the
+   kernel spilled 92 bytes a thread for float32, measured with ptxas -v; 12 now). */
+__device__ __noinline__ bool reduce_lines(const Ctx& c, S* dst, const S* const* xs, const u64* const* lines,
                              const int* peers, int m, i64 count, unsigned flag, i64 align,
                              int step) {
     i64 lo, hi;
@@ -678,21 +617,18 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             i = j - 1;
             break;
         }
-        case 9: { /* TAKE_LL: the step's consecutive ones as one batch, each line waited
-                     for by the thread that copies it */
-            const int j = batch_end(code, n, i);
-            if (!take_lines_batch(c, r, j - i, bases,
-                                  (const char*)peer_lines[rank] + (call & 1) * lines_half,
-                                  line_flag(call), align, step)) stop = 1;
-            i = j - 1;
-            break;
-        }
+        case 9:   /* TAKE_LL: each line waited for by the thread that copies it */
         case 10: {/* REDUCE_LL: each line waited for and reduced by the thread that reads it */
+            const i64 slot = r[0] == 9 ? r[6] : r[5];
             const u64* src = (const u64*)((const char*)peer_lines[rank] + (call & 1) * lines_half
-                                          + r[5] * itemsize);
-            if (!take_lines(c, src, r[6], (S*)bases[r[7]] + r[8], (const S*)bases[r[9]] + r[10],
-                            r[3] < 0 ? nullptr : (S*)bases[r[3]] + r[4], r[11] != 0,
-                            line_flag(call), align, step, (int)r[2])) stop = 1;
+                                          + slot * itemsize);
+            const bool ok = r[0] == 9
+                ? take_lines(c, src, r[7], (S*)bases[r[4]] + r[5], nullptr, nullptr, false,
+                             line_flag(call), align, step, (int)r[2])
+                : take_lines(c, src, r[6], (S*)bases[r[7]] + r[8], (const S*)bases[r[9]] + r[10],
+                             r[3] < 0 ? nullptr : (S*)bases[r[3]] + r[4], r[11] != 0,
+                             line_flag(call), align, step, (int)r[2]);
+            if (!ok) stop = 1;
             break;
         }
         case 11: { /* TAKE_REDUCE: the sender's block of this share delivered it; reduced
