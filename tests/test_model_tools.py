@@ -112,3 +112,21 @@ def test_model_check_uses_the_measured_ratios_of_the_tuning_file(tmp_path):
     rows = model_check.check(run, str(tuning))[2]
     assert max(r[6] for r in rows) == pytest.approx(1.0)
     assert all(r[7] == pytest.approx(1.0, rel=1e-4) for r in rows)   # measured / predicted
+
+
+def test_auto_rules_robust_noise_ignores_one_slow_round_and_leaves_the_rule_as_it_was():
+    """tools/auto_rules.py's ``robust`` rule: a run noise from the interquartile range of a
+    row's rounds (scaled to five rounds' spread), so one slow round does not widen every tie;
+    the rule it replays (``tuning.run_noise``) is restored afterwards."""
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools"))
+    import auto_rules
+    from collectives import tuning
+    steady = [{"round_p50_us": [10.0, 10.0, 10.2, 10.0, 10.1, 10.0, 10.0, 10.1, 10.0, 30.0]}]
+    assert auto_rules.robust_noise(steady) < 0.02          # the 30 µs round is one outlier
+    assert tuning.run_noise(steady)[0] == pytest.approx(2.0)   # the spread counts it
+    rows = [{"collective": "all_reduce", "algorithm": name, "world_size": 4, "size": 4096,
+             "time_p50_us": t, "round_p50_us": [t, t * 1.01, t, t * 1.02, t, 3 * t]}
+            for name, t in (("ring", 10.0), ("direct", 10.6))]
+    before = tuning.run_noise
+    picked = auto_rules.decide(rows, cost.DEFAULTS["socket"], "robust")
+    assert tuning.run_noise is before and picked == {("all_reduce", 4096): "ring"}
