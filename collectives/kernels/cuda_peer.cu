@@ -332,88 +332,6 @@ __device__ bool take_lines(const Ctx& c, const u64* src, i64 count, S* dst, cons
     return true;
 }
 
-/* A step's consecutive TAKE_LLs (``m`` rows from ``rows``) in one pass: the units (lines) of
-   this worker's shares numbered one message after another, each thread loading UNROLL of
-   them, of whichever messages, before it waits for any, so the batch pays about one line
-   latency where one message after another paid one each (4 GPUs: ~1.1 µs a message). The
-   messages' descriptors live in shared memory (``batch``), TAKE_BATCH at a time, so the
-   registers are take_lines' (an earlier version kept them in arrays per thread and spilled
-   1420 bytes a thread, slowing every instruction). Every thread reaches every barrier, even
-   after a failed wait. False when this call must stop. */
-#define TAKE_BATCH 16
-struct TakeBatch {
-    i64 start[TAKE_BATCH + 1];   /* the first unit of each message in the batch's numbering */
-    i64 first[TAKE_BATCH];       /* its first unit in the message (its share's start) */
-    i64 hi[TAKE_BATCH];          /* the share's end, in elements */
-    const u64* src[TAKE_BATCH];
-    S* dst[TAKE_BATCH];
-    int peer[TAKE_BATCH];
-};
-
-__device__ bool take_lines_batch(const Ctx& c, const i64* rows, int m, char* const* bases,
-                                 const char* inbox, unsigned flag, i64 align, int step,
-                                 TakeBatch* batch) {
-    const i64 bd = blockDim.x;
-    bool ok = true;
-    for (int k0 = 0; k0 < m; k0 += TAKE_BATCH) {
-        const int mk = m - k0 < TAKE_BATCH ? m - k0 : TAKE_BATCH;
-        __syncthreads();                       /* done with the previous chunk's descriptors */
-        if (threadIdx.x == 0) {
-            i64 total = 0;
-            for (int k = 0; k < mk; k++) {
-                const i64* q = rows + (i64)(k0 + k) * WIDTH;
-                i64 lo, hi;
-                share(q[7], align, &lo, &hi);
-                batch->src[k] = (const u64*)(inbox + q[6] * (i64)sizeof(S));
-                batch->dst[k] = (S*)bases[q[4]] + q[5];
-                batch->first[k] = lo / PER;
-                batch->hi[k] = hi;
-                batch->peer[k] = (int)q[2];
-                batch->start[k] = total;
-                total += hi > lo ? (hi + PER - 1) / PER - lo / PER : 0;
-            }
-            batch->start[mk] = total;
-        }
-        __syncthreads();
-        const i64 total = batch->start[mk];
-        for (i64 f0 = threadIdx.x; ok && f0 < total; f0 += UNROLL * bd) {
-            u64 v[UNROLL][LPU];
-            int which[UNROLL];
-            int j = 0;
-#pragma unroll
-            for (int k = 0; k < UNROLL; k++) {
-                const i64 f = f0 + k * bd;
-                which[k] = -1;
-                if (f >= total) continue;
-                while (f >= batch->start[j + 1]) j++;
-                which[k] = j;
-                const i64 u = batch->first[j] + (f - batch->start[j]);
-#pragma unroll
-                for (int l = 0; l < LPU; l++) v[k][l] = relaxed(batch->src[j] + u * LPU + l);
-            }
-#pragma unroll
-            for (int k = 0; k < UNROLL; k++) {
-                const int w = which[k];
-                if (w < 0 || !ok) continue;
-                const i64 u = batch->first[w] + (f0 + k * bd - batch->start[w]);
-#pragma unroll
-                for (int l = 0; l < LPU; l++)
-                    if (ok && !line_ready(c, batch->src[w] + u * LPU + l, &v[k][l], flag, step,
-                                          batch->peer[w])) ok = false;
-                if (!ok) continue;
-                u64 bits = (v[k][0] & 0xffffffffULL);
-                if (LPU == 2) bits |= v[k][LPU - 1] << 32;
-#pragma unroll
-                for (int t = 0; t < PER; t++) {
-                    const i64 e = u * PER + t;
-                    if (e < batch->hi[w]) batch->dst[w][e] = from_bits(bits >> (8 * sizeof(S) * t));
-                }
-            }
-        }
-    }
-    return ok;
-}
-
 /* dst[e] = x0[e] op x1[e] op ... for this worker's share, where operand j is a message in
    lines at ``lines[j]`` (polled: each line waited for by the thread that reads it) or, where
    that is null, plain memory at ``xs[j]``: a chain of reductions over several messages in
@@ -524,7 +442,6 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
     __shared__ u64 sent[MAX_RANKS], received[MAX_RANKS];
     __shared__ u64 sends[MAX_RANKS], recvs[MAX_RANKS];
     __shared__ int last_out;
-    __shared__ TakeBatch take_batch;         /* a batch of TAKE_LLs' descriptors */
     if (threadIdx.x < size) {
         const int t = threadIdx.x;
         peer_data[t] = peer_data_at[t];
@@ -700,21 +617,18 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             i = j - 1;
             break;
         }
-        case 9: { /* TAKE_LL: the step's consecutive ones in one pass, each line waited
-                     for by the thread that copies it */
-            const int j = batch_end(code, n, i);
-            if (!take_lines_batch(c, r, j - i, bases,
-                                  (const char*)peer_lines[rank] + (call & 1) * lines_half,
-                                  line_flag(call), align, step, &take_batch)) stop = 1;
-            i = j - 1;
-            break;
-        }
+        case 9:   /* TAKE_LL: each line waited for by the thread that copies it */
         case 10: {/* REDUCE_LL: each line waited for and reduced by the thread that reads it */
+            const i64 slot = r[0] == 9 ? r[6] : r[5];
             const u64* src = (const u64*)((const char*)peer_lines[rank] + (call & 1) * lines_half
-                                          + r[5] * itemsize);
-            if (!take_lines(c, src, r[6], (S*)bases[r[7]] + r[8], (const S*)bases[r[9]] + r[10],
-                            r[3] < 0 ? nullptr : (S*)bases[r[3]] + r[4], r[11] != 0,
-                            line_flag(call), align, step, (int)r[2])) stop = 1;
+                                          + slot * itemsize);
+            const bool ok = r[0] == 9
+                ? take_lines(c, src, r[7], (S*)bases[r[4]] + r[5], nullptr, nullptr, false,
+                             line_flag(call), align, step, (int)r[2])
+                : take_lines(c, src, r[6], (S*)bases[r[7]] + r[8], (const S*)bases[r[9]] + r[10],
+                             r[3] < 0 ? nullptr : (S*)bases[r[3]] + r[4], r[11] != 0,
+                             line_flag(call), align, step, (int)r[2]);
+            if (!ok) stop = 1;
             break;
         }
         case 11: { /* TAKE_REDUCE: the sender's block of this share delivered it; reduced
