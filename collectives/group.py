@@ -374,7 +374,7 @@ class ProcessGroup:
 
     def _forget_repeats(self):
         self._repeats.clear()
-        if getattr(self, "_lane", None) is not None:
+        if self._lane is not None:
             self._lane.clear()
 
     def _runner(self, shape, input, output, root, check, tag):

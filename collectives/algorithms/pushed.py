@@ -450,8 +450,8 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
                    for step in other.steps), default=0)
     outputs = [_staged_output(other, eager) for other in plans]
     return Program(table, out_staged, outputs[rank], plan.scratch, tuple(sent), tuple(received),
-                   largest, busiest, max(outputs), max(other.scratch for other in plans), max(inboxes),
-                   max(line_inboxes))
+                   largest, busiest, max(outputs), max(other.scratch for other in plans),
+                   max(inboxes), max(line_inboxes))
 
 
 class _Barriers:

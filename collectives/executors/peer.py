@@ -255,10 +255,11 @@ class PeerExecutor:
             return None
         try:
             from ._peer_lane import Lane
-        except ImportError:
+            launch = launch_address()
+        except (ImportError, OSError, AttributeError):   # not built; no libcuda.so.1 to call
             return None
-        return Lane(group, self, launch_address(), cuda_peer.THREADS,
-                    self.cupy.cuda.get_current_stream, _Elsewhere)
+        return Lane(group, self, launch, cuda_peer.THREADS, self.cupy.cuda.get_current_stream,
+                    _Elsewhere)
 
     def start_at_call(self, call: int) -> None:
         """Make ``call`` this rank's next call number, as if the calls before it had run, so

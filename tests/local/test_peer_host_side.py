@@ -112,8 +112,8 @@ def test_each_call_sets_its_buffers_the_memory_only_when_it_moved_and_its_deadli
     executor.transport = SimpleNamespace(rank=0)
     executor.cupy = SimpleNamespace(cuda=SimpleNamespace(get_current_stream=lambda: stream))
     plan = build_plan("all_gather", "ring", 0, 2, (4, 4))
-    program = SimpleNamespace(code=np.zeros((1, 8)), sends=[0, 1], recvs=[0, 1], largest=4, busiest=4,
-                              scratch_at=0, scratch_max=4, inbox=4, line_inbox=4,
+    program = SimpleNamespace(code=np.zeros((1, 8)), sends=[0, 1], recvs=[0, 1], largest=4,
+                              busiest=4, scratch_at=0, scratch_max=4, inbox=4, line_inbox=4,
                               output_staged=False)
     monkeypatch.setattr(peer_executor.pushed, "lower", lambda *a, **k: program)
     monkeypatch.setattr(peer_executor.cuda_peer, "program_kernel", lambda *a: SimpleNamespace(
