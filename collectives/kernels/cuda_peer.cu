@@ -339,9 +339,9 @@ __device__ bool take_lines(const Ctx& c, const u64* src, i64 count, S* dst, cons
    issues the loads of all its operands before it waits for any. False when this call must
    stop. Not inlined: its registers then stay out of the kernel's allocation (inlined, the
    kernel spilled 92 bytes a thread for float32, measured with ptxas -v; 12 now). */
-__device__ __noinline__ bool reduce_lines(const Ctx& c, S* dst, const S* const* xs, const u64* const* lines,
-                             const int* peers, int m, i64 count, unsigned flag, i64 align,
-                             int step) {
+__device__ __noinline__ bool reduce_lines(const Ctx& c, S* dst, const S* const* xs,
+                                          const u64* const* lines, const int* peers, int m,
+                                          i64 count, unsigned flag, i64 align, int step) {
     i64 lo, hi;
     share(count, align, &lo, &hi);
     const i64 bd = blockDim.x, u_hi = (hi + PER - 1) / PER;
