@@ -25,6 +25,7 @@ from threading import get_ident
 
 from .. import settings
 from ..ops import ReduceOp
+from .peer import _SEEDED          # the collectives whose input seeds output
 
 ctypedef int (*launch_t)(void* function, unsigned gx, unsigned gy, unsigned gz,
                          unsigned bx, unsigned by, unsigned bz, unsigned shared,
@@ -37,8 +38,6 @@ cdef enum:
     CALLER_OUT_VALUE = 6
     PLACE_VALUE = 20
 
-_SEEDED = frozenset(("all_reduce", "broadcast"))    # as executors/peer.py: input seeds output
-_UNSET = object()
 
 
 cdef inline bint _plain(object buf, object array_type, bint written):
@@ -73,15 +72,13 @@ cdef class _Launch:
 
 
 cdef class _Shape:
-    """A call shape the group registered: its _Shape (plans, dtype, op, deadline, ...), the
-    read-input-first plan (worked out when first needed) and the launches found for it."""
+    """A call shape the group registered: its _Shape (plans, dtype, op, deadline, ...) and
+    the launches found for it."""
     cdef readonly object shape
-    cdef object direct
     cdef dict launches          # (id(plan), seeded, symmetric) -> _Launch
 
     def __cinit__(self, shape):
         self.shape = shape
-        self.direct = _UNSET
         self.launches = {}
 
 
@@ -157,11 +154,10 @@ cdef class Lane:
                 input = None            # the same memory: the plan runs on output alone
             elif collective in _SEEDED:
                 seeded = True           # the kernel reads input where output is unwritten
-                if collective == "all_reduce":
-                    if known.direct is _UNSET:
-                        known.direct = shape.reading_input_first()
-                    if known.direct is not None:
-                        plan = known.direct
+                if collective == "all_reduce":   # the shape works it out once
+                    direct = shape.reading_input_first()
+                    if direct is not None:
+                        plan = direct
         gate = group._gate
         if not gate.acquire(False):
             return None                 # another caller inside: the Python path says so
@@ -254,10 +250,9 @@ cdef class _Call:
             took = group._enter(collective)
         try:
             if not lane.run(self.known, self.plan, self.input, self.output, self.seeded):
-                if self.input is None and collective in _SEEDED:
-                    buffers = {"output": self.output}
-                else:
-                    buffers = {"input": self.input, "output": self.output}
+                # the buffers as the Python run passes them (input never overlaps output
+                # here; None where it is output itself)
+                buffers = group._buffers(collective, self.input, self.output)
                 group.execute(self.plan, group.transport, buffers, shape.reduce, tag=self.tag,
                               timeout=shape.deadline, operation=collective, dtype=shape.dtype,
                               op=shape.op)
