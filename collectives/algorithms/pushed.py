@@ -106,15 +106,19 @@ TAKE_REDUCE = 11  # an eager receive reduced as it is read out of its slot: as R
                   # [12] message number from that peer
 REDUCE_N = 12   # a chain of reductions in one pass, dst = ((x0 op x1) op x2) ...: [2] dst
                 # buffer [3] dst offset [4] count [5] how many operands (2..FOLD) [6..]
-                # each operand as offset * 4 + buffer (``operand``), or, negative, a message
-                # of this step in lines read straight out of the inbox (``line_operand``)
+                # each operand as offset * 8 + buffer (``operand``; buffer INBOX: an eager
+                # message of this step read straight out of its slot, after its ARRIVE), or,
+                # negative, a message of this step in lines polled in the inbox of lines
+                # (``line_operand``)
 WIDTH = 13
 FOLD = WIDTH - 6   # operands one REDUCE_N reads
 SLOT_ALIGN = 16  # elements: inbox slots start 16-byte aligned whatever the dtype
 
 # Buffers (what the executor passes): the caller's input, the plan's output (the caller's or
-# the staging copy), the staging scratch, and the caller's output (copy-out target).
-INPUT, OUTPUT, SCRATCH, CALLER_OUTPUT = 0, 1, 2, 3
+# the staging copy), the staging scratch, and the caller's output (copy-out target); and, as
+# a REDUCE_N operand only, this call's half of the rank's eager inbox.
+INPUT, OUTPUT, SCRATCH, CALLER_OUTPUT, INBOX = 0, 1, 2, 3, 4
+BUFFER_BITS = 3     # an operand is offset << BUFFER_BITS | buffer
 _BUFFER = {"input": INPUT, "output": OUTPUT, "scratch": SCRATCH}
 
 
@@ -333,15 +337,15 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
                 emit((PUSH, index, s.peer, _BUFFER[source.buffer], source.offset,
                       _BUFFER[region.buffer], region.offset, s.region.count, their_step, k))
         taken = {}                         # local op position -> (receive, slot, k): fused
-        # chains that read messages in lines straight out of the inbox (those messages are
+        # chains that read eager messages straight out of the inbox (those messages are
         # never taken), after the receives
         early = _apart_from_receives(step)
-        in_lines = {r.region: (r, mine[r.peer, k], k) for k, r in _numbered(step.recvs, received)
-                    if 0 <= mine[r.peer, k] and r.region.count <= lines}
-        line_runs = _line_runs(plan, index, early, in_lines)
-        in_line_runs = {p for first, (run, _) in line_runs.items()
-                        for p in range(first, first + len(run))}
-        consumed = {x for _, regions in line_runs.values() for x in regions}
+        in_inbox = {r.region: (r, mine[r.peer, k], k) for k, r in _numbered(step.recvs, received)
+                    if mine[r.peer, k] >= 0}
+        inbox_runs = _inbox_runs(plan, index, early, in_inbox)
+        in_inbox_runs = {p for first, (run, _) in inbox_runs.items()
+                         for p in range(first, first + len(run))}
+        consumed = {x for _, regions in inbox_runs.values() for x in regions}
 
         def local(position, op):
             if position in taken:          # the message reduced straight out of the inbox
@@ -360,15 +364,15 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
                 return
             if position in folded:
                 run = folded[position]
-                from_lines = line_runs[position][1] if position in line_runs else {}
-                operands = [x if x in from_lines else read(x)
+                from_inbox = inbox_runs[position][1] if position in inbox_runs else {}
+                operands = [x if x in from_inbox else read(x)
                             for x in (run[0].a,) + tuple(r.b for r in run)]
                 dst = run[-1].dst
-                order.before((tuple(x for x in operands if x not in from_lines), (dst,)),
+                order.before((tuple(x for x in operands if x not in from_inbox), (dst,)),
                              index)
                 emit((REDUCE_N, index, _BUFFER[dst.buffer], dst.offset, dst.count,
-                      len(operands), *(line_operand(from_lines[x][1], from_lines[x][0].peer)
-                                       if x in from_lines else operand(x) for x in operands)))
+                      len(operands), *(_message_operand(from_inbox[x], lines)
+                                       if x in from_inbox else operand(x) for x in operands)))
                 wrote(dst)
                 done(index, *(x.dst for x in run))
                 return
@@ -395,11 +399,13 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
             if position not in skipped:
                 local(position, step.local[position])
         for k, r in _numbered(step.recvs, received):
-            if r.region in consumed:       # a chain polls its lines
+            if r.region in consumed:       # a chain reads it out of the inbox: in lines it
+                if r.region.count > lines:  # polls them itself, else it waits here first
+                    emit((ARRIVE, index, r.peer, k))
                 continue
             slot = mine[r.peer, k]
             at = _fused_at(step, r) if slot >= 0 else None
-            if at in in_line_runs:         # its reduction runs inside such a chain
+            if at in in_inbox_runs:        # its reduction runs inside such a chain
                 at = None
             if at is not None:
                 taken[at] = (r, slot, k)
@@ -414,10 +420,10 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
             done(index, r.region)
         for r in step.recvs:
             received[r.peer] += 1
-        for first, (run, _) in line_runs.items():
+        for first, (run, _) in inbox_runs.items():
             folded[first] = run
         for first, last in _chains(plan, index, early, len(step.local),
-                                   set(taken) | in_line_runs):
+                                   set(taken) | in_inbox_runs):
             folded[first] = step.local[first:last]
         skipped = _run_with_their_first(folded)
         for position in range(early, len(step.local)):
@@ -531,8 +537,18 @@ def _fused_at(step, recv):
 
 
 def operand(region: Region) -> int:
-    """A REDUCE_N operand in one column: its offset and buffer (``_BUFFER``, < 4)."""
-    return region.offset * 4 + _BUFFER[region.buffer]
+    """A REDUCE_N operand in one column: its offset and buffer (``_BUFFER``)."""
+    return region.offset << BUFFER_BITS | _BUFFER[region.buffer]
+
+
+def inbox_operand(slot: int) -> int:
+    """A REDUCE_N operand that is an eager message in this call's half of the inbox."""
+    return slot << BUFFER_BITS | INBOX
+
+
+def decode_operand(value: int) -> tuple[int, int]:
+    """(buffer, offset) of a REDUCE_N operand >= 0."""
+    return value & ((1 << BUFFER_BITS) - 1), value >> BUFFER_BITS
 
 
 LINE_PEER_BITS = 16
@@ -550,14 +566,23 @@ def decode_line_operand(value: int) -> tuple[int, int]:
     return value >> LINE_PEER_BITS, value & ((1 << LINE_PEER_BITS) - 1)
 
 
-def _line_runs(plan, index, start, in_lines):
+def _message_operand(received_as, lines: int) -> int:
+    """The REDUCE_N operand of a message read out of the inbox: ``received_as`` is its
+    (receive, slot, k)."""
+    r, slot, _ = received_as
+    return line_operand(slot, r.peer) if r.region.count <= lines else inbox_operand(slot)
+
+
+def _inbox_runs(plan, index, start, in_inbox):
     """{first: (run, {region: receive})}: the chains of step ``index``'s local ops from
-    ``start`` on (``_chains``) that read some message of the step in lines as an operand and
-    nothing else reads: the REDUCE_N then polls those lines itself, where the message would
-    first be copied out of the inbox (TAKE_LL) or reduced on its own (REDUCE_LL), each
-    behind a barrier. ``in_lines``: region -> (receive, slot, k) of the step's messages in
-    lines. A message read outside its run, kept in output, or read twice in the run is
-    taken as before."""
+    ``start`` on (``_chains``) that read some eager message of the step as an operand and
+    nothing else reads: the REDUCE_N then reads it out of the inbox itself (polling its
+    lines, or after its ARRIVE), where the message would first be copied out of the inbox
+    (TAKE, TAKE_LL) or reduced on its own (TAKE_REDUCE, REDUCE_LL), each behind a barrier.
+    A sender's worker writes the share of the message that the reading worker reads: a
+    chain's operands have its count, so both split alike. ``in_inbox``: region ->
+    (receive, slot, k) of the step's eager messages. A message read outside its run, kept in
+    output, or read twice in the run is taken as before."""
     step = plan.steps[index]
     local = step.local
     out = {}
@@ -567,11 +592,11 @@ def _line_runs(plan, index, start, in_lines):
         read_elsewhere = [x for op in local[start:first] for x in hazards.access(op)[0]]
         consumed = {}
         for x in operands:
-            if x not in in_lines or x.buffer == "output" or operands.count(x) != 1 or \
+            if x not in in_inbox or x.buffer == "output" or operands.count(x) != 1 or \
                     any(x.overlaps(y) for y in read_elsewhere) or \
                     _read_later(plan, index, last - 1, x):
                 continue
-            consumed[x] = in_lines[x]
+            consumed[x] = in_inbox[x]
         if consumed:
             out[first] = (run, consumed)
     return out

@@ -8,6 +8,7 @@ typedef long long i64;
 typedef STORAGE S;
 
 #define SHARED_ROWS 64
+#define MAX_BATCH 64    /* copies one descriptor table in shared memory holds */
 
 /* Flag words between GPUs. FENCES 0: acquire loads and release stores at system scope;
    1: relaxed polls and stores with one acq_rel fence at system scope around them; 2:
@@ -194,27 +195,46 @@ __device__ __forceinline__ void share(i64 count, i64 align, i64* lo, i64* hi) {
    thread's round pays one memory latency, not one per item. */
 #define UNROLL 4
 
-__device__ void copy_bytes(char* dst, const char* src, i64 n) {
+/* Threads tid of nt (of this block) copy n bytes. */
+__device__ void copy_range(char* dst, const char* src, i64 n, i64 tid, i64 nt) {
     if ((((u64)dst | (u64)src) & 15) == 0) {
         i64 v = n >> 4;
         uint4* d = (uint4*)dst; const uint4* s = (const uint4*)src;
-        const i64 bd = blockDim.x;
-        for (i64 i = threadIdx.x; i < v; i += UNROLL * bd) {
+        for (i64 i = tid; i < v; i += UNROLL * nt) {
             uint4 t[UNROLL];
 #pragma unroll
-            for (int k = 0; k < UNROLL; k++) if (i + k * bd < v) t[k] = s[i + k * bd];
+            for (int k = 0; k < UNROLL; k++) if (i + k * nt < v) t[k] = s[i + k * nt];
 #pragma unroll
-            for (int k = 0; k < UNROLL; k++) if (i + k * bd < v) d[i + k * bd] = t[k];
+            for (int k = 0; k < UNROLL; k++) if (i + k * nt < v) d[i + k * nt] = t[k];
         }
-        for (i64 i = (v << 4) + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+        for (i64 i = (v << 4) + tid; i < n; i += nt) dst[i] = src[i];
     } else if ((((u64)dst | (u64)src) & 3) == 0) {
         i64 v = n >> 2;
         unsigned* d = (unsigned*)dst; const unsigned* s = (const unsigned*)src;
-        for (i64 i = threadIdx.x; i < v; i += blockDim.x) d[i] = s[i];
-        for (i64 i = (v << 2) + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+        for (i64 i = tid; i < v; i += nt) d[i] = s[i];
+        for (i64 i = (v << 2) + tid; i < n; i += nt) dst[i] = src[i];
     } else {
-        for (i64 i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+        for (i64 i = tid; i < n; i += nt) dst[i] = src[i];
     }
+}
+
+__device__ __forceinline__ void copy_bytes(char* dst, const char* src, i64 n) {
+    copy_range(dst, src, n, threadIdx.x, blockDim.x);
+}
+
+/* A step's copies at once (its messages, each this block's share): the block's warps split
+   into one group per copy, so every copy's loads are in flight together and a step of three
+   messages pays one memory latency, not three in a row (a thread holds no more than
+   copy_bytes' registers). More copies than warps go one after another. */
+__device__ void copy_batch(char* const* dst, const char* const* src, const i64* n, int m) {
+    const int warps = blockDim.x / 32;
+    if (m == 1 || m > warps) {
+        for (int k = 0; k < m; k++) if (n[k] > 0) copy_bytes(dst[k], src[k], n[k]);
+        return;
+    }
+    const int w = threadIdx.x / 32, k = w * m / warps;          /* this warp's copy */
+    const int first = (k * warps + m - 1) / m, next = ((k + 1) * warps + m - 1) / m;
+    if (n[k] > 0) copy_range(dst[k], src[k], n[k], threadIdx.x - 32 * first, 32 * (next - first));
 }
 
 __device__ __forceinline__ S combine(S a, S b) {
@@ -442,6 +462,10 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
     __shared__ u64 sent[MAX_RANKS], received[MAX_RANKS];
     __shared__ u64 sends[MAX_RANKS], recvs[MAX_RANKS];
     __shared__ int last_out;
+    /* a batch of copies (a step's messages, MAX_BATCH at a time) */
+    __shared__ char* batch_dst[MAX_BATCH];
+    __shared__ const char* batch_src[MAX_BATCH];
+    __shared__ i64 batch_n[MAX_BATCH];
     if (threadIdx.x < size) {
         const int t = threadIdx.x;
         peer_data[t] = peer_data_at[t];
@@ -485,7 +509,10 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
         __threadfence_system();
         grid_barrier(c, -1, &stop);
     }
-    char* bases[4] = {in, out, scratch, caller_out};
+    /* the buffers a row names (pushed.INPUT ...); the last, this call's half of the eager
+       inbox, only as a REDUCE_N operand */
+    char* bases[5] = {in, out, scratch, caller_out,
+                      (char*)peer_inbox[rank] + (call & 1) * inbox_half};
     const i64 align = 16 / itemsize > 0 ? 16 / itemsize : 1;
     for (int i = 0; i < n && !stop; i++) {
         const i64* r = code + (i64)i * WIDTH;
@@ -534,24 +561,30 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             }
             __syncthreads();
             if (stop) break;
-            for (int k = i; k < j; k++) {
-                const i64* q = code + (i64)k * WIDTH;
-                const int peer = (int)q[2];
-                const i64 count = kind == 2 ? q[7] : q[6];
-                i64 lo, hi;
-                share(count, align, &lo, &hi);
-                const char* src = bases[q[3]] + (q[4] + lo) * itemsize;
-                char* dst = kind == 2
-                    ? (q[5] == OUTPUT ? output_of(flags, peer_data, peer_heaps, peer, size)
-                                      : (char*)peer_data[peer] + scratch_at)
-                      + (q[6] + lo) * itemsize
-                    : (char*)peer_inbox[peer] + (call & 1) * inbox_half
-                      + (q[5] + lo) * itemsize;
-                if (hi > lo) copy_bytes(dst, src, (hi - lo) * itemsize);
+            for (int k0 = i; k0 < j; k0 += MAX_BATCH) {
+                const int h = j - k0 < MAX_BATCH ? j - k0 : MAX_BATCH;
+                for (int t = threadIdx.x; t < h; t += blockDim.x) {
+                    const i64* q = code + (i64)(k0 + t) * WIDTH;
+                    const int peer = (int)q[2];
+                    const i64 count = kind == 2 ? q[7] : q[6];
+                    i64 lo, hi;
+                    share(count, align, &lo, &hi);
+                    batch_src[t] = bases[q[3]] + (q[4] + lo) * itemsize;
+                    batch_dst[t] = kind == 2
+                        ? (q[5] == OUTPUT ? output_of(flags, peer_data, peer_heaps, peer, size)
+                                          : (char*)peer_data[peer] + scratch_at)
+                          + (q[6] + lo) * itemsize
+                        : (char*)peer_inbox[peer] + (call & 1) * inbox_half
+                          + (q[5] + lo) * itemsize;
+                    batch_n[t] = (hi - lo) * itemsize;
+                }
+                __syncthreads();
+                copy_batch(batch_dst, batch_src, batch_n, h);
+                /* the block's stores (and its reads of the descriptors) before what
+                   follows: one release per message (cumulative over the stores the barrier
+                   ordered before it) */
+                __syncthreads();
             }
-            /* the block's stores, then one release per message (cumulative over the stores
-               the barrier ordered before it) */
-            __syncthreads();
             for (int t = threadIdx.x; t < m; t += blockDim.x) {
                 const i64* q = code + (i64)(i + t) * WIDTH;
                 const int peer = (int)q[2];
@@ -583,16 +616,19 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             }
             __syncthreads();
             if (stop) break;
-            if (kind == 7) {
-                for (int k = i; k < j; k++) {
-                    const i64* q = code + (i64)k * WIDTH;
+            for (int k0 = i; kind == 7 && k0 < j; k0 += MAX_BATCH) {
+                const int h = j - k0 < MAX_BATCH ? j - k0 : MAX_BATCH;
+                for (int t = threadIdx.x; t < h; t += blockDim.x) {
+                    const i64* q = code + (i64)(k0 + t) * WIDTH;
                     i64 lo, hi;
                     share(q[7], align, &lo, &hi);
-                    const char* src = (const char*)peer_inbox[rank]
-                                      + (call & 1) * inbox_half + (q[6] + lo) * itemsize;
-                    if (hi > lo) copy_bytes(bases[q[4]] + (q[5] + lo) * itemsize, src,
-                                            (hi - lo) * itemsize);
+                    batch_src[t] = bases[INBOX] + (q[6] + lo) * itemsize;
+                    batch_dst[t] = bases[q[4]] + (q[5] + lo) * itemsize;
+                    batch_n[t] = (hi - lo) * itemsize;
                 }
+                __syncthreads();
+                copy_batch(batch_dst, batch_src, batch_n, h);
+                __syncthreads();    /* every thread done with the descriptors */
             }
             i = j - 1;
             break;
@@ -661,8 +697,10 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                            bases[r[4]] + (r[5] + lo) * itemsize, (hi - lo) * itemsize);
             break;
         }
-        case 12: { /* REDUCE_N: a chain of reductions in one pass; an operand < 0 is a
-                      message in lines, -1 - (slot << LINE_PEER_BITS | peer) */
+        case 12: { /* REDUCE_N: a chain of reductions in one pass; an operand >= 0 is
+                      offset << BUFFER_BITS | buffer (an eager message's slot in the inbox,
+                      its ARRIVE before), < 0 a message in lines,
+                      -1 - (slot << LINE_PEER_BITS | peer) */
             const S* xs[FOLD];
             const u64* in_lines[FOLD];
             int peers[FOLD];
@@ -675,7 +713,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                 xs[j] = nullptr;
                 peers[j] = rank;
                 if (x >= 0) {
-                    xs[j] = (const S*)bases[x & 3] + (x >> 2);
+                    xs[j] = (const S*)bases[x & ((1 << BUFFER_BITS) - 1)] + (x >> BUFFER_BITS);
                 } else {
                     const i64 w = -1 - x;
                     in_lines[j] = (const u64*)(inbox + (w >> LINE_PEER_BITS) * itemsize);

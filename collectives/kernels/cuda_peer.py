@@ -104,7 +104,10 @@ def source(op, dtype, fences: int = 0, trace: bool = False) -> str:
                   SENT_WORDS=SENT_WORDS, RECEIVED_WORDS=RECEIVED_WORDS, SEEN_WORDS=SEEN_WORDS,
                   DELIVERED_WORDS=DELIVERED_WORDS, MAX_BLOCKS=MAX_BLOCKS, MAX_RANKS=MAX_RANKS,
                   PLACE_WORDS=PLACE_WORDS, HEAP_SHIFT=HEAP_SHIFT,
-                  WIDTH=pushed.WIDTH, FOLD=pushed.FOLD, LINE_PEER_BITS=pushed.LINE_PEER_BITS, STEP_BITS=pushed.STEP_BITS, LINE_PERIOD=f"{pushed.LINE_PERIOD}ULL", OUTPUT=pushed.OUTPUT,
+                  WIDTH=pushed.WIDTH, FOLD=pushed.FOLD, LINE_PEER_BITS=pushed.LINE_PEER_BITS,
+                  BUFFER_BITS=pushed.BUFFER_BITS, STEP_BITS=pushed.STEP_BITS,
+                  LINE_PERIOD=f"{pushed.LINE_PERIOD}ULL", OUTPUT=pushed.OUTPUT,
+                  INBOX=pushed.INBOX,
                   THREADS=THREADS, FENCES=fences)
     defines = "".join(f"#define {name} {value}\n" for name, value in shared.items())
     if trace:

@@ -18,7 +18,8 @@ import numpy as np
 from collectives.algorithms import pushed
 from collectives.algorithms.pushed import (ARRIVE, BARRIER, COPY, EPOCH, PUSH, REDUCE, REDUCE_N,
                                            REDUCE_LL, SEND, SEND_LL, TAKE, TAKE_LL,
-                                           TAKE_REDUCE, INPUT, OUTPUT, SCRATCH, CALLER_OUTPUT)
+                                           TAKE_REDUCE, INPUT, OUTPUT, SCRATCH, CALLER_OUTPUT,
+                                           INBOX)
 
 
 class Stuck(RuntimeError):
@@ -107,7 +108,8 @@ class Group:
         def share(count):                    # as the kernel's: alike for alike counts
             return pushed.share(count, w, workers, self.align)
         mine = {INPUT: input, CALLER_OUTPUT: output, SCRATCH: self.scratch[rank],
-                OUTPUT: self.out[rank] if program.output_staged else output}
+                OUTPUT: self.out[rank] if program.output_staged else output,
+                INBOX: self.inbox[rank][call & 1]}     # (a REDUCE_N operand only)
 
         def wait(ready, step, peer, what):
             waited = 0
@@ -231,7 +233,7 @@ class Group:
                 db, do, count, n = map(int, row[2:6])
                 inbox = self.lines[rank][call & 1]
                 flags = self.line_flags[rank][call & 1]
-                xs = [(int(x) % 4, int(x) // 4, None) if x >= 0 else
+                xs = [pushed.decode_operand(int(x)) + (None,) if x >= 0 else
                       (None,) + pushed.decode_line_operand(int(x)) for x in row[6:6 + n]]
                 lo, hi = share(count)
                 for a in range(lo, hi, piece):
