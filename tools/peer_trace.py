@@ -101,20 +101,25 @@ def main():
             f"device time per call in a graph of {args.iters}"
         say(f"\n== {case}: NCCL {times['native']:.1f} µs, ours {times[algorithm]:.1f} µs ({how})")
         # the module that ran last: the one whose latest call entry is the newest
-        traces = [(_read(cupy, m, "trace_calls", 128).reshape(64, 2).astype(np.int64), m)
+        traces = [(_read(cupy, m, "trace_calls", 128).reshape(32, 4).astype(np.int64), m)
                   for m in MODULES.values()]
         calls, module = max(traces, key=lambda t: t[0][:, 0].max())
         ops = _read(cupy, module, "trace_ops", 4096).astype(np.int64)
         entry = _latest_entry(group, collective)
         n = len(entry.program.code) if entry else 0
         # per call: duration and the gap before the next one (the last `iters` calls)
+        # (entry, after the prologue, block 0 at the program's end, the last block's exit)
         order = np.argsort(calls[:, 0])
-        seq = calls[order][-args.iters:]
-        durations = (seq[:, 1] - seq[:, 0]) / 1e3
-        gaps = (seq[1:, 0] - seq[:-1, 1]) / 1e3
+        seq = calls[order][-min(args.iters, 32):]
+        durations = (seq[:, 2] - seq[:, 1]) / 1e3
+        prologue = (seq[:, 1] - seq[:, 0]) / 1e3
+        tail = (seq[:, 3] - seq[:, 2]) / 1e3
+        launch = (seq[1:, 0] - seq[:-1, 3]) / 1e3
         lines = [f"rank {rank}: blocks {entry.blocks if entry else '?'}, kernel "
-                 f"{np.median(durations):.2f} µs (min {durations.min():.2f}), gap to the next "
-                 f"{np.median(gaps):.2f} µs"]
+                 f"{np.median(durations):.2f} µs (min {durations.min():.2f}); around it: "
+                 f"prologue {np.median(prologue):.2f}, block 0's end to the last block's exit "
+                 f"{np.median(tail):.2f}, that exit to the next kernel's entry "
+                 f"{np.median(launch):.2f} µs"]
         if n:
             # instructions run as one batch leave no mark of their own: time from each
             # marked instruction to the next marked one

@@ -53,15 +53,23 @@ __device__ __forceinline__ u64 now() {
 }
 
 /* TRACE (tools/peer_trace.py): block 0's clock before each instruction of the latest call,
-   and the global timer at every call's entry and exit (64 calls kept). */
+   and per call (32 kept) the global timer at four points: block 0's entry, block 0 after the
+   prologue (its loads of the program, addresses and counters), block 0 at the program's end,
+   and the last block's exit (after the counters moved on). */
 #ifdef TRACE
 __device__ u64 trace_ops[4096];
 __device__ u64 trace_calls[128];
 #define MARK_OP(i) if (blockIdx.x == 0 && threadIdx.x == 0 && (i) < 4096) trace_ops[i] = clock64();
-#define MARK_CALL(call, at) if (blockIdx.x == 0 && threadIdx.x == 0) trace_calls[2 * ((call) % 64) + (at)] = now();
+#define MARK_ENTRY u64 entered = now();
+#define MARK_CALL(call, at) if (blockIdx.x == 0 && threadIdx.x == 0) { \
+    if ((at) == 1) trace_calls[4 * ((call) % 32)] = entered; \
+    trace_calls[4 * ((call) % 32) + (at)] = now(); }
+#define MARK_EXIT(call) if (threadIdx.x == 0) trace_calls[4 * ((call) % 32) + 3] = now();
 #else
 #define MARK_OP(i)
+#define MARK_ENTRY
 #define MARK_CALL(call, at)
+#define MARK_EXIT(call)
 #endif
 
 struct Ctx {
@@ -448,6 +456,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             u64* flags, int* error, int rank, int size, int itemsize, u64 timeout_ns,
             const u64* peer_inbox_at, u64 inbox_half, const u64* peer_lines_at,
             u64 lines_half, u64 place, const u64* peer_heaps) {
+    MARK_ENTRY
     __shared__ int stop;
     __shared__ u64 deadline, call_number;
     /* The program and the peers' addresses copied into shared memory by every thread at
@@ -497,7 +506,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
     __syncthreads();
     Ctx c = {flags, peer_flags, error, rank, size, deadline};
     const u64 call = call_number;
-    MARK_CALL(call, 0)
+    MARK_CALL(call, 1)
     /* Once a period, the line inbox half of the next call zeroed (pushed.scrubs: a line
        left a period ago would carry this period's flag), all of it before this call's
        first epoch lets a sender write that half again. */
@@ -746,7 +755,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
     MARK_OP(n)
     __syncthreads();
     MARK_OP(n + 1)
-    MARK_CALL(call, 1)
+    MARK_CALL(call, 2)
     if (stop) return;
     if (threadIdx.x == 0) {
         if (gridDim.x > 1) __threadfence();
@@ -762,5 +771,6 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             flags[EXIT_WORD] = 0;
             flags[CALL_WORD] = call + 1;
         }
+        MARK_EXIT(call)
     }
 }
