@@ -2,7 +2,8 @@
 # One device call on the GPUs of one host: the peer-memory trace, the GPU test suite and the
 # bench's GPU rows, each step's output under OUT.
 #   bash tools/session_gpu.sh OUT N_GPUS   (STEPS="check trace suite bench sweep lines fences
-#   large profile" picks steps; SWEEP, LINES, FENCES, *_ARGS and *_SECONDS tune them)
+#   large profile knobs tune mpi" picks steps; SWEEP, LINES, FENCES, *_ARGS, *_SECONDS, MPI_BIND
+#   and MPI_ROUNDS_A/B tune them)
 set -uo pipefail
 out=${1:?output folder}; n=${2:-2}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -40,10 +41,10 @@ for step in ${STEPS:-trace suite bench}; do
             [ $run = A ] && t="--tune $out/tuning_nccl.json" || t="--tuning $out/tuning_nccl.json"
             timeout ${TUNE_SECONDS:-270} $mpi -n "$n" python3 benchmarks/bench.py --backend nccl --no-progress $A --min-time 0.05 --graph-max 0 $t --json "$out/nccl_$run.json" 2>&1 | tail -40
           done 2>&1 | tee "$out/tune.txt" ;;
-    mpi) A="--algorithms ${TUNE_ALGORITHMS:-ring,ring_bidirectional,tree,recursive_doubling,direct,two_shot,native,auto} --rounds 5 --min-time ${MPI_MIN_TIME:-0.25}"
+    mpi) A="--algorithms ${TUNE_ALGORITHMS:-ring,ring_bidirectional,tree,recursive_doubling,direct,two_shot,native,auto} --min-time ${MPI_MIN_TIME:-0.25}"
          for run in A B; do     # 8 MPI ranks on the host's cores, tuned in A, judged in B
-           [ $run = A ] && t="--calibrate $out/tuning_mpi.json --tune $out/tuning_mpi.json" || t="--tuning $out/tuning_mpi.json"
-           timeout ${MPI_SECONDS:-280} $mpi -n 8 python3 benchmarks/bench.py --no-progress $A $t --json "$out/mpi_$run.json" 2>&1 | grep -v "variable file\|amca-param\|^---" | tail -40
+           [ $run = A ] && t="--rounds ${MPI_ROUNDS_A:-5} --calibrate $out/tuning_mpi.json --tune $out/tuning_mpi.json" || t="--rounds ${MPI_ROUNDS_B:-5} --tuning $out/tuning_mpi.json"
+           timeout ${MPI_SECONDS:-280} ${mpi/--bind-to none/--bind-to ${MPI_BIND:-none}} -n 8 python3 benchmarks/bench.py --no-progress $A $t --json "$out/mpi_$run.json" 2>&1 | grep -v "variable file\|amca-param\|^---" | tail -40
          done 2>&1 | tee "$out/mpi.txt" ;;
     bench) timeout ${BENCH_SECONDS:-240} $mpi -n "$n" python3 benchmarks/bench.py --backend nccl --no-progress ${BENCH_ARGS:-} --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" ;;
   esac
