@@ -109,9 +109,13 @@ REDUCE_N = 12   # a chain of reductions in one pass, dst = ((x0 op x1) op x2) ..
                 # each operand as offset * 8 + buffer (``operand``; buffer INBOX: an eager
                 # message of this step read straight out of its slot, after its ARRIVE), or,
                 # negative, a message of this step in lines polled in the inbox of lines
-                # (``line_operand``)
+                # (``line_operand``); column 5 may carry SENDS_ON (below)
 WIDTH = 13
 FOLD = WIDTH - 6   # operands one REDUCE_N reads
+SENDS_ON = 1 << 8  # in a REDUCE_N's column 5 (beside the operand count): the eager SENDs that
+                   # follow it (one batch, at most SENDS_ON_MAX) send its result on in the
+                   # same pass (``_send_on``)
+SENDS_ON_MAX = 64
 SLOT_ALIGN = 16  # elements: inbox slots start 16-byte aligned whatever the dtype
 
 # Buffers (what the executor passes): the caller's input, the plan's output (the caller's or
@@ -446,6 +450,7 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
             raise ValueError(f"{plan.collective} ({plan.algorithm}): rank {dst} receives "
                              f"{len(pairs)} messages from rank {rank}, which sends {sent[dst]}")
 
+    code = _send_on(code)
     table = np.zeros((len(code), WIDTH), np.int64)
     for i, row in enumerate(code):
         table[i, :len(row)] = row
@@ -458,6 +463,36 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
     return Program(table, out_staged, outputs[rank], plan.scratch, tuple(sent), tuple(received),
                    largest, busiest, max(outputs), max(other.scratch for other in plans),
                    max(inboxes), max(line_inboxes))
+
+
+def _send_on(code):
+    """``code`` with each chain whose result the next step sends on eagerly, and nothing
+    else, marked SENDS_ON (two_shot's reduction, then its sends of the reduced block): the
+    kernel then stores each result to the peers' slots in the pass that computes it, instead
+    of writing it, meeting at a barrier, and reading it back. Only where every send of the
+    batch (the step's consecutive SENDs) reads exactly the chain's result, so each of them
+    splits among the workers as the chain does, and the chain reads no message in lines (it
+    would poll while its results are being sent); the block barrier between the two goes (a
+    thread sends what it computed itself, and the kernel orders the block after the sends
+    as after every batch)."""
+    out, i = [], 0
+    while i < len(code):
+        row = code[i]
+        out.append(row)
+        i += 1
+        if row[0] != REDUCE_N or any(x < 0 for x in chain_operands(row)):
+            continue
+        first = i + 1 if i < len(code) and code[i][:3] == (BARRIER, code[i][1], 0) else i
+        end = first
+        while end < len(code) and code[end][0] == SEND and code[end][1] == code[first][1] \
+                and code[end][3:5] == row[2:4] and code[end][6] == row[4]:
+            end += 1
+        batch_over = end == len(code) or code[end][:2] != (SEND, code[first][1])
+        if end > first and batch_over and end - first <= SENDS_ON_MAX:
+            out[-1] = row[:5] + (row[5] | SENDS_ON,) + row[6:]
+            out.extend(code[first:end])
+            i = end
+    return out
 
 
 class _Barriers:
@@ -544,6 +579,11 @@ def operand(region: Region) -> int:
 def inbox_operand(slot: int) -> int:
     """A REDUCE_N operand that is an eager message in this call's half of the inbox."""
     return slot << BUFFER_BITS | INBOX
+
+
+def chain_operands(row) -> list[int]:
+    """The operand columns of a REDUCE_N row (its column 5 holds their number and SENDS_ON)."""
+    return [int(x) for x in row[6:6 + (int(row[5]) & (SENDS_ON - 1))]]
 
 
 def decode_operand(value: int) -> tuple[int, int]:

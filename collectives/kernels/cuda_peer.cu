@@ -8,7 +8,6 @@ typedef long long i64;
 typedef STORAGE S;
 
 #define SHARED_ROWS 64
-#define MAX_BATCH 64    /* copies one descriptor table in shared memory holds */
 
 /* Flag words between GPUs. FENCES 0: acquire loads and release stores at system scope;
    1: relaxed polls and stores with one acq_rel fence at system scope around them; 2:
@@ -288,6 +287,39 @@ __device__ void reduce_many(S* dst, const S* const* xs, int m, i64 lo, i64 hi) {
     }
 }
 
+/* A chain whose results the eager sends after it send on (pushed.SENDS_ON): as
+   reduce_many, each result also stored to outs[t] (the peers' slots, at this share's start)
+   in the same pass, where it would be written, met at a barrier and read back. */
+__device__ __forceinline__ void reduce_send(S* dst, const S* const* xs, int m, i64 lo, i64 hi,
+                                         char* const* outs, int k) {
+    bool aligned = (((u64)(dst + lo)) & 15) == 0;
+    for (int j = 0; j < m; j++) aligned = aligned && (((u64)(xs[j] + lo)) & 15) == 0;
+    for (int t = 0; t < k; t++) aligned = aligned && (((u64)outs[t]) & 15) == 0;
+    const i64 bd = blockDim.x;
+    i64 tail = lo;
+    if (aligned) {
+        const i64 v = (hi - lo) / VEC;
+        for (i64 i = threadIdx.x; i < v; i += bd) {
+            uint4 x[FOLD];
+#pragma unroll
+            for (int j = 0; j < FOLD; j++)
+                if (j < m) x[j] = ((const uint4*)(xs[j] + lo))[i];
+#pragma unroll
+            for (int j = 1; j < FOLD; j++)
+                if (j < m) fold_vector(&x[0], &x[j]);
+            ((uint4*)(dst + lo))[i] = x[0];
+            for (int t = 0; t < k; t++) ((uint4*)outs[t])[i] = x[0];
+        }
+        tail = lo + v * VEC;
+    }
+    for (i64 e = tail + threadIdx.x; e < hi; e += bd) {
+        S acc = xs[0][e];
+        for (int j = 1; j < m; j++) acc = combine(acc, xs[j][e]);
+        dst[e] = acc;
+        for (int t = 0; t < k; t++) ((S*)outs[t])[e - lo] = acc;
+    }
+}
+
 /* dst[e] = combine(a[e], b[e]) for this block's share [lo, hi). */
 __device__ __forceinline__ void reduce_share(S* dst, const S* a, const S* b, i64 lo, i64 hi) {
     const S* xs[2] = {a, b};
@@ -471,7 +503,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
     __shared__ u64 sent[MAX_RANKS], received[MAX_RANKS];
     __shared__ u64 sends[MAX_RANKS], recvs[MAX_RANKS];
     __shared__ int last_out;
-    /* a batch of copies (a step's messages, MAX_BATCH at a time) */
+    /* a batch of copies (a step's messages, MAX_BATCH at a time: pushed.SENDS_ON_MAX) */
     __shared__ char* batch_dst[MAX_BATCH];
     __shared__ const char* batch_src[MAX_BATCH];
     __shared__ i64 batch_n[MAX_BATCH];
@@ -588,7 +620,22 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                     batch_n[t] = (hi - lo) * itemsize;
                 }
                 __syncthreads();
-                copy_batch(batch_dst, batch_src, batch_n, h);
+                /* the chain just before, deferred to here (SENDS_ON: at most one batch of
+                   these sends, all of its result), or a plain copy of each message */
+                const i64* chain = code + (i64)(i - 1) * WIDTH;
+                if (i > 0 && chain[0] == 12 && (chain[5] & SENDS_ON)) {
+                    const S* xs[FOLD];
+                    const int operands = (int)(chain[5] & (SENDS_ON - 1));
+                    for (int o = 0; o < operands; o++)
+                        xs[o] = (const S*)bases[chain[6 + o] & ((1 << BUFFER_BITS) - 1)]
+                                + (chain[6 + o] >> BUFFER_BITS);
+                    i64 lo, hi;
+                    share(chain[4], align, &lo, &hi);
+                    reduce_send((S*)bases[chain[2]] + chain[3], xs, operands, lo, hi,
+                                batch_dst, h);
+                } else {
+                    copy_batch(batch_dst, batch_src, batch_n, h);
+                }
                 /* the block's stores (and its reads of the descriptors) before what
                    follows: one release per message (cumulative over the stores the barrier
                    ordered before it) */
@@ -710,6 +757,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                       offset << BUFFER_BITS | buffer (an eager message's slot in the inbox,
                       its ARRIVE before), < 0 a message in lines,
                       -1 - (slot << LINE_PEER_BITS | peer) */
+            if (r[5] & SENDS_ON) break;      /* run by the SENDs after it, in their pass */
             const S* xs[FOLD];
             const u64* in_lines[FOLD];
             int peers[FOLD];

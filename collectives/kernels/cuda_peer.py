@@ -107,7 +107,7 @@ def source(op, dtype, fences: int = 0, trace: bool = False) -> str:
                   WIDTH=pushed.WIDTH, FOLD=pushed.FOLD, LINE_PEER_BITS=pushed.LINE_PEER_BITS,
                   BUFFER_BITS=pushed.BUFFER_BITS, STEP_BITS=pushed.STEP_BITS,
                   LINE_PERIOD=f"{pushed.LINE_PERIOD}ULL", OUTPUT=pushed.OUTPUT,
-                  INBOX=pushed.INBOX,
+                  INBOX=pushed.INBOX, SENDS_ON=pushed.SENDS_ON, MAX_BATCH=pushed.SENDS_ON_MAX,
                   THREADS=THREADS, FENCES=fences)
     defines = "".join(f"#define {name} {value}\n" for name, value in shared.items())
     if trace:

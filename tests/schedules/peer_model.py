@@ -230,11 +230,13 @@ class Group:
                     mine[db][do + a:do + b] = mine[sb][so + a:so + b]
                     yield
             elif kind == REDUCE_N:            # one pass: every operand read, then dst written
-                db, do, count, n = map(int, row[2:6])
+                # (SENDS_ON: the kernel sends the results on in the same pass; here the SENDs
+                # that follow run after it, which this worker's order makes the same)
+                db, do, count = map(int, row[2:5])
                 inbox = self.lines[rank][call & 1]
                 flags = self.line_flags[rank][call & 1]
-                xs = [pushed.decode_operand(int(x)) + (None,) if x >= 0 else
-                      (None,) + pushed.decode_line_operand(int(x)) for x in row[6:6 + n]]
+                xs = [pushed.decode_operand(x) + (None,) if x >= 0 else
+                      (None,) + pushed.decode_line_operand(x) for x in pushed.chain_operands(row)]
                 lo, hi = share(count)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
