@@ -112,9 +112,9 @@ REDUCE_N = 12   # a chain of reductions in one pass, dst = ((x0 op x1) op x2) ..
                 # (``line_operand``); column 5 may carry SENDS_ON (below)
 WIDTH = 13
 FOLD = WIDTH - 6   # operands one REDUCE_N reads
-SENDS_ON = 1 << 8  # in a REDUCE_N's column 5 (beside the operand count): the eager SENDs that
-                   # follow it (one batch, at most SENDS_ON_MAX) send its result on in the
-                   # same pass (``_send_on``)
+SENDS_ON = 1 << 8  # in a REDUCE_N's column 5 (beside the operand count): the eager SENDs
+                   # or SEND_LLs that follow it (one batch, at most SENDS_ON_MAX) send its
+                   # result on in the same pass (``_send_on``)
 SENDS_ON_MAX = 64
 SLOT_ALIGN = 16  # elements: inbox slots start 16-byte aligned whatever the dtype
 
@@ -468,26 +468,30 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
 def _send_on(code):
     """``code`` with each chain whose result the next step sends on eagerly, and nothing
     else, marked SENDS_ON (two_shot's reduction, then its sends of the reduced block): the
-    kernel then stores each result to the peers' slots in the pass that computes it, instead
-    of writing it, meeting at a barrier, and reading it back. Only where every send of the
-    batch (the step's consecutive SENDs) reads exactly the chain's result, so each of them
-    splits among the workers as the chain does, and the chain reads no message in lines (it
-    would poll while its results are being sent); the block barrier between the two goes (a
-    thread sends what it computed itself, and the kernel orders the block after the sends
-    as after every batch)."""
+    kernel then stores each result to the peers' slots (or lines) in the pass that computes
+    it, instead of writing it, meeting at a barrier and reading it back. Only where every
+    send of the batch (the step's consecutive SENDs, or SEND_LLs) reads exactly the chain's
+    result, so each of them splits among the workers as the chain does; sends of plain data
+    only after a chain that polls no lines (the kernel's pass for them reads plain memory).
+    The block barrier between the two goes: a thread sends what it computed itself, and the
+    kernel orders the block after the sends as after every batch."""
     out, i = [], 0
     while i < len(code):
         row = code[i]
         out.append(row)
         i += 1
-        if row[0] != REDUCE_N or any(x < 0 for x in chain_operands(row)):
+        if row[0] != REDUCE_N:
             continue
         first = i + 1 if i < len(code) and code[i][:3] == (BARRIER, code[i][1], 0) else i
+        kind = code[first][0] if first < len(code) else None
+        if kind not in (SEND, SEND_LL) or (kind == SEND and
+                                           any(x < 0 for x in chain_operands(row))):
+            continue
         end = first
-        while end < len(code) and code[end][0] == SEND and code[end][1] == code[first][1] \
+        while end < len(code) and code[end][:2] == (kind, code[first][1]) \
                 and code[end][3:5] == row[2:4] and code[end][6] == row[4]:
             end += 1
-        batch_over = end == len(code) or code[end][:2] != (SEND, code[first][1])
+        batch_over = end == len(code) or code[end][:2] != (kind, code[first][1])
         if end > first and batch_over and end - first <= SENDS_ON_MAX:
             out[-1] = row[:5] + (row[5] | SENDS_ON,) + row[6:]
             out.extend(code[first:end])

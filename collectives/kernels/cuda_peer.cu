@@ -396,12 +396,13 @@ __device__ bool take_lines(const Ctx& c, const u64* src, i64 count, S* dst, cons
    lines at ``lines[j]`` (polled: each line waited for by the thread that reads it) or, where
    that is null, plain memory at ``xs[j]``: a chain of reductions over several messages in
    one pass, with no copy out of the inbox and no barrier between messages. Each thread
-   issues the loads of all its operands before it waits for any. False when this call must
-   stop. Not inlined: its registers then stay out of the kernel's allocation (inlined, the
+   issues the loads of all its operands before it waits for any; each result is also sent
+   in lines to outs[0..k-1] (peers' slots, SENDS_ON). False when this call must stop. Not inlined: its registers then stay out of the kernel's allocation (inlined, the
    kernel spilled 92 bytes a thread for float32, measured with ptxas -v; 12 now). */
 __device__ __noinline__ bool reduce_lines(const Ctx& c, S* dst, const S* const* xs,
                                           const u64* const* lines, const int* peers, int m,
-                                          i64 count, unsigned flag, i64 align, int step) {
+                                          i64 count, unsigned flag, i64 align, int step,
+                                          u64* const* outs, int k) {
     i64 lo, hi;
     share(count, align, &lo, &hi);
     const i64 bd = blockDim.x, u_hi = (hi + PER - 1) / PER;
@@ -441,11 +442,46 @@ __device__ __noinline__ bool reduce_lines(const Ctx& c, S* dst, const S* const* 
 #pragma unroll
             for (int t = 0; t < PER; t++) acc[t] = j == 0 ? x[t] : combine(acc[t], x[t]);
         }
+        u64 bits = 0;
 #pragma unroll
         for (int t = 0; t < PER; t++)
-            if (u * PER + t < hi) dst[u * PER + t] = acc[t];
+            if (u * PER + t < hi) {
+                dst[u * PER + t] = acc[t];
+                bits |= to_bits(acc[t]) << (8 * sizeof(S) * t);
+            }
+        for (int o = 0; o < k; o++)       /* sent on in lines (SENDS_ON), as send_lines */
+#pragma unroll
+            for (int l = 0; l < LPU; l++)
+                asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(outs[o] + u * LPU + l),
+                             "l"(((u64)flag << 32) | ((bits >> (32 * l)) & 0xffffffffULL))
+                             : "memory");
     }
     return true;
+}
+
+/* A REDUCE_N row's operands: xs[j] plain memory, or (lines[j], peers[j]) a message in
+   lines in this call's inbox of lines. True when some operand is in lines. */
+__device__ __forceinline__ bool chain_operands(const i64* r, char* const* bases,
+                                               const char* lines_inbox, int itemsize,
+                                               int rank, const S** xs, const u64** lines,
+                                               int* peers) {
+    const int m = (int)(r[5] & (SENDS_ON - 1));
+    bool polled = false;
+    for (int j = 0; j < m; j++) {
+        const i64 x = r[6 + j];
+        lines[j] = nullptr;
+        xs[j] = nullptr;
+        peers[j] = rank;
+        if (x >= 0) {
+            xs[j] = (const S*)bases[x & ((1 << BUFFER_BITS) - 1)] + (x >> BUFFER_BITS);
+        } else {
+            const i64 w = -1 - x;
+            lines[j] = (const u64*)(lines_inbox + (w >> LINE_PEER_BITS) * itemsize);
+            peers[j] = (int)(w & ((1 << LINE_PEER_BITS) - 1));
+            polled = true;
+        }
+    }
+    return polled;
 }
 
 /* This worker's share of ``count`` elements at ``src`` into the peer's inbox at ``dst`` as
@@ -480,6 +516,22 @@ __device__ void send_lines(u64* dst, const S* src, i64 count, u64 flag, i64 alig
             }
         }
     }
+}
+
+/* Whether every peer of the SEND_LL rows [i, j) has started the previous call (then this
+   call's half of its inbox of lines is free; ``seen``: the epochs as this call started,
+   which almost always say so already); thread t waits for row i + t. False when this call
+   must stop. */
+__device__ bool lines_free(const Ctx& c, const i64* code, int i, int j, const u64* seen,
+                           u64 call, int step) {
+    bool ok = true;
+    for (int t = threadIdx.x; t < j - i; t += blockDim.x) {
+        const i64* q = code + (i64)(i + t) * WIDTH;
+        if (call >= 2 && seen[q[2]] < (call << STEP_BITS) &&
+            !wait_for(c, c.flags + SEEN_WORDS + q[2], call << STEP_BITS, step, (int)q[2],
+                      false)) ok = false;
+    }
+    return ok;
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
@@ -624,15 +676,14 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                    these sends, all of its result), or a plain copy of each message */
                 const i64* chain = code + (i64)(i - 1) * WIDTH;
                 if (i > 0 && chain[0] == 12 && (chain[5] & SENDS_ON)) {
-                    const S* xs[FOLD];
-                    const int operands = (int)(chain[5] & (SENDS_ON - 1));
-                    for (int o = 0; o < operands; o++)
-                        xs[o] = (const S*)bases[chain[6 + o] & ((1 << BUFFER_BITS) - 1)]
-                                + (chain[6 + o] >> BUFFER_BITS);
+                    const S* xs[FOLD];        /* (no operand in lines: pushed._send_on) */
+                    const u64* in_lines[FOLD];
+                    int peers[FOLD];
+                    chain_operands(chain, bases, nullptr, itemsize, rank, xs, in_lines, peers);
                     i64 lo, hi;
                     share(chain[4], align, &lo, &hi);
-                    reduce_send((S*)bases[chain[2]] + chain[3], xs, operands, lo, hi,
-                                batch_dst, h);
+                    reduce_send((S*)bases[chain[2]] + chain[3], xs,
+                                (int)(chain[5] & (SENDS_ON - 1)), lo, hi, batch_dst, h);
                 } else {
                     copy_batch(batch_dst, batch_src, batch_n, h);
                 }
@@ -690,13 +741,8 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             break;
         }
         case 8: { /* SEND_LL: 4 data bytes and the call's flag in each 8-byte line */
-            const int j = batch_end(code, n, i), m = j - i;
-            for (int t = threadIdx.x; t < m; t += blockDim.x) {
-                const i64* q = code + (i64)(i + t) * WIDTH;
-                if (call >= 2 && seen[q[2]] < (call << STEP_BITS) &&
-                    !wait_for(c, flags + SEEN_WORDS + q[2], call << STEP_BITS, step, (int)q[2],
-                              false)) stop = 1;
-            }
+            const int j = batch_end(code, n, i);
+            if (!lines_free(c, code, i, j, seen, call, step)) stop = 1;
             __syncthreads();
             if (stop) break;
             for (int k = i; k < j; k++) {
@@ -756,35 +802,39 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
         case 12: { /* REDUCE_N: a chain of reductions in one pass; an operand >= 0 is
                       offset << BUFFER_BITS | buffer (an eager message's slot in the inbox,
                       its ARRIVE before), < 0 a message in lines,
-                      -1 - (slot << LINE_PEER_BITS | peer) */
-            if (r[5] & SENDS_ON) break;      /* run by the SENDs after it, in their pass */
+                      -1 - (slot << LINE_PEER_BITS | peer). SENDS_ON: the sends after it
+                      send its results on in its pass: plain SENDs run it (reduce_send);
+                      SEND_LLs are run here, their slots' waits first */
+            const bool on = (r[5] & SENDS_ON) != 0;
+            if (on && code[(i64)(i + 1) * WIDTH] != 8) break;
+            const int j = on ? batch_end(code, n, i + 1) : i + 1, k = j - i - 1;
+            if (k) {
+                if (!lines_free(c, code, i + 1, j, seen, call, step)) stop = 1;
+                for (int t = threadIdx.x; t < k; t += blockDim.x) {
+                    const i64* q = code + (i64)(i + 1 + t) * WIDTH;
+                    batch_dst[t] = (char*)peer_lines[q[2]] + (call & 1) * lines_half
+                                   + q[5] * itemsize;
+                }
+                __syncthreads();
+                if (stop) break;
+            }
             const S* xs[FOLD];
             const u64* in_lines[FOLD];
             int peers[FOLD];
-            const int m = (int)r[5];
-            bool polled = false;
-            const char* inbox = (const char*)peer_lines[rank] + (call & 1) * lines_half;
-            for (int j = 0; j < m; j++) {
-                const i64 x = r[6 + j];
-                in_lines[j] = nullptr;
-                xs[j] = nullptr;
-                peers[j] = rank;
-                if (x >= 0) {
-                    xs[j] = (const S*)bases[x & ((1 << BUFFER_BITS) - 1)] + (x >> BUFFER_BITS);
-                } else {
-                    const i64 w = -1 - x;
-                    in_lines[j] = (const u64*)(inbox + (w >> LINE_PEER_BITS) * itemsize);
-                    peers[j] = (int)(w & ((1 << LINE_PEER_BITS) - 1));
-                    polled = true;
-                }
-            }
-            if (polled) {
+            const int m = (int)(r[5] & (SENDS_ON - 1));
+            if (chain_operands(r, bases, (const char*)peer_lines[rank] + (call & 1) * lines_half,
+                               itemsize, rank, xs, in_lines, peers) || k) {
                 if (!reduce_lines(c, (S*)bases[r[2]] + r[3], xs, in_lines, peers, m, r[4],
-                                  line_flag(call), align, step)) stop = 1;
+                                  line_flag(call), align, step, (u64* const*)batch_dst, k))
+                    stop = 1;
             } else {
                 i64 lo, hi;
                 share(r[4], align, &lo, &hi);
                 reduce_many((S*)bases[r[2]] + r[3], xs, m, lo, hi);
+            }
+            if (k) {
+                __syncthreads();      /* every thread done with the descriptors */
+                i = j - 1;
             }
             break;
         }

@@ -227,8 +227,9 @@ def test_eager_messages_are_reduced_straight_out_of_their_slots():
 def test_a_chain_sends_its_result_on_in_its_pass():
     """two_shot's reduction and the eager sends of the reduced block in the next step: one
     pass (SENDS_ON), no barrier between them (4 GPUs at 4 MiB: 2.8 µs of chain and a 0.9 µs
-    barrier before 11.4 µs of sends that read the result back). Not where the chain polls
-    lines, nor where a send reads anything else (direct: no step after its chain)."""
+    barrier before 11.4 µs of sends that read the result back); in lines as well (1 MiB).
+    Not plain sends after a chain that polls lines, nor where a send reads anything else
+    (direct: no step after its chain)."""
     def rows(algorithm, rank, eager, lines):
         plan = build_plan("all_reduce", algorithm, rank, 4, 4096)
         return [tuple(int(x) for x in row) for row in
@@ -242,10 +243,21 @@ def test_a_chain_sends_its_result_on_in_its_pass():
         assert [row[0] for row in sends] == [pushed.SEND] * 3            # no barrier between
         assert all(row[3:5] == code[at][2:4] and row[6] == code[at][4] for row in sends)
         assert code[at + 4][:2] != (pushed.SEND, sends[0][1])            # the whole batch
-        polled = rows("two_shot", rank, 1 << 20, 1 << 20)                # in lines
-        assert all(not row[5] & pushed.SENDS_ON for row in polled if row[0] == pushed.REDUCE_N)
+        polled = rows("two_shot", rank, 1 << 20, 1 << 20)        # polled, then sent in lines
+        at = next(i for i, row in enumerate(polled) if row[0] == pushed.REDUCE_N)
+        assert polled[at][5] & pushed.SENDS_ON and any(x < 0 for x in pushed.chain_operands(
+            polled[at]))
+        assert [row[0] for row in polled[at + 1:at + 4]] == [pushed.SEND_LL] * 3
         for row in rows("direct", rank, 1 << 20, 0):
             assert row[0] != pushed.REDUCE_N or not row[5] & pushed.SENDS_ON
+    # a chain that polls lines, then plain sends of its result: the kernel's pass for plain
+    # sends reads plain memory only, so they stay apart
+    chain = (pushed.REDUCE_N, 0, pushed.OUTPUT, 0, 8, 2, pushed.line_operand(0, 1),
+             pushed.operand(Region("input", 0, 8)))
+    sends = [(pushed.SEND, 1, q, pushed.OUTPUT, 0, 16 * q, 8, 0) for q in (1, 2)]
+    assert pushed._send_on([chain] + sends) == [chain] + sends
+    plain = chain[:6] + (pushed.operand(Region("scratch", 0, 8)),) + chain[7:]
+    assert pushed._send_on([plain] + sends)[0][5] == 2 | pushed.SENDS_ON
 
 
 def _sum_then_forward(rank, size, n):
