@@ -252,7 +252,10 @@ COMBINE
    [lo, hi): one pass, the running value in registers. Where every pointer is 16-byte
    aligned at lo, a thread moves 16 bytes of each operand at a time, all its loads issued
    before it combines; otherwise one element at a time. dst may be an operand, element by
-   element (each element is read before it is written, by the same thread). */
+   element (each element is read before it is written, by the same thread). With k outs,
+   each result is also stored to outs[t] (peers' slots, at this share's start) in the same
+   pass: a chain whose result the eager sends after it send on (pushed.SENDS_ON), where it
+   would be written, met at a barrier and read back. */
 #define VEC (16 / (int)sizeof(S))
 
 __device__ __forceinline__ void fold_vector(uint4* acc, const uint4* x) {
@@ -261,37 +264,8 @@ __device__ __forceinline__ void fold_vector(uint4* acc, const uint4* x) {
     for (int t = 0; t < VEC; t++) a[t] = combine(a[t], b[t]);
 }
 
-__device__ void reduce_many(S* dst, const S* const* xs, int m, i64 lo, i64 hi) {
-    bool aligned = (((u64)(dst + lo)) & 15) == 0;
-    for (int j = 0; j < m; j++) aligned = aligned && (((u64)(xs[j] + lo)) & 15) == 0;
-    const i64 bd = blockDim.x;
-    i64 tail = lo;
-    if (aligned) {
-        const i64 v = (hi - lo) / VEC;
-        for (i64 i = threadIdx.x; i < v; i += bd) {
-            uint4 x[FOLD];
-#pragma unroll
-            for (int j = 0; j < FOLD; j++)
-                if (j < m) x[j] = ((const uint4*)(xs[j] + lo))[i];
-#pragma unroll
-            for (int j = 1; j < FOLD; j++)
-                if (j < m) fold_vector(&x[0], &x[j]);
-            ((uint4*)(dst + lo))[i] = x[0];
-        }
-        tail = lo + v * VEC;
-    }
-    for (i64 e = tail + threadIdx.x; e < hi; e += bd) {
-        S acc = xs[0][e];
-        for (int j = 1; j < m; j++) acc = combine(acc, xs[j][e]);
-        dst[e] = acc;
-    }
-}
-
-/* A chain whose results the eager sends after it send on (pushed.SENDS_ON): as
-   reduce_many, each result also stored to outs[t] (the peers' slots, at this share's start)
-   in the same pass, where it would be written, met at a barrier and read back. */
-__device__ __forceinline__ void reduce_send(S* dst, const S* const* xs, int m, i64 lo, i64 hi,
-                                         char* const* outs, int k) {
+__device__ __forceinline__ void reduce_many(S* dst, const S* const* xs, int m, i64 lo, i64 hi,
+                                            char* const* outs = nullptr, int k = 0) {
     bool aligned = (((u64)(dst + lo)) & 15) == 0;
     for (int j = 0; j < m; j++) aligned = aligned && (((u64)(xs[j] + lo)) & 15) == 0;
     for (int t = 0; t < k; t++) aligned = aligned && (((u64)outs[t]) & 15) == 0;
@@ -682,7 +656,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                     chain_operands(chain, bases, nullptr, itemsize, rank, xs, in_lines, peers);
                     i64 lo, hi;
                     share(chain[4], align, &lo, &hi);
-                    reduce_send((S*)bases[chain[2]] + chain[3], xs,
+                    reduce_many((S*)bases[chain[2]] + chain[3], xs,
                                 (int)(chain[5] & (SENDS_ON - 1)), lo, hi, batch_dst, h);
                 } else {
                     copy_batch(batch_dst, batch_src, batch_n, h);
@@ -803,7 +777,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                       offset << BUFFER_BITS | buffer (an eager message's slot in the inbox,
                       its ARRIVE before), < 0 a message in lines,
                       -1 - (slot << LINE_PEER_BITS | peer). SENDS_ON: the sends after it
-                      send its results on in its pass: plain SENDs run it (reduce_send);
+                      send its results on in its pass: plain SENDs run it (reduce_many with outs);
                       SEND_LLs are run here, their slots' waits first */
             const bool on = (r[5] & SENDS_ON) != 0;
             if (on && code[(i64)(i + 1) * WIDTH] != 8) break;
