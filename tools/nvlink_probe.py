@@ -100,7 +100,8 @@ def main():
         bufs = []
         for d in range(n):
             with cupy.cuda.Device(d):
-                bufs.append({"send": [cupy.full(nbytes // 4, d + 1, cupy.float32) for _ in range(n)],
+                bufs.append({"send": [cupy.full(nbytes // 4, d + 1, cupy.float32)
+                                      for _ in range(n)],
                              "inbox": [cupy.zeros(nbytes // 4, cupy.float32) for _ in range(n)],
                              "out": cupy.zeros(nbytes // 4, cupy.float32)})
         peers = {d: [q for q in range(n) if q != d] for d in range(n)}
