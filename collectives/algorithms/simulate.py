@@ -13,6 +13,8 @@ research code to run an algorithm on a list of arrays:
 from __future__ import annotations
 
 import collections
+import contextlib
+import gc
 
 import numpy as np
 
@@ -23,6 +25,23 @@ from .lowered import POST, WAIT, Chain, stepwise
 from .schedule import Copy, Matrix, buffer_sizes, build_plan, plan_args
 
 
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's cycle collector paused while plans are built and run: at p = 1024 they are
+    millions of small objects that all live until the run ends, and every full collection
+    walks each of them (about half of the direct all_reduce's time at p = 1024). Cycles
+    left behind are collected once it runs again."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@_collector_paused()
 def execute_all(plans, buffers, reduce=None, *, lowering=stepwise):
     """Run one plan per rank to completion over ``buffers`` (one dict of flat arrays per rank,
     scratch included), each as the program an executor runs: ``lowering(plan)`` (the step walk
@@ -30,76 +49,95 @@ def execute_all(plans, buffers, reduce=None, *, lowering=stepwise):
     ``lowered.chained``: a Chain runs as a fused kernel would). Raises CollectiveError on a
     deadlock or a size mismatch."""
     size = len(plans)
-    programs = [lowering(plan) for plan in plans]
+    programs = [lowering(plan).code for plan in plans]
     pc = [0] * size                           # the next instruction of each rank
-    done = [[] for _ in range(size)]          # per rank: request number -> completed
-    sends = collections.defaultdict(collections.deque)   # (src, dst) -> (region, number)
-    recvs = collections.defaultdict(collections.deque)
+    posted = [0] * size                       # requests each rank posted (their numbers)
+    unfinished = [set() for _ in range(size)]     # per rank: requests posted, not completed
+    # Posted transfers not matched yet, per ordered pair src * size + dst, oldest first:
+    # (region, its view, request number). A pair is dropped once empty, so ``key in sends``
+    # says whether anything waits there. Lists, not deques: at p = 1024 the direct algorithms
+    # keep half a million pairs waiting at once, nearly all holding one message.
+    sends, recvs = {}, {}
     ready = collections.deque(range(size))
     blocked = [None] * size                   # requests the WAIT a rank stopped at still needs
-
-    def view(rank, region):
-        return buffers[rank][region.buffer][region.offset:region.end]
+    views = [_Views(b) for b in buffers]
 
     def step_of(rank):
-        code = programs[rank].code
+        code = programs[rank]
         return code[min(pc[rank], len(code) - 1)][1] if code else 0
 
+    def complete(rank, number):
+        unfinished[rank].discard(number)
+        waiting = blocked[rank]
+        if waiting is not None:
+            waiting.discard(number)
+            if not waiting:
+                blocked[rank] = None
+                pc[rank] += 1
+                ready.append(rank)
+
+    def post(table, key, rank, region):
+        number = posted[rank]
+        posted[rank] += 1
+        unfinished[rank].add(number)
+        table.setdefault(key, []).append((region, views[rank][region], number))
+
     def match(src, dst):
-        s, r = sends[(src, dst)], recvs[(src, dst)]
+        key = src * size + dst
+        s, r = sends.get(key), recvs.get(key)
+        if not (s and r):             # an earlier match of this post may have emptied it
+            return
         while s and r:
-            (sent, n_send), (into, n_recv) = s.popleft(), r.popleft()
+            (sent, data, n_send), (into, landing, n_recv) = s.pop(0), r.pop(0)
             if sent.count != into.count:
                 raise CollectiveError(
                     f"{plans[src].collective} ({plans[src].algorithm}): rank {src} step "
                     f"{step_of(src) + 1} sends {sent.count} elements to rank {dst}, whose step "
                     f"{step_of(dst) + 1} receives {into.count}")
-            view(dst, into)[...] = view(src, sent)
-            for rank, number in ((src, n_send), (dst, n_recv)):
-                done[rank][number] = True
-                waiting = blocked[rank]
-                if waiting is not None and number in waiting:
-                    waiting.discard(number)
-                    if not waiting:
-                        blocked[rank] = None
-                        pc[rank] += 1
-                        ready.append(rank)
+            landing[...] = data
+            complete(src, n_send)
+            complete(dst, n_recv)
+        if not s:
+            del sends[key]
+        if not r:
+            del recvs[key]
 
     def fused(rank, chain):
         """A Chain as a fused kernel runs it (every operand loaded before anything is
         stored), not op by op, so a chain the hazard rule should not have allowed gives
         different bits here."""
-        acc = view(rank, chain.a).copy()
-        operands = [view(rank, b).copy() for b in chain.bs]
+        at = views[rank]
+        acc = at[chain.a].copy()
+        operands = [at[b].copy() for b in chain.bs]
         stores = {}
         for i, b in enumerate(operands):
             reduce(acc, acc, b)
             if i in chain.writes:
                 stores[i] = acc.copy()
         for dst, after in zip(chain.dsts, chain.writes):
-            view(rank, dst)[...] = stores[after]
+            at[dst][...] = stores[after]
 
     def run_until_blocked(rank):
-        code = programs[rank].code
+        code, at = programs[rank], views[rank]
         while pc[rank] < len(code):
             kind, _, what = code[pc[rank]]
             if kind is POST:
-                for is_receive, transfers in ((True, what[0]), (False, what[1])):
-                    for t in transfers:
-                        number = len(done[rank])
-                        done[rank].append(False)
-                        if is_receive:
-                            recvs[(t.peer, rank)].append((t.region, number))
-                        else:
-                            sends[(rank, t.peer)].append((t.region, number))
+                receives, sending = what
+                # every transfer of the instruction is posted before any is matched
+                for peer, region in receives:
+                    post(recvs, peer * size + rank, rank, region)
+                for peer, region in sending:
+                    post(sends, rank * size + peer, rank, region)
                 pc[rank] += 1
-                for t in what[0]:
-                    match(t.peer, rank)
-                for t in what[1]:
-                    match(rank, t.peer)
+                for peer, _ in receives:
+                    if peer * size + rank in sends:
+                        match(peer, rank)
+                for peer, _ in sending:
+                    if rank * size + peer in recvs:
+                        match(rank, peer)
             elif kind is WAIT:
                 numbers = range(what.start, what.stop) if isinstance(what, slice) else what
-                waiting = {n for n in numbers if not done[rank][n]}
+                waiting = unfinished[rank].intersection(numbers)
                 if waiting:
                     blocked[rank] = waiting
                     return
@@ -107,11 +145,11 @@ def execute_all(plans, buffers, reduce=None, *, lowering=stepwise):
             else:
                 for op in what:
                     if isinstance(op, Copy):
-                        view(rank, op.dst)[...] = view(rank, op.src)
+                        at[op.dst][...] = at[op.src]
                     elif isinstance(op, Chain):
                         fused(rank, op)
                     else:
-                        reduce(view(rank, op.dst), view(rank, op.a), view(rank, op.b))
+                        reduce(at[op.dst], at[op.a], at[op.b])
                 pc[rank] += 1
 
     while ready:
@@ -119,7 +157,7 @@ def execute_all(plans, buffers, reduce=None, *, lowering=stepwise):
         if blocked[rank] is None:
             run_until_blocked(rank)
 
-    stuck = [r for r in range(size) if pc[r] < len(programs[r].code)]
+    stuck = [r for r in range(size) if pc[r] < len(programs[r])]
     if stuck:
         first = stuck[0]
         step = plans[first].steps[step_of(first)]
@@ -130,6 +168,22 @@ def execute_all(plans, buffers, reduce=None, *, lowering=stepwise):
             f"{[r.peer for r in step.recvs]})")
 
 
+class _Views(dict):
+    """One rank's regions as numpy views of its buffers, each sliced once: a direct
+    all_reduce sends one region p-1 times and folds p-1 operands through one accumulator,
+    and slicing costs several times the look-up."""
+
+    def __init__(self, buffers):
+        super().__init__()
+        self.buffers = buffers
+
+    def __missing__(self, region):
+        buffer, offset, count = region
+        view = self[region] = self.buffers[buffer][offset:offset + count]
+        return view
+
+
+@_collector_paused()
 def run(collective, algorithm, arrays, *, op=ReduceOp.SUM, root=0, counts=None):
     """Run ``algorithm`` for ``collective`` on one array per rank; return one output per rank.
 
@@ -239,6 +293,7 @@ def reference(collective, arrays, *, op=ReduceOp.SUM, root=0, counts=None):
     raise ValueError(f"unknown collective {collective!r}")
 
 
+@_collector_paused()
 def verify(collective, algorithm, size, counts, root=0, seed=0):
     """Prove one algorithm at one world size and counts: random 64-bit words reduced with a
     wrapping SUM, so a missing or doubled contribution changes the result (up to 2**-64)."""
