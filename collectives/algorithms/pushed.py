@@ -116,6 +116,8 @@ SENDS_ON = 1 << 8  # in a REDUCE_N's column 5 (beside the operand count): the ea
                    # or SEND_LLs that follow it (one batch, at most SENDS_ON_MAX) send its
                    # result on in the same pass (``_send_on``)
 SENDS_ON_MAX = 64
+if FOLD >= SENDS_ON:     # the operand count and the flag share column 5
+    raise ImportError(f"pushed: FOLD ({FOLD}) must stay below SENDS_ON ({SENDS_ON})")
 SLOT_ALIGN = 16  # elements: inbox slots start 16-byte aligned whatever the dtype
 
 # Buffers (what the executor passes): the caller's input, the plan's output (the caller's or
