@@ -2,8 +2,9 @@
 # One device call on the GPUs of one host: the peer-memory trace, the GPU test suite and the
 # bench's GPU rows, each step's output under OUT.
 #   bash tools/session_gpu.sh OUT N_GPUS   (STEPS="check trace suite bench sweep lines fences
-#   large profile knobs tune mpi" picks steps; SWEEP, LINES, FENCES, *_ARGS, *_SECONDS, MPI_BIND
-#   and MPI_ROUNDS_A/B tune them)
+#   large profile knobs tune mpi ab" picks steps; SWEEP, LINES, FENCES, *_ARGS, *_SECONDS,
+#   MPI_BIND, MPI_ROUNDS_A/B, AB_OLD (another checkout: device times of both, alternated) and
+#   AB_ROUNDS tune them)
 set -uo pipefail
 out=${1:?output folder}; n=${2:-2}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -46,6 +47,14 @@ for step in ${STEPS:-trace suite bench}; do
            [ $run = A ] && t="--rounds ${MPI_ROUNDS_A:-5} --calibrate $out/tuning_mpi.json --tune $out/tuning_mpi.json" || t="--rounds ${MPI_ROUNDS_B:-5} --tuning $out/tuning_mpi.json"
            timeout ${MPI_SECONDS:-280} ${mpi/--bind-to none/--bind-to ${MPI_BIND:-none}} -n 8 python3 benchmarks/bench.py --no-progress $A $t --json "$out/mpi_$run.json" 2>&1 | grep -v "variable file\|amca-param\|^---" | tail -40
          done 2>&1 | tee "$out/mpi.txt" ;;
+    ab) old=${AB_OLD:?AB_OLD: a checkout of the commit to compare against}   # device time, A/B
+        (w=$PWD/.whl; cd "$old" && ln -sfn "$w" .whl; mkdir -p "$out/ab_old" && . tools/device_build.sh "$out/ab_old")
+        for round in ${AB_ROUNDS:-1 2}; do   # alternated, so drift shows as a difference between rounds
+          for tree in "$old" "$PWD"; do
+            echo "== $tree, round $round"
+            (cd "$tree" && PYTHONPATH=$tree:/tmp/site timeout 150 $mpi -n "$n" python3 tools/peer_check.py --no-checks ${AB_ARGS:-} | grep -A${KNOB_LINES:-30} "device time")
+          done
+        done 2>&1 | tee "$out/ab.txt" ;;
     bench) timeout ${BENCH_SECONDS:-240} $mpi -n "$n" python3 benchmarks/bench.py --backend nccl --no-progress ${BENCH_ARGS:-} --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" ;;
   esac
   rc=${PIPESTATUS[0]}

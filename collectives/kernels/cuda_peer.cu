@@ -229,19 +229,28 @@ __device__ __forceinline__ void copy_bytes(char* dst, const char* src, i64 n) {
     copy_range(dst, src, n, threadIdx.x, blockDim.x);
 }
 
-/* A step's copies at once (its messages, each this block's share): the block's warps split
-   into one group per copy, so every copy's loads are in flight together and a step of three
-   messages pays one memory latency, not three in a row (a thread holds no more than
-   copy_bytes' registers). More copies than warps go one after another. */
+/* A step's messages at once: the block's warps split into m groups (m <= warps), one per
+   message, so every message's loads are in flight together and a step of three messages
+   pays one memory latency, not three in a row (a thread holds no more registers than for
+   one message). This thread's message k, and its place tid of nt threads in the group. */
+__device__ __forceinline__ int warp_group(int m, i64* tid, i64* nt) {
+    const int warps = blockDim.x / 32, k = (threadIdx.x / 32) * m / warps;
+    const int first = (k * warps + m - 1) / m, next = ((k + 1) * warps + m - 1) / m;
+    *tid = threadIdx.x - 32 * first;
+    *nt = 32 * (next - first);
+    return k;
+}
+
+/* A step's copies at once (its messages, each this block's share), one warp group each;
+   more copies than warps go one after another. */
 __device__ void copy_batch(char* const* dst, const char* const* src, const i64* n, int m) {
-    const int warps = blockDim.x / 32;
-    if (m == 1 || m > warps) {
+    if (m == 1 || m > (int)blockDim.x / 32) {
         for (int k = 0; k < m; k++) if (n[k] > 0) copy_bytes(dst[k], src[k], n[k]);
         return;
     }
-    const int w = threadIdx.x / 32, k = w * m / warps;          /* this warp's copy */
-    const int first = (k * warps + m - 1) / m, next = ((k + 1) * warps + m - 1) / m;
-    if (n[k] > 0) copy_range(dst[k], src[k], n[k], threadIdx.x - 32 * first, 32 * (next - first));
+    i64 tid, nt;
+    const int k = warp_group(m, &tid, &nt);
+    if (n[k] > 0) copy_range(dst[k], src[k], n[k], tid, nt);
 }
 
 __device__ __forceinline__ S combine(S a, S b) {
@@ -318,16 +327,17 @@ __device__ __forceinline__ u64 to_bits(S s) {
     return x.u;
 }
 
-/* This worker's share of a message in lines out of the inbox at ``src``: each element
-   stored to ``dst`` (a TAKE_LL), or, with ``other``, combined with it into ``dst`` and kept
-   in ``keep`` when that is not null (a REDUCE_LL; ``first``: the message is the first
-   operand). False when this call must stop. */
+/* This worker's share of a message in lines out of the inbox at ``src``, moved by threads
+   tid of bd: each element stored to ``dst`` (a TAKE_LL), or, with ``other``, combined with
+   it into ``dst`` and kept in ``keep`` when that is not null (a REDUCE_LL; ``first``: the
+   message is the first operand). False when this call must stop. */
 __device__ bool take_lines(const Ctx& c, const u64* src, i64 count, S* dst, const S* other,
-                           S* keep, bool first, unsigned flag, i64 align, int step, int peer) {
+                           S* keep, bool first, unsigned flag, i64 align, int step, int peer,
+                           i64 tid, i64 bd) {
     i64 lo, hi;
     share(count, align, &lo, &hi);
-    const i64 bd = blockDim.x, u_hi = (hi + PER - 1) / PER;
-    for (i64 u0 = lo / PER + threadIdx.x; u0 < u_hi; u0 += UNROLL * bd) {
+    const i64 u_hi = (hi + PER - 1) / PER;
+    for (i64 u0 = lo / PER + tid; u0 < u_hi; u0 += UNROLL * bd) {
         u64 v[UNROLL][LPU];
         S o[UNROLL][PER];
 #pragma unroll
@@ -461,12 +471,13 @@ __device__ __forceinline__ bool chain_operands(const i64* r, char* const* bases,
 }
 
 /* This worker's share of ``count`` elements at ``src`` into the peer's inbox at ``dst`` as
-   flagged lines. */
-__device__ void send_lines(u64* dst, const S* src, i64 count, u64 flag, i64 align) {
+   flagged lines, moved by threads tid of bd. */
+__device__ void send_lines(u64* dst, const S* src, i64 count, u64 flag, i64 align, i64 tid,
+                           i64 bd) {
     i64 lo, hi;
     share(count, align, &lo, &hi);
-    const i64 bd = blockDim.x, u_hi = (hi + PER - 1) / PER;
-    for (i64 u0 = lo / PER + threadIdx.x; u0 < u_hi; u0 += UNROLL * bd) {
+    const i64 u_hi = (hi + PER - 1) / PER;
+    for (i64 u0 = lo / PER + tid; u0 < u_hi; u0 += UNROLL * bd) {
         u64 bits[UNROLL];
 #pragma unroll
         for (int k = 0; k < UNROLL; k++) {
@@ -716,33 +727,43 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             i = j - 1;
             break;
         }
-        case 8: { /* SEND_LL: 4 data bytes and the call's flag in each 8-byte line */
-            const int j = batch_end(code, n, i);
-            if (!lines_free(c, code, i, j, seen, call, step)) stop = 1;
-            __syncthreads();
-            if (stop) break;
-            for (int k = i; k < j; k++) {
+        case 8:   /* SEND_LL: 4 data bytes and the call's flag in each 8-byte line */
+        case 9: { /* TAKE_LL: each line waited for by the thread that copies it */
+            /* The step's messages at once, one warp group each (more than warps: one after
+               another, every thread on each) */
+            const int kind = (int)r[0];
+            const int j = batch_end(code, n, i), m = j - i;
+            if (kind == 8) {
+                if (!lines_free(c, code, i, j, seen, call, step)) stop = 1;
+                __syncthreads();
+                if (stop) break;
+            }
+            const bool grouped = m <= (int)blockDim.x / 32;
+            i64 tid = threadIdx.x, nt = blockDim.x;
+            const int mine = grouped ? warp_group(m, &tid, &nt) : 0;
+            for (int k = grouped ? i + mine : i; k < (grouped ? i + mine + 1 : j); k++) {
                 const i64* q = code + (i64)k * WIDTH;
-                send_lines((u64*)((char*)peer_lines[q[2]] + (call & 1) * lines_half
-                                  + q[5] * itemsize),
-                           (const S*)bases[q[3]] + q[4], q[6], (u64)line_flag(call) << 32,
-                           align);
+                if (kind == 8)
+                    send_lines((u64*)((char*)peer_lines[q[2]] + (call & 1) * lines_half
+                                      + q[5] * itemsize),
+                               (const S*)bases[q[3]] + q[4], q[6], (u64)line_flag(call) << 32,
+                               align, tid, nt);
+                else if (!take_lines(c, (const u64*)((const char*)peer_lines[rank]
+                                                     + (call & 1) * lines_half + q[6] * itemsize),
+                                     q[7], (S*)bases[q[4]] + q[5], nullptr, nullptr, false,
+                                     line_flag(call), align, step, (int)q[2], tid, nt))
+                    stop = 1;
             }
             i = j - 1;
             break;
         }
-        case 9:   /* TAKE_LL: each line waited for by the thread that copies it */
         case 10: {/* REDUCE_LL: each line waited for and reduced by the thread that reads it */
-            const i64 slot = r[0] == 9 ? r[6] : r[5];
             const u64* src = (const u64*)((const char*)peer_lines[rank] + (call & 1) * lines_half
-                                          + slot * itemsize);
-            const bool ok = r[0] == 9
-                ? take_lines(c, src, r[7], (S*)bases[r[4]] + r[5], nullptr, nullptr, false,
-                             line_flag(call), align, step, (int)r[2])
-                : take_lines(c, src, r[6], (S*)bases[r[7]] + r[8], (const S*)bases[r[9]] + r[10],
-                             r[3] < 0 ? nullptr : (S*)bases[r[3]] + r[4], r[11] != 0,
-                             line_flag(call), align, step, (int)r[2]);
-            if (!ok) stop = 1;
+                                          + r[5] * itemsize);
+            if (!take_lines(c, src, r[6], (S*)bases[r[7]] + r[8], (const S*)bases[r[9]] + r[10],
+                            r[3] < 0 ? nullptr : (S*)bases[r[3]] + r[4], r[11] != 0,
+                            line_flag(call), align, step, (int)r[2], threadIdx.x, blockDim.x))
+                stop = 1;
             break;
         }
         case 11: { /* TAKE_REDUCE: the sender's block of this share delivered it; reduced
