@@ -256,7 +256,14 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
                 mine[src, k] = slot
 
     code = []
-    emit = code.append
+    touched = []           # per row: its access (``_Barriers.before``'s), None for barriers,
+                           # epochs and what reads only the inbox
+    posted = {}            # step -> the accesses of this rank's rendezvous receives in it
+
+    def emit(row):
+        code.append(row)
+        touched.append(order.take() if row[0] != BARRIER else None)
+
     order = _Barriers(emit)
     out_staged = staged(plan, eager) and not symmetric
     # The first epoch says only "this call has started" where no rendezvous receive lands in
@@ -315,9 +322,9 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
         if index in waited and not (index == 0 and early):
             # every worker done with what the receives overwrite: a grid barrier, unless no
             # worker has touched those regions since the last one
-            if code and not order.clear_of([hazards.access(r) for k, r in
-                                            _numbered(step.recvs, received)
-                                            if mine[r.peer, k] < 0]):
+            posted[index] = [hazards.access(r) for k, r in _numbered(step.recvs, received)
+                             if mine[r.peer, k] < 0]
+            if code and not order.clear_of(posted[index]):
                 order.grid(index)
             emit((EPOCH, index, index))
         for s in step.sends:
@@ -452,7 +459,7 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
             raise ValueError(f"{plan.collective} ({plan.algorithm}): rank {dst} receives "
                              f"{len(pairs)} messages from rank {rank}, which sends {sent[dst]}")
 
-    code = _send_on(code)
+    code = _send_on(code, touched, posted)
     table = np.zeros((len(code), WIDTH), np.int64)
     for i, row in enumerate(code):
         table[i, :len(row)] = row
@@ -467,38 +474,84 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
                    max(inboxes), max(line_inboxes))
 
 
-def _send_on(code):
-    """``code`` with each chain whose result the next step sends on eagerly, and nothing
-    else, marked SENDS_ON (two_shot's reduction, then its sends of the reduced block): the
-    kernel then stores each result to the peers' slots (or lines) in the pass that computes
-    it, instead of writing it, meeting at a barrier and reading it back. Only where every
-    send of the batch (the step's consecutive SENDs, or SEND_LLs) reads exactly the chain's
-    result, so each of them splits among the workers as the chain does; sends of plain data
-    only after a chain that polls no lines (the kernel's pass for them reads plain memory).
-    The block barrier between the two goes: a thread sends what it computed itself, and the
-    kernel orders the block after the sends as after every batch."""
+def _send_on(code, touched=None, posted=None):
+    """``code`` with each chain whose result the next step sends on, and nothing else,
+    marked SENDS_ON (two_shot's reduction, then its sends of the reduced block): the kernel
+    then stores each result to the peers' slots, lines or regions in the pass that computes
+    it, after the sends' waits, instead of writing it, meeting at a barrier and reading it
+    back. Only where every send of the batch (the step's consecutive SENDs, SEND_LLs or
+    PUSHes) reads exactly the chain's result, so each of them splits among the workers as
+    the chain does; sends of plain data only after a chain that polls no lines (the kernel's
+    pass for them reads plain memory). The block barriers between the two go: a thread
+    sends what it computed itself, and the kernel orders the block after the sends as after
+    every batch; so a staged output's copy of the result out to the caller's output moves
+    after the sends.
+
+    Rendezvous sends come after the next step's epoch (and the grid barrier before it,
+    where there is one): the chain moves after both (``touched``, ``posted``: each row's
+    access, each step's rendezvous receives) where that changes nothing: no receive the
+    epoch lets peers write meets what the chain accesses, and no row after it up to the
+    next grid barrier meets it across workers (the grid barrier it leaves ordered those)."""
     out, i = [], 0
     while i < len(code):
         row = code[i]
         out.append(row)
         i += 1
-        if row[0] != REDUCE_N:
-            continue
-        first = i + 1 if i < len(code) and code[i][:3] == (BARRIER, code[i][1], 0) else i
-        kind = code[first][0] if first < len(code) else None
-        if kind not in (SEND, SEND_LL) or (kind == SEND and
-                                           any(x < 0 for x in chain_operands(row))):
-            continue
-        end = first
-        while end < len(code) and code[end][:2] == (kind, code[first][1]) \
-                and code[end][3:5] == row[2:4] and code[end][6] == row[4]:
-            end += 1
-        batch_over = end == len(code) or code[end][:2] != (kind, code[first][1])
-        if end > first and batch_over and end - first <= SENDS_ON_MAX:
-            out[-1] = row[:5] + (row[5] | SENDS_ON,) + row[6:]
-            out.extend(code[first:end])
-            i = end
+        if row[0] == REDUCE_N:
+            fused = _fused_sends(code, i - 1, touched, posted)
+            if fused is not None:
+                ahead, sends, later, i = fused
+                out[-1:] = ahead + [row[:5] + (row[5] | SENDS_ON,) + row[6:]] + sends + later
     return out
+
+
+_COUNT = {SEND: 6, SEND_LL: 6, PUSH: 7}     # a send's count column (its source: 3 and 4)
+
+
+def _fused_sends(code, at, touched, posted):
+    """For the chain at ``at``: (the rows to move ahead of it, the batch of sends it runs,
+    the copies out of its result to move after them, the row after all of them), or None
+    where they cannot fuse (``_send_on``)."""
+    chain, n = code[at], len(code)
+    ahead, later = [], []
+    j = at + 1
+    while j < n:
+        row = code[j]
+        if row[0] == BARRIER and not row[2]:
+            pass                                  # ordered the chain before what follows
+        elif row[0] == COPY and row[2] == CALLER_OUTPUT and row[3] == chain[3] \
+                and row[4:7] == chain[2:5]:
+            later.append(row)                     # the result copied out
+        elif touched is not None and row[0] == EPOCH and not ahead[1:]:
+            ahead.append(row)
+        elif touched is not None and row[0] == BARRIER and not ahead and j + 1 < n \
+                and code[j + 1][0] == EPOCH:
+            ahead.append(row)                     # the epoch's grid barrier
+        else:
+            break
+        j += 1
+    kind = code[j][0] if j < n else None
+    if kind not in _COUNT or (kind != SEND_LL and any(x < 0 for x in chain_operands(chain))):
+        return None
+    first = end = j
+    while end < n and code[end][:2] == (kind, code[first][1]) \
+            and code[end][3:5] == chain[2:4] and code[end][_COUNT[kind]] == chain[4]:
+        end += 1
+    if end == first or end - first > SENDS_ON_MAX or \
+            (end < n and code[end][:2] == (kind, code[first][1])):
+        return None
+    if ahead and ahead[-1][0] != EPOCH:
+        return None
+    if ahead:
+        mine = touched[at]
+        if mine is None or any(hazards.ordering(mine, r) for r in posted[ahead[-1][2]]):
+            return None
+        for row, access in zip(code[end:], touched[end:]):
+            if row[0] == BARRIER and row[2]:
+                break
+            if access is not None and hazards.ordering(mine, access) == hazards.ACROSS:
+                return None
+    return ahead, list(code[first:end]), later, end
 
 
 class _Barriers:
@@ -515,6 +568,12 @@ class _Barriers:
         self.emit = emit
         self.unordered = []          # accesses since the last barrier of either kind
         self.apart = []              # since the last grid barrier
+        self.last = None             # the access ordered last, for the row that makes it
+
+    def take(self):
+        """The access ``before`` ordered last (None if taken already): the emitted row's."""
+        last, self.last = self.last, None
+        return last
 
     def before(self, accessed, step):
         if len(self.apart) >= self.KEPT or any(
@@ -525,6 +584,7 @@ class _Barriers:
             self.unordered = []
         self.unordered.append(accessed)
         self.apart.append(accessed)
+        self.last = accessed
 
     def clear_of(self, accessed):
         """Whether no access since the last grid barrier conflicts with any of ``accessed``

@@ -727,43 +727,50 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             i = j - 1;
             break;
         }
-        case 8:   /* SEND_LL: 4 data bytes and the call's flag in each 8-byte line */
-        case 9: { /* TAKE_LL: each line waited for by the thread that copies it */
-            /* The step's messages at once, one warp group each (more than warps: one after
-               another, every thread on each) */
-            const int kind = (int)r[0];
+        case 8: { /* SEND_LL: 4 data bytes and the call's flag in each 8-byte line; the
+                     step's messages at once, one warp group each (more than warps: one after
+                     another, every thread on each) */
             const int j = batch_end(code, n, i), m = j - i;
-            if (kind == 8) {
-                if (!lines_free(c, code, i, j, seen, call, step)) stop = 1;
-                __syncthreads();
-                if (stop) break;
-            }
-            const bool grouped = m <= (int)blockDim.x / 32;
+            if (!lines_free(c, code, i, j, seen, call, step)) stop = 1;
+            __syncthreads();
+            if (stop) break;
             i64 tid = threadIdx.x, nt = blockDim.x;
-            const int mine = grouped ? warp_group(m, &tid, &nt) : 0;
-            for (int k = grouped ? i + mine : i; k < (grouped ? i + mine + 1 : j); k++) {
+            int k = i, end = j;
+            if (m > 1 && m <= (int)blockDim.x / 32) {
+                k = i + warp_group(m, &tid, &nt);
+                end = k + 1;
+            }
+            for (; k < end; k++) {
                 const i64* q = code + (i64)k * WIDTH;
-                if (kind == 8)
-                    send_lines((u64*)((char*)peer_lines[q[2]] + (call & 1) * lines_half
-                                      + q[5] * itemsize),
-                               (const S*)bases[q[3]] + q[4], q[6], (u64)line_flag(call) << 32,
-                               align, tid, nt);
-                else if (!take_lines(c, (const u64*)((const char*)peer_lines[rank]
-                                                     + (call & 1) * lines_half + q[6] * itemsize),
-                                     q[7], (S*)bases[q[4]] + q[5], nullptr, nullptr, false,
-                                     line_flag(call), align, step, (int)q[2], tid, nt))
-                    stop = 1;
+                send_lines((u64*)((char*)peer_lines[q[2]] + (call & 1) * lines_half
+                                  + q[5] * itemsize),
+                           (const S*)bases[q[3]] + q[4], q[6], (u64)line_flag(call) << 32,
+                           align, tid, nt);
             }
             i = j - 1;
             break;
         }
+        case 9:   /* TAKE_LL: each line waited for by the thread that copies it; the step's
+                     messages at once, one warp group each (more than warps: one by one) */
         case 10: {/* REDUCE_LL: each line waited for and reduced by the thread that reads it */
+            i64 tid = threadIdx.x, nt = blockDim.x;
+            if (r[0] == 9) {
+                const int j = batch_end(code, n, i), m = j - i;
+                if (m > 1 && m <= (int)blockDim.x / 32) {
+                    r = code + (i64)(i + warp_group(m, &tid, &nt)) * WIDTH;
+                    i = j - 1;
+                }
+            }
+            const i64 slot = r[0] == 9 ? r[6] : r[5];
             const u64* src = (const u64*)((const char*)peer_lines[rank] + (call & 1) * lines_half
-                                          + r[5] * itemsize);
-            if (!take_lines(c, src, r[6], (S*)bases[r[7]] + r[8], (const S*)bases[r[9]] + r[10],
-                            r[3] < 0 ? nullptr : (S*)bases[r[3]] + r[4], r[11] != 0,
-                            line_flag(call), align, step, (int)r[2], threadIdx.x, blockDim.x))
-                stop = 1;
+                                          + slot * itemsize);
+            const bool ok = r[0] == 9
+                ? take_lines(c, src, r[7], (S*)bases[r[4]] + r[5], nullptr, nullptr, false,
+                             line_flag(call), align, step, (int)r[2], tid, nt)
+                : take_lines(c, src, r[6], (S*)bases[r[7]] + r[8], (const S*)bases[r[9]] + r[10],
+                             r[3] < 0 ? nullptr : (S*)bases[r[3]] + r[4], r[11] != 0,
+                             line_flag(call), align, step, (int)r[2], tid, nt);
+            if (!ok) stop = 1;
             break;
         }
         case 11: { /* TAKE_REDUCE: the sender's block of this share delivered it; reduced

@@ -128,7 +128,19 @@ class Group:
             yield
             yield from self._barrier(rank, w, barriers, -1, deadline)
 
-        for row in program.code:
+        def posted(row):
+            """What a send waits for: (whether it may write now, what it waits for)."""
+            peer = int(row[2])
+            if int(row[0]) == PUSH:        # the receive posted (the peer's epoch of its step)
+                target = ((call + 1) << pushed.STEP_BITS) | int(row[8])
+                return (lambda: self.epoch[peer] >= target), "its receive to be posted"
+            # eager: the slot's half was last used two calls ago, so the peer must have
+            # started the previous call (then it is done with the one before)
+            target = (call << pushed.STEP_BITS) if call >= 2 else 0
+            return (lambda: self.epoch[peer] >= target), "the previous call"
+
+        code = program.code
+        for at, row in enumerate(code):
             kind, step = int(row[0]), int(row[1])
             if kind == BARRIER:              # a block barrier orders nothing here: a worker
                 if row[2]:                   # is one sequence
@@ -139,9 +151,8 @@ class Group:
                     self.epoch[rank] = ((call + 1) << pushed.STEP_BITS) | int(row[2])
             elif kind == PUSH:
                 peer, sb, so, db, do, count, their_step, k = map(int, row[2:10])
-                target = ((call + 1) << pushed.STEP_BITS) | their_step
-                yield from wait(lambda: self.epoch[peer] >= target, step, peer,
-                                "its receive to be posted")
+                ready, what = posted(row)
+                yield from wait(ready, step, peer, what)
                 theirs = {OUTPUT: self.landing[peer], SCRATCH: self.scratch[peer]}[db]
                 lo, hi = share(count)
                 for a in range(lo, hi, piece):
@@ -151,9 +162,8 @@ class Group:
                 self.delivered[peer, rank, w] = self.sent[rank, peer] + k + 1
             elif kind == SEND_LL:
                 peer, sb, so, slot, count, k = map(int, row[2:8])
-                target = (call << pushed.STEP_BITS) if call >= 2 else 0
-                yield from wait(lambda: self.epoch[peer] >= target, step, peer,
-                                "the previous call")
+                ready, what = posted(row)
+                yield from wait(ready, step, peer, what)
                 theirs = self.lines[peer][call & 1]
                 flags = self.line_flags[peer][call & 1]
                 lo, hi = share(count)
@@ -174,11 +184,8 @@ class Group:
                     mine[db][do + a:do + b] = inbox[slot + a:slot + b]
             elif kind == SEND:
                 peer, sb, so, slot, count, k = map(int, row[2:8])
-                # the slot's half was last used two calls ago: the peer must have started
-                # the previous call (so it is done with the one before)
-                target = (call << pushed.STEP_BITS) if call >= 2 else 0
-                yield from wait(lambda: self.epoch[peer] >= target, step, peer,
-                                "the previous call")
+                ready, what = posted(row)
+                yield from wait(ready, step, peer, what)
                 theirs = self.inbox[peer][call & 1]
                 lo, hi = share(count)
                 for a in range(lo, hi, piece):
@@ -230,8 +237,15 @@ class Group:
                     mine[db][do + a:do + b] = mine[sb][so + a:so + b]
                     yield
             elif kind == REDUCE_N:            # one pass: every operand read, then dst written
-                # (SENDS_ON: the kernel sends the results on in the same pass; here the SENDs
-                # that follow run after it, which this worker's order makes the same)
+                # (SENDS_ON: the kernel waits as the sends that follow wait, then sends the
+                # results on in the same pass; here the waits come first, then the chain,
+                # then the sends, which this worker's order makes the same)
+                if int(row[5]) & pushed.SENDS_ON:
+                    batch = at + 1
+                    while batch < len(code) and tuple(code[batch][:2]) == tuple(code[at + 1][:2]):
+                        ready, what = posted(code[batch])
+                        yield from wait(ready, step, int(code[batch][2]), what)
+                        batch += 1
                 db, do, count = map(int, row[2:5])
                 inbox = self.lines[rank][call & 1]
                 flags = self.line_flags[rank][call & 1]

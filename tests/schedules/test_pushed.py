@@ -260,6 +260,63 @@ def test_a_chain_sends_its_result_on_in_its_pass():
     assert pushed._send_on([plain] + sends)[0][5] == 2 | pushed.SENDS_ON
 
 
+def test_a_chain_sends_its_result_on_after_the_epoch_of_rendezvous_sends():
+    """Above the eager limit two_shot's second step posts its receives (a grid barrier, its
+    epoch) before it pushes the reduced block: the chain moves after both into the pushes'
+    pass, where nothing the epoch lets peers write meets it (4 GPUs at 1 GiB: the
+    reduction's 0.4 ms of memory traffic, NVLink idle, between two 2.4 ms steps). A staged
+    output's copy of the block out to the caller's output follows the pushes."""
+    for symmetric in (False, True):
+        for rank in range(4):
+            plan = read_input_first(build_plan("all_reduce", "two_shot", rank, 4, 4096), 4096)
+            code = [tuple(int(x) for x in row) for row in
+                    pushed.lower(plan, 0, 0, seeded=True, symmetric=symmetric).code]
+            at = next(i for i, row in enumerate(code) if row[0] == pushed.REDUCE_N)
+            chain = code[at]
+            assert chain[5] & pushed.SENDS_ON and code[at - 1][:3] == (pushed.EPOCH, 1, 1)
+            pushes = code[at + 1:at + 4]
+            assert [row[0] for row in pushes] == [pushed.PUSH] * 3
+            assert all(row[3:5] == chain[2:4] and row[7] == chain[4] for row in pushes)
+            after = code[at + 4]
+            assert (after[0] == pushed.COPY and after[2] == pushed.CALLER_OUTPUT
+                    and after[4:7] == chain[2:5]) != symmetric
+
+
+def _sum_then_overwrite(rank, size, n):
+    """Every vector to every rank, summed through a scratch accumulator into output; then
+    each rank sends its sum to its left neighbour, which receives it where it received its
+    right neighbour's vector in step 0: the chain reads that slot, so it must finish before
+    the rank's epoch lets the neighbour write there, and cannot run in its sends' pass."""
+    def slot(q):
+        return Region("scratch", q * n, n)
+    acc, out = Region("scratch", size * n, n), Region("output", 0, n)
+    xs = [out if q == rank else slot(q) for q in range(size)]
+    ops = [Reduce(acc, xs[0], xs[1])] + [Reduce(acc, acc, x) for x in xs[2:-1]]
+    ops.append(Reduce(out, acc, xs[-1]))
+    peers = [q for q in range(size) if q != rank]
+    yield Step(sends=tuple(Send(q, out) for q in peers),
+               recvs=tuple(Recv(q, slot(q)) for q in peers), local=tuple(ops))
+    right, left = (rank + 1) % size, (rank - 1) % size
+    yield Step(sends=(Send(left, out),), recvs=(Recv(right, slot(right)),))
+
+
+def test_a_chain_does_not_pass_an_epoch_that_lets_peers_overwrite_what_it_reads(monkeypatch):
+    """(A mutation that drops the check of the epoch's receives fails this.)"""
+    from collectives.algorithms import schedule
+    monkeypatch.setitem(schedule.REGISTRY["all_reduce"], "sum_then_overwrite",
+                        _sum_then_overwrite)
+    for p in (3, 4):
+        for seed in range(3):
+            group = Group(p, workers=2, seed=seed)
+            calls = [_call("all_reduce", "sum_then_overwrite", p, 8, 0, seed * 10 + i)
+                     for i in range(3)]
+            group.run([c[0] for c in calls], eager=0, lines=0)
+            for _, inputs, outputs in calls:
+                _check("all_reduce", p, 8, 0, inputs, outputs)
+        code = pushed.lower(build_plan("all_reduce", "sum_then_overwrite", 0, p, 8)).code
+        assert all(row[0] != pushed.REDUCE_N or not row[5] & pushed.SENDS_ON for row in code)
+
+
 def _sum_then_forward(rank, size, n):
     """An all_reduce written as research code would: every vector to every rank, summed in
     rank order through a scratch accumulator into output; then each rank forwards the
