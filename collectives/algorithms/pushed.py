@@ -112,9 +112,9 @@ REDUCE_N = 12   # a chain of reductions in one pass, dst = ((x0 op x1) op x2) ..
                 # (``line_operand``); column 5 may carry SENDS_ON (below)
 WIDTH = 13
 FOLD = WIDTH - 6   # operands one REDUCE_N reads
-SENDS_ON = 1 << 8  # in a REDUCE_N's column 5 (beside the operand count): the eager SENDs
-                   # or SEND_LLs that follow it (one batch, at most SENDS_ON_MAX) send its
-                   # result on in the same pass (``_send_on``)
+SENDS_ON = 1 << 8  # in a REDUCE_N's column 5 (beside the operand count): the SENDs,
+                   # SEND_LLs or PUSHes that follow it (one batch, at most SENDS_ON_MAX)
+                   # send its result on in the same pass (``_send_on``)
 SENDS_ON_MAX = 64
 if FOLD >= SENDS_ON:     # the operand count and the flag share column 5
     raise ImportError(f"pushed: FOLD ({FOLD}) must stay below SENDS_ON ({SENDS_ON})")

@@ -807,8 +807,9 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                       offset << BUFFER_BITS | buffer (an eager message's slot in the inbox,
                       its ARRIVE before), < 0 a message in lines,
                       -1 - (slot << LINE_PEER_BITS | peer). SENDS_ON: the sends after it
-                      send its results on in its pass: plain SENDs run it (reduce_many with outs);
-                      SEND_LLs are run here, their slots' waits first */
+                      send its results on in its pass: plain SENDs and PUSHes run it after
+                      their waits (reduce_many with outs); SEND_LLs are run here, their
+                      slots' waits first */
             const bool on = (r[5] & SENDS_ON) != 0;
             if (on && code[(i64)(i + 1) * WIDTH] != 8) break;
             const int j = on ? batch_end(code, n, i + 1) : i + 1, k = j - i - 1;
