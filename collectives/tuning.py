@@ -40,7 +40,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from statistics import median
+from statistics import median, quantiles
 
 from . import settings
 from .algorithms import capabilities, cost
@@ -443,6 +443,29 @@ def run_noise(records) -> tuple[float, str]:
     return 0.0, "none measured"
 
 
+QUARTILES_OVER_ROUNDS = "quartiles over rounds"
+
+
+def tie_noise(records) -> tuple[float, str]:
+    """The run noise ``decisions_from_records`` judges ties by: as ``run_noise``, but each
+    row's spread taken from the interquartile range of its rounds and scaled to the spread
+    five rounds of normal noise have ((q3 - q1) / 1.349 standard deviations, times 2.326),
+    so that one slow round does not widen every tie, nor do more rounds (the spread, max -
+    min, grows with them: 54 % at 5 rounds, 136 % at 15 on the 2-core VM). Judged by
+    ``tools/auto_rules.py`` on the 13 stored pairs of a tuning run and a later run, against
+    the spread: the geometric mean better in 8, worse in 2 (by 0.002 and 0.005), the worst
+    size better in 3 (1.23 -> 1.20, 1.27 -> 1.15, 1.16 -> 1.11) and worse in none. Rows of
+    fewer than 4 rounds: ``run_noise``."""
+    spreads = []
+    for times in map(_row_times, records):
+        if len(times) >= 4 and median(times) > 0:
+            q1, _, q3 = quantiles(times, n=4, method="inclusive")
+            spreads.append((q3 - q1) / 1.349 * 2.326 / median(times))
+    if spreads:
+        return median(spreads), QUARTILES_OVER_ROUNDS
+    return run_noise(records)
+
+
 def faster_in_rounds(mine, theirs, level: float = 0.05) -> bool:
     """Whether per-round times ``mine`` beat ``theirs`` round by round (round i of each ran
     in the same interleaved round, so machine drift cancels) in a one-sided sign test at
@@ -471,10 +494,11 @@ def decisions_from_records(records, params, itemsize: int = 4, *,
     are no candidates.
 
     The threshold compares medians over rounds, so it is the noise of a median: the run's
-    noise (one schedule's spread over its rounds) / sqrt(rounds). The spread itself (what one
-    measurement may be off by) let the model overrule measured gaps of up to 30-40 % on the
-    2-core VM, where the model does not see oversubscription: 4 ranks on 2 cores, the model
-    kept direct where tree was 1.2-1.3x faster in run A and again in run B. The round-by-round
+    noise (one schedule's spread over its rounds, ``tie_noise``) / sqrt(rounds). The spread
+    itself (what one measurement may be off by) let the model overrule measured gaps of up to
+    30-40 % on the 2-core VM, where the model does not see oversubscription: 4 ranks on 2
+    cores, the model kept direct where tree was 1.2-1.3x faster in run A and again in run B;
+    and one slow round widened it for every size (``tie_noise``). The round-by-round
     comparison catches a steady gap below that threshold: 8 MPI ranks on a 32-core host,
     reduce_scatter at 4 MiB, ring_bidirectional was 10 % faster than recursive doubling in
     each of run A's 5 rounds (threshold 10.6 %), and 1.12-1.23x faster again in two later
@@ -484,7 +508,7 @@ def decisions_from_records(records, params, itemsize: int = 4, *,
     the bidirectional ring, direct won at the sizes around); judged on later runs
     (``tools/auto_rules.py``), the two steps before the model cost at most 0.006 of the
     geometric mean anywhere and took NCCL's worst from 1.46 to 1.09 (BENCHMARKS.md §4)."""
-    noise, how = run_noise(records)
+    noise, how = tie_noise(records)
     table: dict = {}
     for row in records:
         name, collective = row["algorithm"], row["collective"]
@@ -504,7 +528,8 @@ def decisions_from_records(records, params, itemsize: int = 4, *,
             best = order[0]
             margin = medians[order[1]] / medians[best] if len(order) > 1 and medians[best] > 0 \
                 else math.inf
-            threshold = noise / math.sqrt(rounds) if how == SPREAD_OVER_ROUNDS else noise
+            threshold = noise / math.sqrt(rounds) \
+                if how in (SPREAD_OVER_ROUNDS, QUARTILES_OVER_ROUNDS) else noise
             row = {"bytes": nbytes, "algorithm": best, "by": "measured",
                    "median_us": {n: round(medians[n], 3) for n in order},
                    "noise": round(noise, 4), "noise_from": how, "rounds": rounds,

@@ -6,12 +6,11 @@ row (its median over B's rounds) over the best row of B (geometric mean, worst, 
 * model: a tie (no algorithm beats the runner-up by more than the noise of a median) goes to
   the model's pick among the tied (the rule before the seventh session);
 * current: ``tuning.decisions_from_records`` as it is (round by round, then the winner at the
-  nearest decided size, then the model);
+  nearest decided size, then the model), its noise ``tuning.tie_noise`` (the interquartile
+  range of a row's rounds, scaled to five rounds' spread: one slow round does not widen it);
 * median: always the least median of A;
-* robust: as current, but with a run noise that does not grow with the rounds: the median
-  over rows of the interquartile range of a row's round times / its median, scaled to the
-  expected spread of five rounds of normal noise (2.326 / 1.349), where current takes the
-  spread (max - min) itself.
+* spread: as current, but with the noise the rule took before the eleventh session: the
+  spread (max - min) of a row's rounds itself (``tuning.run_noise``, what the bench prints).
 
 The model's parameters are the tuning file's (the ones run A's ``--tune`` broke ties with).
 
@@ -48,29 +47,16 @@ def medians(rows):
     return out
 
 
-def robust_noise(rows) -> float:
-    """The ``robust`` rule's run noise (see the module notes)."""
-    spreads = []
-    for row in rows:
-        times = row.get("round_p50_us") or []
-        if len(times) > 1 and statistics.median(times) > 0:
-            q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
-            spreads.append((q3 - q1) / 1.349 * 2.326 / statistics.median(times))
-    return statistics.median(spreads)
-
-
 def decide(rows, params, rule):
     """{(collective, bytes): algorithm} from run A's rows by ``rule``."""
     if rule == "median":
         return {key: min(m, key=m.get) for key, m in medians(rows).items()}
-    if rule == "robust":
-        noise = robust_noise(rows)
-        measured, tuning.run_noise = tuning.run_noise, \
-            lambda records: (noise, tuning.SPREAD_OVER_ROUNDS)
+    if rule == "spread":
+        quartiles, tuning.tie_noise = tuning.tie_noise, tuning.run_noise
         try:
             return decide(rows, params, "current")
         finally:
-            tuning.run_noise = measured
+            tuning.tie_noise = quartiles
     table = tuning.decisions_from_records(
         rows, params, ties=() if rule == "model" else tuning.TIE_STEPS)
     return {(collective, row["bytes"]): row["algorithm"]
@@ -83,7 +69,7 @@ def judge(run_a, tuning_path, run_b):
     params = cost.load_params(transport, tuning_path)
     a, measured = records(run_a), medians(records(run_b))
     print(f"{run_a} ({os.path.basename(tuning_path)}) -> {run_b}")
-    for rule in ("model", "current", "median", "robust"):
+    for rule in ("model", "current", "median", "spread"):
         ratios = [measured[key][name] / min(measured[key].values())
                   for key, name in sorted(decide(a, params, rule).items()) if key in measured]
         mean = math.exp(sum(map(math.log, ratios)) / len(ratios))

@@ -342,14 +342,15 @@ def test_winners_by_median_over_rounds_beyond_the_noise():
 
 
 def test_a_gap_beyond_the_noise_of_a_median_is_measured_not_left_to_the_model():
-    """Medians over 5 rounds of rows that each spread 30 % over their rounds: a 20 % gap is
-    beyond the noise of a median (0.30 / sqrt(5) = 13 %) and the measurement decides, even
-    where the model prefers the slower one. A 5 % gap is within it: where tree was faster in
+    """Medians over 5 rounds of rows whose rounds spread as five rounds of 17 % noise would
+    (``tie_noise``: their quartiles 95 and 105): a 20 % gap is beyond the noise of a median
+    (0.172 / sqrt(5) = 7.7 %) and the measurement decides, even where the model prefers the
+    slower one. A 5 % gap is within it: where tree was faster in
     every round (the rounds ran interleaved, so each compares like with like) the rounds
     decide; where direct won one round of five (a sign test needs 5 of 5), the winner at the
     nearest decided size does (tree, at 8K)."""
     params = cost.default_params("local")
-    spread = [85, 95, 100, 105, 115]                      # (115 - 85) / 100 = 30 %
+    spread = [85, 95, 100, 105, 115]                      # (105 - 95) / 1.349 * 2.326
     rows = [record("tree", 4096, spread, p=4),
             record("direct", 4096, [1.2 * t for t in spread], p=4),
             record("tree", 8192, spread, p=4),
@@ -357,8 +358,10 @@ def test_a_gap_beyond_the_noise_of_a_median_is_measured_not_left_to_the_model():
             record("tree", 16384, spread, p=4),
             record("direct", 16384, [84, 99, 105, 110, 125], p=4)]
     (at4k, at8k, at16k), = tuning.decisions_from_records(rows, params).values()
-    assert at4k["noise"] == pytest.approx(0.30) and at4k["rounds"] == 5
-    assert at4k["threshold"] == pytest.approx(0.30 / 5 ** 0.5, abs=1e-4)
+    noise = 0.10 / 1.349 * 2.326
+    assert at4k["noise"] == pytest.approx(noise, abs=1e-4) and at4k["rounds"] == 5
+    assert at4k["noise_from"] == tuning.QUARTILES_OVER_ROUNDS
+    assert at4k["threshold"] == pytest.approx(noise / 5 ** 0.5, abs=1e-4)
     assert (at4k["algorithm"], at4k["by"]) == ("tree", "measured")
     assert (at8k["algorithm"], at8k["by"]) == ("tree", "rounds")
     assert (at16k["algorithm"], at16k["by"], at16k["neighbour_bytes"]) == \
@@ -373,7 +376,7 @@ def test_a_tie_goes_to_the_winner_at_the_nearest_decided_size_before_the_model()
     at equal distance) gives direct. At 16M the winner next door (direct at 1M) is not among
     the tied, so the model decides; no neighbour's own neighbour counts."""
     params = cost.default_params("mpi")
-    noisy = [80, 95, 100, 105, 120]                       # spread 40 %: threshold 17.9 %
+    noisy = [80, 95, 100, 105, 120]                       # threshold 7.7 % (``tie_noise``)
     flat = [100, 100, 100, 100, 100]
     rows = [record("direct", 64 << 10, noisy, p=8), record("ring_bidirectional", 64 << 10,
                                                             [1.5 * t for t in noisy], p=8),
