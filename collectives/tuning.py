@@ -453,7 +453,7 @@ def tie_noise(records) -> tuple[float, str]:
     so that one slow round does not widen every tie, nor do more rounds (the spread, max -
     min, grows with them: 54 % at 5 rounds, 136 % at 15 on the 2-core VM). Judged by
     ``tools/auto_rules.py`` on the 13 stored pairs of a tuning run and a later run, against
-    the spread: the geometric mean better in 8, worse in 2 (by 0.002 and 0.005), the worst
+    the spread: the geometric mean better in 9, worse in 2 (by 0.002 and 0.005), the worst
     size better in 3 (1.23 -> 1.20, 1.27 -> 1.15, 1.16 -> 1.11) and worse in none. Rows of
     fewer than 4 rounds: ``run_noise``."""
     spreads = []
