@@ -35,6 +35,28 @@ def buffers(cupy, collective, count, p, dtype, rank, seed):
     return cupy.asarray(data), cupy.zeros(n_out, dtype)
 
 
+def check_one(group, baseline, collective, kwargs, d_in, out, ref, rank, root, transport,
+              cupy) -> int:
+    """Bytes of ``out`` that differ from the NCCL send/recv executor's result of the same
+    call into ``ref`` (0 where this rank's output is not defined), -1 where it raised."""
+    try:
+        if collective == "broadcast":
+            mine, ref = d_in.copy(), d_in.copy()
+            group.prepare(collective, output=mine, **kwargs)()
+            baseline.prepare(collective, output=ref, **kwargs)()
+        else:
+            group.prepare(collective, input=d_in, output=out, **kwargs)()
+            baseline.prepare(collective, input=d_in, output=ref, **kwargs)()
+            mine = out
+        transport.synchronize(30.0)
+        if collective in ("reduce", "gather") and rank != root:
+            return 0
+        return int((mine.view(cupy.uint8) != ref.view(cupy.uint8)).sum())   # bit for bit
+    except Exception as exc:      # noqa: BLE001
+        print(f"rank {rank}: {collective}: {type(exc).__name__}: {exc}", flush=True)
+        return -1
+
+
 def capture(stream, call, iters):
     """``iters`` calls captured in one CUDA graph on ``stream`` (after three warm-up calls on
     it: staging grown, plans cached), launched once."""
@@ -76,8 +98,9 @@ def main():
     ap.add_argument("--no-checks", action="store_true", help="timings only")
     ap.add_argument("--no-graphs", action="store_true", help="skip the CUDA graph timings")
     ap.add_argument("--symmetric", action="store_true",
-                    help="also time each algorithm with its output in symmetric memory "
-                         "(<algorithm>:symm rows; group.symmetric_empty)")
+                    help="also check (float32, int32; every rank's output symmetric, then "
+                         "the even ranks' only) and time each algorithm with its output in "
+                         "symmetric memory (<algorithm>:symm rows; group.symmetric_empty)")
     args = ap.parse_args()
     group, cupy = nccl_group(timeout=120)
     host = group.bench_host
@@ -94,6 +117,10 @@ def main():
 
     have = capabilities()
     wrong = 0
+    sizes = [int(float(s[:-1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[s[-1]])
+             if s[-1] in "KMG" else int(s) for s in args.sizes.split(",")]
+    heap = group.symmetric_empty(max(max(sizes) // 4, p * ((1 << 17) + 3)) + 4096, "float32") \
+        if args.symmetric else None
     from collectives.kernels.reduce import BFLOAT16
     dtypes = [np.float32] if args.quick else [np.float32, np.float16, np.int32] + \
         ([BFLOAT16] if BFLOAT16 is not None else [])
@@ -114,38 +141,34 @@ def main():
                         d_in, d_out = buffers(cupy, collective, count, p, dtype, rank, count)
                     ref_out = d_out.copy()
                     kwargs = dict(algorithm=algorithm)
+                    placements = ["staged"]
+                    if heap is not None and collective in ("all_reduce", "reduce_scatter",
+                                                          "all_gather", "all_to_all") \
+                            and np.dtype(dtype) in (np.float32, np.int32):
+                        placements += ["symmetric", "symmetric on even ranks"]
                     if collective in ("all_reduce", "reduce_scatter", "reduce"):
                         kwargs["op"] = ReduceOp.SUM
                     if collective in ("broadcast", "reduce", "gather", "scatter"):
                         kwargs["root"] = root
-                    try:
-                        if collective == "broadcast":
-                            mine, ref = d_in.copy(), d_in.copy()
-                            group.prepare(collective, output=mine, **kwargs)()
-                            baseline.prepare(collective, output=ref, **kwargs)()
-                        else:
-                            group.prepare(collective, input=d_in, output=d_out, **kwargs)()
-                            baseline.prepare(collective, input=d_in, output=ref_out, **kwargs)()
-                            mine, ref = d_out, ref_out
-                        transport.synchronize(30.0)
-                        rooted_elsewhere = collective in ("reduce", "gather") and rank != root
-                        bad = 0 if rooted_elsewhere else int(      # bit for bit
-                            (mine.view(cupy.uint8) != ref.view(cupy.uint8)).sum())
-                    except Exception as exc:      # noqa: BLE001
-                        print(f"rank {rank}: {collective} {algorithm} {np.dtype(dtype).name} "
-                              f"{count}: {type(exc).__name__}: {exc}", flush=True)
-                        bad = -1
-                    bad = host.sum(1 if bad else 0)
-                    if bad:
-                        wrong += 1
-                        say(f"WRONG {collective} {algorithm} {np.dtype(dtype).name} n={count} "
-                            f"on {bad} ranks", flush=True)
+                    for placement in placements:
+                        out = d_out
+                        if placement == "symmetric" or (placement != "staged" and rank % 2 == 0):
+                            out = heap.view(dtype)[:d_out.size]
+                        out[...] = ref_out
+                        bad = check_one(group, baseline, collective, kwargs, d_in, out,
+                                        ref_out.copy(), rank, root, transport, cupy)
+                        if bad < 0:
+                            print(f"rank {rank}: {collective} {algorithm} "
+                                  f"{np.dtype(dtype).name} {count} ({placement}) failed",
+                                  flush=True)
+                        bad = host.sum(1 if bad else 0)
+                        if bad:
+                            wrong += 1
+                            say(f"WRONG {collective} {algorithm} {np.dtype(dtype).name} "
+                                f"n={count} ({placement}) on {bad} ranks", flush=True)
     say(f"checks done: {wrong} wrong", flush=True)
 
-    sizes = [int(float(s[:-1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[s[-1]])
-             if s[-1] in "KMG" else int(s) for s in args.sizes.split(",")]
     say(f"{'collective':15} {'algorithm':20} " + " ".join(f"{s:>10}" for s in args.sizes.split(",")))
-    heap = group.symmetric_empty(max(sizes) // 4 + 4096, "float32") if args.symmetric else None
     for collective in args.collectives.split(","):
         times = {}
         for nbytes in sizes:

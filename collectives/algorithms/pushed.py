@@ -81,7 +81,10 @@ from .schedule import Copy, Plan, Reduce, Region, buffer_sizes, build_plan
 # last) for error messages; the rest by kind:
 BARRIER = 0     # [2] 1: every worker of this rank has finished everything before it (grid);
                 # 0: the threads of each worker have (its own share, ``_Barriers``)
-EPOCH = 1       # publish epoch (call, step)                    [2]: step
+EPOCH = 1       # publish epoch (call, step): [2] step [3] 1: the call's first, before
+                # anything (a plain store) [4] 1: this rank takes eager messages straight
+                # into its symmetric output (``direct``): it says so first (its DIRECT word
+                # in every rank's flags: the call's number + 1), then the epoch, a release
 PUSH = 2        # [2] peer [3] src buffer [4] src offset [5] dst buffer (peer's) [6] dst offset
                 # [7] count [8] the peer's step to wait for [9] message number to that peer;
                 # the peer's output is its staging memory's start, or where its epochs say
@@ -91,9 +94,12 @@ COPY = 4        # [2] dst buffer [3] dst offset [4] src buffer [5] src offset [6
 REDUCE = 5      # [2] dst buffer [3] dst offset [4] a buffer [5] a offset [6] b buffer
                 # [7] b offset [8] count
 SEND = 6        # eager: [2] peer [3] src buffer [4] src offset [5] slot in the peer's inbox
-                # [6] count [7] message number to that peer
+                # [6] count [7] message number to that peer [8] where in the peer's output
+                # the message lands (-1: not output): there, not in the slot, where the peer
+                # takes messages directly this call (its DIRECT word)
 TAKE = 7        # [2] peer [3] message number from that peer [4] dst buffer [5] dst offset
-                # [6] slot in this rank's inbox [7] count
+                # [6] slot in this rank's inbox [7] count [8] 1: the sender wrote it into
+                # this rank's output directly (``direct``): only wait for it
 SEND_LL = 8     # eager in lines of 4 data bytes + a 4-byte flag (NCCL's LL protocol): the
                 # receiver polls the data itself, no delivered word, no fences; as SEND, the
                 # slot in the peer's inbox of lines
@@ -143,6 +149,7 @@ class Program(NamedTuple):
     scratch_max: int          # the largest scratch of any rank (then the inboxes)
     inbox: int                # elements of one inbox half (the largest of any rank)
     line_inbox: int           # elements of one half of the inbox of messages in lines
+    direct: bool = False      # eager messages into output land there directly (``_direct``)
 
 
 def plans_of(plan: Plan) -> list:
@@ -279,6 +286,9 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
     # messages still travel (where the written regions tile the output)
     remaining = _writes_to_output(plan) if out_staged else {}
     out_early = set()
+    # eager receives that may land in output directly (``_may_land_directly``): where each
+    # is taken (its TAKE row), or None where the plan reads it out of the inbox
+    into_output = []
 
     def done(index, *regions):
         """The plan's writes of ``regions`` have been emitted: copy out what is final."""
@@ -343,9 +353,13 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
                                  f"{region.count}")
             source = read(s.region)
             order.before(((source,), ()), index)
-            if slot >= 0:
-                emit((SEND_LL if s.region.count <= lines else SEND, index, s.peer,
-                      _BUFFER[source.buffer], source.offset, slot, s.region.count, k))
+            if slot >= 0 and s.region.count <= lines:
+                emit((SEND_LL, index, s.peer, _BUFFER[source.buffer], source.offset, slot,
+                      s.region.count, k))
+            elif slot >= 0:
+                emit((SEND, index, s.peer, _BUFFER[source.buffer], source.offset, slot,
+                      s.region.count, k,
+                      region.offset if _may_land_directly(region, their_step) else -1))
             else:
                 emit((PUSH, index, s.peer, _BUFFER[source.buffer], source.offset,
                       _BUFFER[region.buffer], region.offset, s.region.count, their_step, k))
@@ -412,11 +426,13 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
             if position not in skipped:
                 local(position, step.local[position])
         for k, r in _numbered(step.recvs, received):
+            slot = mine[r.peer, k]
+            if slot >= 0 and r.region.count > lines and _may_land_directly(r.region, index):
+                into_output.append(None)
             if r.region in consumed:       # a chain reads it out of the inbox: in lines it
                 if r.region.count > lines:  # polls them itself, else it waits here first
                     emit((ARRIVE, index, r.peer, k))
                 continue
-            slot = mine[r.peer, k]
             at = _fused_at(step, r) if slot >= 0 else None
             if at in in_inbox_runs:        # its reduction runs inside such a chain
                 at = None
@@ -425,6 +441,8 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
                 continue
             order.before(hazards.access(r), index)
             wrote(r.region)
+            if slot >= 0 and r.region.count > lines and _may_land_directly(r.region, index):
+                into_output[-1] = (len(code), r.region)
             if slot >= 0:                  # each worker copies its share of the slot
                 emit((TAKE_LL if r.region.count <= lines else TAKE, index, r.peer, k,
                       _BUFFER[r.region.buffer], r.region.offset, slot, r.region.count))
@@ -459,6 +477,7 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
             raise ValueError(f"{plan.collective} ({plan.algorithm}): rank {dst} receives "
                              f"{len(pairs)} messages from rank {rank}, which sends {sent[dst]}")
 
+    direct = symmetric and _direct(code, touched, into_output)
     code = _send_on(code, touched, posted)
     table = np.zeros((len(code), WIDTH), np.int64)
     for i, row in enumerate(code):
@@ -471,7 +490,36 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
     outputs = [_staged_output(other, eager) for other in plans]
     return Program(table, out_staged, outputs[rank], plan.scratch, tuple(sent), tuple(received),
                    largest, busiest, max(outputs), max(other.scratch for other in plans),
-                   max(inboxes), max(line_inboxes))
+                   max(inboxes), max(line_inboxes), direct)
+
+
+def _may_land_directly(region, step) -> bool:
+    """Whether an eager message (not in lines) into ``region`` in the receiver's ``step``
+    lands in its output straight from the sender where the receiver says so (``_direct``).
+    Not in its first step: its sender would have to wait for it to start the call (for its
+    say) where it otherwise writes into the inbox at once."""
+    return region.buffer == "output" and step >= 1
+
+
+def _direct(code, touched, into_output) -> bool:
+    """Whether this rank (its output symmetric: every peer has it mapped) can take its eager
+    messages into output straight from their senders, with no copy out of the inbox; if so,
+    ``code`` is marked for it (in place). Senders write such a message any time after the
+    rank's first epoch of the call, so each must be taken by a TAKE (no chain or reduction
+    reads it out of the inbox) and nothing of the call before its TAKE may touch its region.
+    The rank says per call that it takes them directly (its first epoch's DIRECT word; the
+    senders' SENDs carry where each lands in its output), so ranks need not agree."""
+    if not into_output or None in into_output:
+        return False
+    for at, region in into_output:
+        for access in touched[:at]:
+            if access and any(region.overlaps(x) for x in access[0] + access[1]):
+                return False
+    for at, _ in into_output:
+        code[at] = code[at] + (1,)
+    first = next(i for i, row in enumerate(code) if row[0] == EPOCH)
+    code[first] = (code[first] + (0,))[:4] + (1,)
+    return True
 
 
 def _send_on(code, touched=None, posted=None):

@@ -275,6 +275,10 @@ class PeerExecutor:
                            seen.nbytes, 1)
             number = np.array([call], np.uint64)
             runtime.memcpy(memory.flags_ptr + 8 * cuda_peer.CALL_WORD, number.ctypes.data, 8, 1)
+            # no peer as taking messages directly in some call (a word left by an earlier
+            # call could name ``call`` after a jump back)
+            runtime.memset(memory.flags_ptr + 8 * cuda_peer.DIRECT_WORDS, 0,
+                           8 * cuda_peer.MAX_RANKS)
 
     def check(self, operation="synchronize"):
         """Raise what a kernel of this group reported (no synchronization)."""

@@ -605,7 +605,9 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             break;
         case 1:   /* EPOCH: into every rank's SEEN word for this rank, so waits poll locally.
                      The call's first, before anything (r[3]): nothing of this call to
-                     order before it (the previous kernel is complete), a plain store. */
+                     order before it (the previous kernel is complete), a plain store;
+                     but where this rank takes eager messages into its output directly
+                     (r[4]), it says so first and the epoch is a release. */
             if (blockIdx.x == 0 && threadIdx.x < size) {
                 u64* seen = (u64*)peer_flags[threadIdx.x] + SEEN_WORDS + rank;
                 const u64 epoch = ((call + 1) << STEP_BITS) | (u64)r[2];
@@ -614,7 +616,11 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                 asm volatile("st.volatile.global.u64 [%0], %1;"
                              :: "l"((u64*)peer_flags[threadIdx.x] + PLACE_WORDS + rank),
                                 "l"(place) : "memory");
-                if (r[3])
+                if (r[4])
+                    asm volatile("st.volatile.global.u64 [%0], %1;"
+                                 :: "l"((u64*)peer_flags[threadIdx.x] + DIRECT_WORDS + rank),
+                                    "l"(call + 1) : "memory");
+                if (r[3] && !r[4])
                     asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(seen), "l"(epoch)
                                  : "memory");
                 else
@@ -632,11 +638,16 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                 const i64* q = code + (i64)(i + t) * WIDTH;
                 const int peer = (int)q[2];
                 /* rendezvous: the receive is posted; eager: the slot's half is free (the
-                   receiver started the previous call, so it is done with the one before) */
-                const u64 target = kind == 2 ? (((call + 1) << STEP_BITS) | (u64)q[8])
-                                             : (call >= 2 ? call << STEP_BITS : 0);
-                if (target && (kind == 2 || seen[peer] < target) && !wait_for(c, flags + SEEN_WORDS + peer, target, step, peer,
-                                        kind == 2))
+                   receiver started the previous call, so it is done with the one before),
+                   or, for a message that may land in the receiver's output directly
+                   (q[8] >= 0), the receiver started this call (then its DIRECT word says
+                   whether it does) */
+                const bool posted = kind == 2, here = kind == 6 && q[8] >= 0;
+                const u64 target = posted ? (((call + 1) << STEP_BITS) | (u64)q[8])
+                                 : here ? (call + 1) << STEP_BITS
+                                 : (call >= 2 ? call << STEP_BITS : 0);
+                if (target && (posted || here || seen[peer] < target) &&
+                    !wait_for(c, flags + SEEN_WORDS + peer, target, step, peer, posted || here))
                     stop = 1;
             }
             __syncthreads();
@@ -650,10 +661,14 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                     i64 lo, hi;
                     share(count, align, &lo, &hi);
                     batch_src[t] = bases[q[3]] + (q[4] + lo) * itemsize;
+                    const bool direct = kind == 6 && q[8] >= 0 &&
+                                        relaxed(flags + DIRECT_WORDS + peer) == call + 1;
                     batch_dst[t] = kind == 2
                         ? (q[5] == OUTPUT ? output_of(flags, peer_data, peer_heaps, peer, size)
                                           : (char*)peer_data[peer] + scratch_at)
                           + (q[6] + lo) * itemsize
+                        : direct
+                        ? output_of(flags, peer_data, peer_heaps, peer, size) + (q[8] + lo) * itemsize
                         : (char*)peer_inbox[peer] + (call & 1) * inbox_half
                           + (q[5] + lo) * itemsize;
                     batch_n[t] = (hi - lo) * itemsize;
@@ -718,7 +733,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                     share(q[7], align, &lo, &hi);
                     batch_src[t] = bases[INBOX] + (q[6] + lo) * itemsize;
                     batch_dst[t] = bases[q[4]] + (q[5] + lo) * itemsize;
-                    batch_n[t] = (hi - lo) * itemsize;
+                    batch_n[t] = q[8] ? 0 : (hi - lo) * itemsize;   /* q[8]: already there */
                 }
                 __syncthreads();
                 copy_batch(batch_dst, batch_src, batch_n, h);

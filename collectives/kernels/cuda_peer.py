@@ -45,7 +45,10 @@ MAX_RANKS = 256
 # where each peer's output receives land this call ([peer]: 0 its staging memory, else its
 # symmetric output: (heap + 1) << HEAP_SHIFT | byte offset), written by the peer with its epochs
 PLACE_WORDS = DELIVERED_WORDS + MAX_RANKS * MAX_BLOCKS
-FLAG_BYTES = (PLACE_WORDS + MAX_RANKS) * 8
+# [peer]: the call number + 1 of the peer's latest call that takes eager messages into its
+# symmetric output directly (pushed._direct), written by the peer before its first epoch
+DIRECT_WORDS = PLACE_WORDS + MAX_RANKS
+FLAG_BYTES = (DIRECT_WORDS + MAX_RANKS) * 8
 MAX_HEAPS = 16            # symmetric allocations per group
 HEAP_SHIFT = 48
 
@@ -103,7 +106,7 @@ def source(op, dtype, fences: int = 0, trace: bool = False) -> str:
                   ABORT_WORD=ABORT_WORD, GENERATION_WORD=GENERATION_WORD, EXIT_WORD=EXIT_WORD,
                   SENT_WORDS=SENT_WORDS, RECEIVED_WORDS=RECEIVED_WORDS, SEEN_WORDS=SEEN_WORDS,
                   DELIVERED_WORDS=DELIVERED_WORDS, MAX_BLOCKS=MAX_BLOCKS, MAX_RANKS=MAX_RANKS,
-                  PLACE_WORDS=PLACE_WORDS, HEAP_SHIFT=HEAP_SHIFT,
+                  PLACE_WORDS=PLACE_WORDS, DIRECT_WORDS=DIRECT_WORDS, HEAP_SHIFT=HEAP_SHIFT,
                   WIDTH=pushed.WIDTH, FOLD=pushed.FOLD, LINE_PEER_BITS=pushed.LINE_PEER_BITS,
                   BUFFER_BITS=pushed.BUFFER_BITS, STEP_BITS=pushed.STEP_BITS,
                   LINE_PERIOD=f"{pushed.LINE_PERIOD}ULL", OUTPUT=pushed.OUTPUT,

@@ -51,6 +51,9 @@ class Group:
         # where each rank's output receives land, as its latest epoch says: its staging
         # output, or its caller's output where that is symmetric (``lower(symmetric=)``)
         self.landing = list(self.out)
+        # per rank: the call number + 1 of the latest call in which it takes eager messages
+        # straight into its output (its first epoch's DIRECT word; pushed._direct)
+        self.direct = [0] * size
 
     def run(self, calls, reduce=np.add, *, piece=3, deadline=100000, absent=(), eager=0,
             lines=0, seeded=False, symmetric=()):
@@ -134,6 +137,9 @@ class Group:
             if int(row[0]) == PUSH:        # the receive posted (the peer's epoch of its step)
                 target = ((call + 1) << pushed.STEP_BITS) | int(row[8])
                 return (lambda: self.epoch[peer] >= target), "its receive to be posted"
+            if int(row[0]) == SEND and int(row[8]) >= 0:   # it may land in the peer's
+                target = (call + 1) << pushed.STEP_BITS     # output: the peer says so with
+                return (lambda: self.epoch[peer] >= target), "this call"  # its first epoch
             # eager: the slot's half was last used two calls ago, so the peer must have
             # started the previous call (then it is done with the one before)
             target = (call << pushed.STEP_BITS) if call >= 2 else 0
@@ -148,6 +154,8 @@ class Group:
             elif kind == EPOCH:
                 if w == 0:                   # where output lands, then the epoch
                     self.landing[rank] = mine[OUTPUT]
+                    if row[4]:               # eager messages straight into output
+                        self.direct[rank] = call + 1
                     self.epoch[rank] = ((call + 1) << pushed.STEP_BITS) | int(row[2])
             elif kind == PUSH:
                 peer, sb, so, db, do, count, their_step, k = map(int, row[2:10])
@@ -183,10 +191,12 @@ class Group:
                                     peer, "its message")
                     mine[db][do + a:do + b] = inbox[slot + a:slot + b]
             elif kind == SEND:
-                peer, sb, so, slot, count, k = map(int, row[2:8])
+                peer, sb, so, slot, count, k, at = map(int, row[2:9])
                 ready, what = posted(row)
                 yield from wait(ready, step, peer, what)
                 theirs = self.inbox[peer][call & 1]
+                if at >= 0 and self.direct[peer] == call + 1:    # into its output
+                    theirs, slot = self.landing[peer], at
                 lo, hi = share(count)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
@@ -194,10 +204,12 @@ class Group:
                     yield
                 self.delivered[peer, rank, w] = self.sent[rank, peer] + k + 1
             elif kind == TAKE:
-                peer, k, db, do, slot, count = map(int, row[2:8])
+                peer, k, db, do, slot, count, direct = map(int, row[2:9])
                 target = self.received[rank, peer] + k + 1
                 yield from wait(lambda: self.delivered[rank, peer, w] >= target, step, peer,
                                 "its message")
+                if direct:                   # written where it belongs by its sender
+                    continue
                 inbox = self.inbox[rank][call & 1]
                 lo, hi = share(count)
                 for a in range(lo, hi, piece):

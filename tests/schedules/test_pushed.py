@@ -549,15 +549,20 @@ def test_grid_barriers_only_where_a_receive_or_the_copy_out_needs_one():
                          [(c, a) for c, a in CASES if c in ("all_reduce", "all_gather",
                                                            "all_to_all", "broadcast")])
 @pytest.mark.parametrize("p,symmetric", [(2, {0}), (3, {0, 1, 2}), (4, {1, 3})])
-def test_symmetric_outputs_take_receives_directly(collective, algorithm, p, symmetric):
+@pytest.mark.parametrize("eager,lines", [(0, 0), (1 << 20, 0), (1 << 20, 2)])
+def test_symmetric_outputs_take_receives_directly(collective, algorithm, p, symmetric, eager,
+                                                  lines):
     """Ranks whose output peers have mapped (symmetric memory) run unstaged programs; their
-    senders write where each call's epochs say, ranks with staged outputs beside them."""
+    senders write where each call's epochs say, ranks with staged outputs beside them; eager
+    messages too, straight into the output where the receiver's first epoch says it takes
+    them so (``pushed._direct``), into its inbox elsewhere."""
     group = Group(p, workers=3, seed=p)
     for n in (p - 1 or 1, 4 * p + 3):
         counts = _counts(collective, p, n)
         calls = [_call(collective, algorithm, p, counts, 0, seed, out_of_place=seed % 2)
                  for seed in range(3)]
-        group.run([c[0] for c in calls], symmetric=symmetric, seeded=True)
+        group.run([c[0] for c in calls], symmetric=symmetric, seeded=True, eager=eager,
+                  lines=lines)
         for _, inputs, outputs in calls:
             _check(collective, p, counts, 0, inputs, outputs)
     plan = build_plan("all_gather", "direct", 0, 4, (5, 5, 5, 5))
@@ -566,3 +571,63 @@ def test_symmetric_outputs_take_receives_directly(collective, algorithm, p, symm
     assert not unstaged.output_staged
     assert not any(row[0] == pushed.COPY and row[2] == pushed.CALLER_OUTPUT
                    for row in unstaged.code)
+
+
+def test_eager_messages_land_in_a_symmetric_output_directly_where_nothing_touches_it_first():
+    """A rank whose output is symmetric takes its eager messages into output from their
+    senders directly (no copy out of the inbox: two_shot at 4 MiB on 4 GPUs, 3 µs of a 35 µs
+    call) where each is a TAKE and nothing of the call touches its region before: its TAKEs
+    then only wait, its first epoch says so, and the SENDs to it carry where each lands. Not
+    two_shot in place, whose first step sends the very blocks its second step receives (a
+    mutation that skips that check fails the protocol model); not a staged output."""
+    n = 4096
+    for rank in range(4):
+        seeded = read_input_first(build_plan("all_reduce", "two_shot", rank, 4, n), n)
+        program = pushed.lower(seeded, 1 << 20, 0, seeded=True, symmetric=True)
+        code = [tuple(int(x) for x in row) for row in program.code]
+        assert program.direct and code[0][:5] == (pushed.EPOCH, 0, 0, 1, 1)
+        takes = [row for row in code if row[0] == pushed.TAKE]
+        assert len(takes) == 3 and all(row[8] == 1 for row in takes)
+        sends = [row for row in code if row[0] == pushed.SEND]
+        chunk = n // 4
+        assert [row[8] for row in sends] == [-1] * 3 + [rank * chunk] * 3   # output, step 2
+        staged = pushed.lower(seeded, 1 << 20, 0, seeded=True)
+        assert not staged.direct and all(row[8] == 0 for row in staged.code
+                                         if row[0] == pushed.TAKE)
+        in_place = pushed.lower(build_plan("all_reduce", "two_shot", rank, 4, n), 1 << 20, 0,
+                                symmetric=True)
+        assert not in_place.direct
+
+
+def _sum_then_pass_on(rank, size, n):
+    """An all_reduce in place: every vector to every rank (read out of output), summed into a
+    scratch accumulator; then each rank sends its sum to its left neighbour, which receives
+    it into output. Output is read in the first step, so a neighbour that wrote its sum
+    there as soon as the call began could overwrite it before this rank has summed it."""
+    def slot(q):
+        return Region("scratch", q * n, n)
+    acc, out = Region("scratch", size * n, n), Region("output", 0, n)
+    xs = [out if q == rank else slot(q) for q in range(size)]
+    peers = [q for q in range(size) if q != rank]
+    yield Step(sends=tuple(Send(q, out) for q in peers),
+               recvs=tuple(Recv(q, slot(q)) for q in peers),
+               local=(Reduce(acc, xs[0], xs[1]),) + tuple(Reduce(acc, acc, x) for x in xs[2:]))
+    yield Step(sends=(Send((rank - 1) % size, acc),), recvs=(Recv((rank + 1) % size, out),))
+
+
+def test_an_output_read_before_its_receive_is_not_taken_directly(monkeypatch):
+    """(A mutation that lets a rank take eager messages into output directly although its
+    call reads that output first fails this: the neighbour's sum lands before the rank has
+    read its own vector.)"""
+    from collectives.algorithms import schedule
+    monkeypatch.setitem(schedule.REGISTRY["all_reduce"], "sum_then_pass_on", _sum_then_pass_on)
+    for p in (3, 4):
+        assert not pushed.lower(build_plan("all_reduce", "sum_then_pass_on", 0, p, 8),
+                                1 << 20, 0, symmetric=True).direct
+        for seed in range(4):
+            group = Group(p, workers=2, seed=seed)
+            calls = [_call("all_reduce", "sum_then_pass_on", p, 8, 0, seed * 10 + i)
+                     for i in range(3)]
+            group.run([c[0] for c in calls], symmetric=set(range(p)), eager=1 << 20)
+            for _, inputs, outputs in calls:
+                _check("all_reduce", p, 8, 0, inputs, outputs)
