@@ -164,7 +164,7 @@ def plans_of(plan: Plan) -> list:
 
 
 def lower(plan: Plan, eager: int = 0, lines: int = 0, seeded: bool = False,
-          symmetric: bool = False) -> Program:
+          symmetric: bool = False, direct: bool = False) -> Program:
     """The push program of ``plan`` (cached on it); messages of at most ``eager`` elements go
     eagerly, those of at most ``lines`` elements in flagged lines (``SEND_LL``); every rank of
     the call must pass the same values. ``seeded`` (this rank's choice): output starts as a
@@ -173,10 +173,13 @@ def lower(plan: Plan, eager: int = 0, lines: int = 0, seeded: bool = False,
     yet, and copies at the end only what the plan never writes. ``symmetric`` (this rank's
     choice): the caller's output lies in memory every peer has mapped (a symmetric buffer),
     so receives land in it directly: no staging, no copies in or out. Its senders learn
-    where with each of its epochs (the output's place in its symmetric memory, ``PUSH``)."""
+    where with each of its epochs (the output's place in its symmetric memory, ``PUSH``).
+    ``direct`` (every rank alike): eager messages after the first step may land in such an
+    output straight from their senders (``_direct``)."""
     lines = min(lines, eager)
-    return plan.derived("_pushed", (eager, lines, seeded, symmetric),
-                        lambda: _lower(plan, plans_of(plan), eager, lines, seeded, symmetric))
+    return plan.derived("_pushed", (eager, lines, seeded, symmetric, direct),
+                        lambda: _lower(plan, plans_of(plan), eager, lines, seeded, symmetric,
+                                       direct))
 
 
 def _output_count(plan):
@@ -217,7 +220,7 @@ def scrubs(call: int, period: int = LINE_PERIOD):
     return None
 
 
-def _lower(plan, plans, eager, lines, seeded, symmetric):
+def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
     rank, size = plan.rank, plan.size
     longest = max(len(other.steps) for other in plans)
     if longest >= 1 << STEP_BITS:
@@ -359,7 +362,8 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
             elif slot >= 0:
                 emit((SEND, index, s.peer, _BUFFER[source.buffer], source.offset, slot,
                       s.region.count, k,
-                      region.offset if _may_land_directly(region, their_step) else -1))
+                      region.offset if direct and _may_land_directly(region, their_step)
+                      else -1))
             else:
                 emit((PUSH, index, s.peer, _BUFFER[source.buffer], source.offset,
                       _BUFFER[region.buffer], region.offset, s.region.count, their_step, k))
@@ -477,7 +481,7 @@ def _lower(plan, plans, eager, lines, seeded, symmetric):
             raise ValueError(f"{plan.collective} ({plan.algorithm}): rank {dst} receives "
                              f"{len(pairs)} messages from rank {rank}, which sends {sent[dst]}")
 
-    direct = symmetric and _direct(code, touched, into_output)
+    direct = direct and symmetric and _direct(code, touched, into_output)
     code = _send_on(code, touched, posted)
     table = np.zeros((len(code), WIDTH), np.int64)
     for i, row in enumerate(code):

@@ -83,10 +83,10 @@ class _Entry:
                  "staged")
 
     def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded,
-                 symmetric=False):
+                 symmetric=False, direct=False):
         import cupy
         program = pushed.lower(plan, eager // dtype.itemsize, lines // dtype.itemsize, seeded,
-                               symmetric)
+                               symmetric, direct)
         self.program = program
         self.code = cupy.asarray(program.code)
         self.tallies = cupy.asarray(np.array(program.sends + program.recvs, np.int64))
@@ -169,6 +169,7 @@ class PeerExecutor:
         self.lines = settings.PEER_LINE_BYTES()
         self.fences = int(settings.PEER_FENCES())
         self.most = settings.PEER_MAX_BYTES()
+        self.direct = settings.PEER_DIRECT()
         self.failed = None
         self._entries = {}
         transport.before_close(lambda: memory.close(abort_peers=transport._aborted))
@@ -240,7 +241,7 @@ class PeerExecutor:
             entry = elsewhere
         else:
             entry = _Entry(plan, dtype, op, self.limit, self.eager, self.lines, self.fences,
-                           self.memory, seeded, symmetric)
+                           self.memory, seeded, symmetric, self.direct)
             if self.most and entry.program.largest * dtype.itemsize > self.most:
                 entry = elsewhere   # every rank alike: ``largest`` is over every rank's plan
         if len(self._entries) > 4096:

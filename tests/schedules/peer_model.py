@@ -56,13 +56,14 @@ class Group:
         self.direct = [0] * size
 
     def run(self, calls, reduce=np.add, *, piece=3, deadline=100000, absent=(), eager=0,
-            lines=0, seeded=False, symmetric=()):
+            lines=0, seeded=False, symmetric=(), direct=False):
         """Several calls, each a list ``[(plan, input, output)]`` of one entry per rank
         (arrays float64 or None). A rank starts its next call when it has finished the
         previous one, whatever the others do (as kernels on one stream). Ranks in ``absent``
         never start (a dead rank). ``seeded``: all_reduce and broadcast calls that pass an
         input run the program that reads it instead of copying it into output first. Ranks in
-        ``symmetric`` pass outputs their peers write directly (symmetric memory)."""
+        ``symmetric`` pass outputs their peers write directly (symmetric memory); ``direct``:
+        eager messages too where the receiver takes them so (``pushed.lower(direct=)``)."""
         barriers = [[0] * self.workers for _ in range(self.size)]
         running = []
         for rank in range(self.size):
@@ -71,7 +72,8 @@ class Group:
             mine = [call[rank] for call in calls]
             for w in range(self.workers):
                 running.append(self._worker(rank, w, mine, reduce, piece, barriers, deadline,
-                                            eager, lines, seeded, rank in symmetric))
+                                            eager, lines, seeded, rank in symmetric,
+                                            direct))
         while running:
             worker = self.random.choice(running)
             try:
@@ -90,10 +92,11 @@ class Group:
             yield
 
     def _worker(self, rank, w, calls, reduce, piece, barriers, deadline, eager, lines,
-                seeded, symmetric):
+                seeded, symmetric, direct):
         for plan, input, output in calls:
             program = pushed.lower(plan, eager, lines, seeded and input is not None and
-                                   plan.collective in ("all_reduce", "broadcast"), symmetric)
+                                   plan.collective in ("all_reduce", "broadcast"), symmetric,
+                                   direct)
             yield from self._call(rank, w, program, input, output, reduce, piece, barriers,
                                   deadline)
             # the kernel's end: bookkeeping once every worker is done, before the next call
