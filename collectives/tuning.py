@@ -51,7 +51,7 @@ from .algorithms.schedule import COLLECTIVES
 DECISIONS = "decisions"
 LAST_CLASS = 41                 # 1 TiB and up share the last class
 DIGEST_BYTES = 16
-LABEL_BYTES = 240               # what each rank says about its sources when digests differ
+LABEL_BYTES = 512               # what each rank says about its sources when digests differ
 AGREEMENT_RECORD = DIGEST_BYTES + LABEL_BYTES
 SOURCES = ("override", "measured", "model")
 
@@ -209,7 +209,8 @@ class DecisionTable:
     """``lookup(collective, nbytes)`` -> Decision; see the module docstring."""
 
     def __init__(self, size: int, transport: str, *, tuning: str = "", overrides=None,
-                 window: int = 1, segment: int | None = None, native_available: bool = False):
+                 window: int = 1, segment: int | None = None, native_available: bool = False,
+                 agreed=None):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"decision table: world size must be a positive integer, "
                              f"got {size!r}")
@@ -220,6 +221,8 @@ class DecisionTable:
                 raise ValueError(f"{settings.ALGORITHM.name}: {collective}={name}, but the "
                                  f"{transport or 'this'} transport has no native collectives")
         self.window, self.segment = window, segment
+        # settings every rank's executor must share (peer memory's), compared with the rest
+        self.agreed = dict(agreed or {})
         self.entry = read_entry(self.tuning, transport)
         self.params = cost.load_params(transport, self.tuning)
         self._measured: dict[str, list] = {}     # collective -> measured points (lazily)
@@ -228,7 +231,7 @@ class DecisionTable:
         # window or segment alike, and a transport may segment by what each rank sees)
         sources = {"size": size, "transport": transport,
                    "overrides": sorted(self.overrides.items()), "params": repr(self.params),
-                   "entry": self.entry}
+                   "entry": self.entry, "agreed": sorted(self.agreed.items())}
         blob = json.dumps(sources, sort_keys=True, default=repr).encode()
         self.digest = hashlib.sha256(blob).digest()[:DIGEST_BYTES]
         validate_entry(self.entry, self.tuning)      # malformed: an error now, on every rank
@@ -244,7 +247,8 @@ class DecisionTable:
             if xp is None or xp.__name__ == "numpy" else None
         return cls(size, transport.name, tuning=settings.TUNING(),
                    overrides=parse_overrides(settings.ALGORITHM(), native), window=window,
-                   segment=segment, native_available=native)
+                   segment=segment, native_available=native,
+                   agreed=getattr(getattr(transport, "peer_executor", None), "agreed", None))
 
     @property
     def hash(self) -> str:
@@ -256,6 +260,8 @@ class DecisionTable:
         if self.overrides:
             text += f", {settings.ALGORITHM.name}=" + ",".join(
                 f"{c}={a}" for c, a in sorted(self.overrides.items()))
+        for name, value in sorted(self.agreed.items()):
+            text += f", {name}={value}"
         return text
 
     # -- look-up ---------------------------------------------------------------------------
@@ -397,8 +403,9 @@ def disagreement(records, rank: int, operation: str = "ProcessGroup") -> str | N
              for digest, members in groups.items()]
     return (f"{operation} on rank {rank}: the ranks' decision tables differ, so auto would "
             f"pick different schedules for one call and deadlock: " + "; ".join(parts)
-            + f". Give every rank the same {settings.TUNING.name} file (same content) and "
-            f"the same {settings.ALGORITHM.name}")
+            + f". Give every rank the same {settings.TUNING.name} file (same content), "
+            f"the same {settings.ALGORITHM.name} and the same peer-memory settings "
+            f"(COLLECTIVES_PEER_*)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -170,6 +170,12 @@ class PeerExecutor:
         self.fences = int(settings.PEER_FENCES())
         self.most = settings.PEER_MAX_BYTES()
         self.direct = settings.PEER_DIRECT()
+        # What every rank must share: each shapes the programs or their blocks, so a rank
+        # that differs would corrupt a call or wait for words no block writes. The group
+        # compares them with its decision table's sources when it is made.
+        self.agreed = {s.name: s() for s in (
+            settings.PEER_EAGER_BYTES, settings.PEER_LINE_BYTES, settings.PEER_DIRECT,
+            settings.PEER_MAX_BYTES, settings.PEER_BLOCKS, settings.PEER_BLOCK_BYTES)}
         self.failed = None
         self._entries = {}
         transport.before_close(lambda: memory.close(abort_peers=transport._aborted))

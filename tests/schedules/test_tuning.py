@@ -261,6 +261,32 @@ def test_ranks_with_different_tables_fail_naming_the_ranks_and_files(tmp_path, m
         assert f"ranks [2] have table" in text and f"COLLECTIVES_TUNING={b}" in text
 
 
+def test_ranks_with_different_peer_memory_settings_fail_naming_them():
+    """The peer-memory settings that shape a call's programs (eager and line limits, direct
+    landing, the size limit, thread blocks) are sources of the table every rank compares when
+    a group is made: a rank that differs is an error there, naming the ranks and the values,
+    where it would corrupt a call or wait for flags no block writes."""
+    agreed = {"COLLECTIVES_PEER_EAGER_BYTES": 4 << 20, "COLLECTIVES_PEER_LINE_BYTES": 256 << 10,
+              "COLLECTIVES_PEER_DIRECT": False, "COLLECTIVES_PEER_MAX_BYTES": 32 << 20,
+              "COLLECTIVES_PEER_BLOCKS": 128, "COLLECTIVES_PEER_BLOCK_BYTES": 4096}
+    other = {**agreed, "COLLECTIVES_PEER_EAGER_BYTES": 1 << 20}
+    tables = [tuning.DecisionTable(3, "nccl", agreed=a) for a in (agreed, agreed, other)]
+    records = [t.agreement_record() for t in tables]
+    assert tuning.disagreement(records[:2], 0) is None
+    text = tuning.disagreement(records, 2)
+    assert "ranks [0, 1] have table" in text and "ranks [2] have table" in text
+    assert "COLLECTIVES_PEER_EAGER_BYTES=4194304" in text
+    assert "COLLECTIVES_PEER_EAGER_BYTES=1048576" in text and "COLLECTIVES_PEER_*" in text
+    assert len(tables[0].label().encode()) <= tuning.LABEL_BYTES
+    # a group's table takes them from its transport's peer-memory executor, where it has one
+    from types import SimpleNamespace
+    transport = SimpleNamespace(name="nccl", native=None, xp=None,
+                                peer_executor=SimpleNamespace(agreed=other))
+    assert tuning.DecisionTable.for_group(3, transport).digest == tables[2].digest
+    del transport.peer_executor
+    assert tuning.DecisionTable.for_group(3, transport).agreed == {}
+
+
 def test_processes_with_different_tuning_files_fail_at_init(tmp_path):
     from reliability_jobs import socket_job
     a = decisions_file(tmp_path, [{"bytes": 4 * KIB, "algorithm": "tree"}], size=2,
