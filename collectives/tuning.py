@@ -405,7 +405,7 @@ def disagreement(records, rank: int, operation: str = "ProcessGroup") -> str | N
             f"pick different schedules for one call and deadlock: " + "; ".join(parts)
             + f". Give every rank the same {settings.TUNING.name} file (same content), "
             f"the same {settings.ALGORITHM.name} and the same peer-memory settings "
-            f"(COLLECTIVES_PEER_*)")
+            f"({settings.PEER_EAGER_BYTES.name} and the others named above)")
 
 
 # ---------------------------------------------------------------------------------------------
