@@ -289,8 +289,9 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
     # messages still travel (where the written regions tile the output)
     remaining = _writes_to_output(plan) if out_staged else {}
     out_early = set()
-    # eager receives that may land in output directly (``_may_land_directly``): where each
-    # is taken (its TAKE row), or None where the plan reads it out of the inbox
+    # with ``direct`` into a symmetric output, eager receives that may land there directly
+    # (``_may_land_directly``): where each is taken (its TAKE row), or None where the plan
+    # reads it out of the inbox
     into_output = []
 
     def done(index, *regions):
@@ -431,7 +432,9 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
                 local(position, step.local[position])
         for k, r in _numbered(step.recvs, received):
             slot = mine[r.peer, k]
-            if slot >= 0 and r.region.count > lines and _may_land_directly(r.region, index):
+            directly = direct and symmetric and slot >= 0 and r.region.count > lines and \
+                _may_land_directly(r.region, index)
+            if directly:
                 into_output.append(None)
             if r.region in consumed:       # a chain reads it out of the inbox: in lines it
                 if r.region.count > lines:  # polls them itself, else it waits here first
@@ -445,7 +448,7 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
                 continue
             order.before(hazards.access(r), index)
             wrote(r.region)
-            if slot >= 0 and r.region.count > lines and _may_land_directly(r.region, index):
+            if directly:
                 into_output[-1] = (len(code), r.region)
             if slot >= 0:                  # each worker copies its share of the slot
                 emit((TAKE_LL if r.region.count <= lines else TAKE, index, r.peer, k,

@@ -282,22 +282,32 @@ def test_a_chain_sends_its_result_on_after_the_epoch_of_rendezvous_sends():
                     and after[4:7] == chain[2:5]) != symmetric
 
 
+def _slot(q, n):
+    return Region("scratch", q * n, n)
+
+
+def _sum_of_every_vector(rank, size, n, acc, total):
+    """The first step of the research all_reduces below: every rank's output vector to every
+    rank (rank q's into scratch slot q), summed in rank order through ``acc`` into
+    ``total``."""
+    out = Region("output", 0, n)
+    xs = [out if q == rank else _slot(q, n) for q in range(size)]
+    ops = [Reduce(acc, xs[0], xs[1])] + [Reduce(acc, acc, x) for x in xs[2:-1]]
+    ops.append(Reduce(total, acc, xs[-1]))
+    peers = [q for q in range(size) if q != rank]
+    return Step(sends=tuple(Send(q, out) for q in peers),
+                recvs=tuple(Recv(q, _slot(q, n)) for q in peers), local=tuple(ops))
+
+
 def _sum_then_overwrite(rank, size, n):
     """Every vector to every rank, summed through a scratch accumulator into output; then
     each rank sends its sum to its left neighbour, which receives it where it received its
     right neighbour's vector in step 0: the chain reads that slot, so it must finish before
     the rank's epoch lets the neighbour write there, and cannot run in its sends' pass."""
-    def slot(q):
-        return Region("scratch", q * n, n)
-    acc, out = Region("scratch", size * n, n), Region("output", 0, n)
-    xs = [out if q == rank else slot(q) for q in range(size)]
-    ops = [Reduce(acc, xs[0], xs[1])] + [Reduce(acc, acc, x) for x in xs[2:-1]]
-    ops.append(Reduce(out, acc, xs[-1]))
-    peers = [q for q in range(size) if q != rank]
-    yield Step(sends=tuple(Send(q, out) for q in peers),
-               recvs=tuple(Recv(q, slot(q)) for q in peers), local=tuple(ops))
+    out = Region("output", 0, n)
+    yield _sum_of_every_vector(rank, size, n, Region("scratch", size * n, n), out)
     right, left = (rank + 1) % size, (rank - 1) % size
-    yield Step(sends=(Send(left, out),), recvs=(Recv(right, slot(right)),))
+    yield Step(sends=(Send(left, out),), recvs=(Recv(right, _slot(right, n)),))
 
 
 def test_a_chain_does_not_pass_an_epoch_that_lets_peers_overwrite_what_it_reads(monkeypatch):
@@ -323,17 +333,10 @@ def _sum_then_forward(rank, size, n):
     vector it got from its right neighbour to its left one, which drops it in scratch. That
     vector is read outside the chain, so it must be taken out of the inbox; the others may
     be polled by the chain."""
-    def slot(q):
-        return Region("scratch", q * n, n)
-    acc, out = Region("scratch", (size + 1) * n, n), Region("output", 0, n)
-    xs = [out if q == rank else slot(q) for q in range(size)]
-    ops = [Reduce(acc, xs[0], xs[1])] + [Reduce(acc, acc, x) for x in xs[2:-1]]
-    ops.append(Reduce(out, acc, xs[-1]))
-    peers = [q for q in range(size) if q != rank]
-    yield Step(sends=tuple(Send(q, out) for q in peers),
-               recvs=tuple(Recv(q, slot(q)) for q in peers), local=tuple(ops))
+    yield _sum_of_every_vector(rank, size, n, Region("scratch", (size + 1) * n, n),
+                               Region("output", 0, n))
     right, left = (rank + 1) % size, (rank - 1) % size
-    yield Step(sends=(Send(left, slot(right)),),
+    yield Step(sends=(Send(left, _slot(right, n)),),
                recvs=(Recv(right, Region("scratch", size * n, n)),))
 
 
@@ -608,15 +611,10 @@ def _sum_then_pass_on(rank, size, n):
     scratch accumulator; then each rank sends its sum to its left neighbour, which receives
     it into output. Output is read in the first step, so a neighbour that wrote its sum
     there as soon as the call began could overwrite it before this rank has summed it."""
-    def slot(q):
-        return Region("scratch", q * n, n)
-    acc, out = Region("scratch", size * n, n), Region("output", 0, n)
-    xs = [out if q == rank else slot(q) for q in range(size)]
-    peers = [q for q in range(size) if q != rank]
-    yield Step(sends=tuple(Send(q, out) for q in peers),
-               recvs=tuple(Recv(q, slot(q)) for q in peers),
-               local=(Reduce(acc, xs[0], xs[1]),) + tuple(Reduce(acc, acc, x) for x in xs[2:]))
-    yield Step(sends=(Send((rank - 1) % size, acc),), recvs=(Recv((rank + 1) % size, out),))
+    acc = Region("scratch", size * n, n)
+    yield _sum_of_every_vector(rank, size, n, acc, acc)
+    yield Step(sends=(Send((rank - 1) % size, acc),),
+               recvs=(Recv((rank + 1) % size, Region("output", 0, n)),))
 
 
 def test_an_output_read_before_its_receive_is_not_taken_directly(monkeypatch):
