@@ -29,6 +29,10 @@ def main():
     ap.add_argument("--algorithm", default="direct")
     ap.add_argument("--count", type=int, default=1024)
     ap.add_argument("--calls", type=int, default=4000)
+    ap.add_argument("--parts", action="store_true",
+                    help="also split a call's host time: the repeat path with a launch that "
+                         "does nothing, the driver's launch alone from compiled code, and "
+                         "what the path asks of CuPy (needs a C compiler)")
     args = ap.parse_args()
     group, cupy = nccl_group(timeout=120)
     host = group.bench_host
@@ -82,6 +86,8 @@ def main():
             rows.append((event, (time.perf_counter() - start) / n))
         rows.sort()
         batches[n] = rows[len(rows) // 2]
+    if args.parts:
+        parts(group, cupy, args, calls, function, stream)
     host.barrier()
     profile = cProfile.Profile()
     if group.rank == 0:
@@ -103,6 +109,75 @@ def main():
                   f"call by CUDA events, {wall * 1e6:.1f} µs by the host clock (p50 of 7)")
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
     host.barrier()
+
+
+HELPER = r"""
+typedef int (*launch_t)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, void*, void**, void**);
+int nothing(void* f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g,
+            unsigned s, void* stream, void** params, void** extra) { return 0; }
+int launches(void* launch, void* f, int n, void* stream) {
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++)
+        rc = ((launch_t)launch)(f, 1, 1, 1, 32, 1, 1, 0, stream, 0, 0);
+    return rc;
+}
+"""
+
+
+def parts(group, cupy, args, calls, empty_function, stream_ptr):
+    """Where the repeat path's host time goes (rank 0 prints; every rank makes the same
+    calls): the whole path with a launch that does nothing (ours alone), the driver's launch
+    of an empty kernel from compiled code (the driver alone), and the CuPy look-ups the
+    path makes, each per call."""
+    import ctypes
+    import subprocess
+    import tempfile
+    from collectives.executors import peer as peer_executor
+    from collectives.executors._peer_lane import Lane
+    from collectives.kernels import cuda_peer
+    folder = tempfile.mkdtemp()
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-x", "c", "-o", f"{folder}/h.so", "-"],
+                   input=HELPER.encode(), check=True)
+    helper = ctypes.CDLL(f"{folder}/h.so")
+    nothing = ctypes.cast(helper.nothing, ctypes.c_void_p).value
+    real = group._lane
+    n = args.calls
+    took = {}
+
+    def per_call(name, run):
+        group.transport.synchronize(30)
+        group.bench_host.barrier()
+        start = time.perf_counter()
+        run()
+        took[name] = (time.perf_counter() - start) / n * 1e6
+
+    executor = group.transport.peer_executor
+    group._lane = Lane(group, executor, nothing, cuda_peer.THREADS,
+                       cupy.cuda.get_current_stream, peer_executor._Elsewhere)
+    for key, shape in group._repeats.items():      # the shapes the real lane was given
+        group._lane.remember(key, shape)
+    launched = group._lane.launched
+    per_call("the repeat path, its launch doing nothing", lambda: calls(n))
+    assert group._lane.launched - launched == n, "the no-op lane did not take every call"
+    group._lane = real
+    launch = peer_executor.launch_address()
+    helper.launches.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    per_call("the driver's launch of an empty kernel from C",
+             lambda: helper.launches(launch, empty_function, n, stream_ptr))
+    a = cupy.zeros(args.count, np.float32)
+    for name, look in (("cupy.cuda.get_current_stream()", cupy.cuda.get_current_stream),
+                       ("array.flags", lambda: a.flags), ("array.data.ptr", lambda: a.data.ptr),
+                       ("array.dtype", lambda: a.dtype)):
+        def run(look=look):
+            for _ in range(n):
+                look()
+        per_call(name, run)
+    group.transport.synchronize(30)
+    if group.rank == 0:
+        print("  parts of a call (µs, host clock, issued without waiting):")
+        for name, us in took.items():
+            print(f"    {name}: {us:.2f}")
 
 
 if __name__ == "__main__":

@@ -84,7 +84,9 @@ BARRIER = 0     # [2] 1: every worker of this rank has finished everything befor
 EPOCH = 1       # publish epoch (call, step): [2] step [3] 1: the call's first, before
                 # anything (a plain store) [4] 1: this rank takes eager messages straight
                 # into its symmetric output (``direct``): it says so first (its DIRECT word
-                # in every rank's flags: the call's number + 1), then the epoch, a release
+                # in every rank's flags: the call's number + 1), then the epoch, a release;
+                # and every worker says so before its first send, so a peer that took a
+                # message of this call from it knows without waiting for the epoch
 PUSH = 2        # [2] peer [3] src buffer [4] src offset [5] dst buffer (peer's) [6] dst offset
                 # [7] count [8] the peer's step to wait for [9] message number to that peer;
                 # the peer's output is its staging memory's start, or where its epochs say
@@ -515,8 +517,13 @@ def _direct(code, touched, into_output) -> bool:
     rank's first epoch of the call, so each must be taken by a TAKE (no chain or reduction
     reads it out of the inbox) and nothing of the call before its TAKE may touch its region.
     The rank says per call that it takes them directly (its first epoch's DIRECT word; the
-    senders' SENDs carry where each lands in its output), so ranks need not agree."""
+    senders' SENDs carry where each lands in its output), so ranks need not agree. Its every
+    worker says so at that epoch, which must come before any send: a sender that has taken
+    a message of this call from it then reads the word without waiting for its epoch."""
     if not into_output or None in into_output:
+        return False
+    first = next(i for i, row in enumerate(code) if row[0] == EPOCH)
+    if any(row[0] in (PUSH, SEND, SEND_LL) for row in code[:first]):
         return False
     for at, region in into_output:
         for access in touched[:at]:
@@ -524,7 +531,6 @@ def _direct(code, touched, into_output) -> bool:
                 return False
     for at, _ in into_output:
         code[at] = code[at] + (1,)
-    first = next(i for i, row in enumerate(code) if row[0] == EPOCH)
     code[first] = (code[first] + (0,))[:4] + (1,)
     return True
 

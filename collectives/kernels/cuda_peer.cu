@@ -560,8 +560,15 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
     /* the peers' epochs as this call starts: an eager send whose slot half is already free
        then skips its wait (almost always: the peer started the previous call long ago) */
     __shared__ u64 seen[MAX_RANKS];
-    if (threadIdx.x < size)
+    /* the peers this block has synchronized with in this call (an acquire of their epoch of
+       this call, or of a message they sent in it): what they published before it (where
+       their output is, whether they take eager messages into it: EPOCH) is visible here,
+       so a send that needs it waits no more */
+    __shared__ bool synced[MAX_RANKS];
+    if (threadIdx.x < size) {
         seen[threadIdx.x] = relaxed(flags + SEEN_WORDS + threadIdx.x);
+        synced[threadIdx.x] = false;
+    }
     if (threadIdx.x == 0) {     /* loaded together: one memory latency */
         const u64 aborted = relaxed(flags + ABORT_WORD), number = flags[CALL_WORD];
         deadline = now() + timeout_ns;
@@ -607,8 +614,11 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                      The call's first, before anything (r[3]): nothing of this call to
                      order before it (the previous kernel is complete), a plain store;
                      but where this rank takes eager messages into its output directly
-                     (r[4]), it says so first and the epoch is a release. */
-            if (blockIdx.x == 0 && threadIdx.x < size) {
+                     (r[4]), it says so first and the epoch is a release. Then every block
+                     says so (the same words, the same values) before its first send: a
+                     peer that took one of its messages knows it without the epoch
+                     (``synced``). */
+            if ((blockIdx.x == 0 || r[4]) && threadIdx.x < size) {
                 u64* seen = (u64*)peer_flags[threadIdx.x] + SEEN_WORDS + rank;
                 const u64 epoch = ((call + 1) << STEP_BITS) | (u64)r[2];
                 /* where this call's receives into output land, before the epoch: a
@@ -620,10 +630,10 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                     asm volatile("st.volatile.global.u64 [%0], %1;"
                                  :: "l"((u64*)peer_flags[threadIdx.x] + DIRECT_WORDS + rank),
                                     "l"(call + 1) : "memory");
-                if (r[3] && !r[4])
+                if (blockIdx.x == 0 && r[3] && !r[4])
                     asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(seen), "l"(epoch)
                                  : "memory");
-                else
+                else if (blockIdx.x == 0)
                     release(seen, epoch);
             }
             break;
@@ -641,14 +651,19 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                    receiver started the previous call, so it is done with the one before),
                    or, for a message that may land in the receiver's output directly
                    (q[8] >= 0), the receiver started this call (then its DIRECT word says
-                   whether it does) */
+                   whether it does), unless this block synchronized with it in this call */
                 const bool posted = kind == 2, here = kind == 6 && q[8] >= 0;
                 const u64 target = posted ? (((call + 1) << STEP_BITS) | (u64)q[8])
                                  : here ? (call + 1) << STEP_BITS
                                  : (call >= 2 ? call << STEP_BITS : 0);
-                if (target && (posted || here || seen[peer] < target) &&
-                    !wait_for(c, flags + SEEN_WORDS + peer, target, step, peer, posted || here))
-                    stop = 1;
+                const bool wait = posted || (here ? !synced[peer] : seen[peer] < target);
+                if (target && wait) {
+                    if (!wait_for(c, flags + SEEN_WORDS + peer, target, step, peer,
+                                  posted || here))
+                        stop = 1;
+                    else if (posted || here)
+                        synced[peer] = true;
+                }
             }
             __syncthreads();
             if (stop) break;
@@ -722,6 +737,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                 const u64 target = received[peer] + (u64)q[3] + 1;
                 const u64* word = flags + DELIVERED_WORDS + (u64)peer * MAX_BLOCKS + blockIdx.x;
                 if (!wait_for(c, word, target, step, peer)) stop = 1;
+                else synced[peer] = true;
             }
             __syncthreads();
             if (stop) break;
@@ -795,6 +811,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                 const u64 target = received[peer] + (u64)r[12] + 1;
                 const u64* word = flags + DELIVERED_WORDS + (u64)peer * MAX_BLOCKS + blockIdx.x;
                 if (!wait_for(c, word, target, step, peer)) stop = 1;
+                else synced[peer] = true;
             }
             __syncthreads();
             if (stop) break;

@@ -54,6 +54,9 @@ class Group:
         # per rank: the call number + 1 of the latest call in which it takes eager messages
         # straight into its output (its first epoch's DIRECT word; pushed._direct)
         self.direct = [0] * size
+        # every worker of such a rank says so before its first send (the kernel's EPOCH);
+        # False: only the first, as the kernel did before (a test shows what that breaks)
+        self.every_worker_says = True
 
     def run(self, calls, reduce=np.add, *, piece=3, deadline=100000, absent=(), eager=0,
             lines=0, seeded=False, symmetric=(), direct=False):
@@ -134,6 +137,10 @@ class Group:
             yield
             yield from self._barrier(rank, w, barriers, -1, deadline)
 
+        # the peers this worker synchronized with in this call (waited for their epoch of
+        # it, or for a message they sent in it): what they said at their first epoch is seen
+        synced = set()
+
         def posted(row):
             """What a send waits for: (whether it may write now, what it waits for)."""
             peer = int(row[2])
@@ -141,8 +148,10 @@ class Group:
                 target = ((call + 1) << pushed.STEP_BITS) | int(row[8])
                 return (lambda: self.epoch[peer] >= target), "its receive to be posted"
             if int(row[0]) == SEND and int(row[8]) >= 0:   # it may land in the peer's
-                target = (call + 1) << pushed.STEP_BITS     # output: the peer says so with
-                return (lambda: self.epoch[peer] >= target), "this call"  # its first epoch
+                if peer in synced:                          # output: the peer says so at
+                    return (lambda: True), "this call"      # its first epoch, every worker
+                target = (call + 1) << pushed.STEP_BITS     # of it before its first send
+                return (lambda: self.epoch[peer] >= target), "this call"
             # eager: the slot's half was last used two calls ago, so the peer must have
             # started the previous call (then it is done with the one before)
             target = (call << pushed.STEP_BITS) if call >= 2 else 0
@@ -155,15 +164,17 @@ class Group:
                 if row[2]:                   # is one sequence
                     yield from self._barrier(rank, w, barriers, step, deadline)
             elif kind == EPOCH:
-                if w == 0:                   # where output lands, then the epoch
+                if w == 0 or (row[4] and self.every_worker_says):   # where output lands
                     self.landing[rank] = mine[OUTPUT]
                     if row[4]:               # eager messages straight into output
                         self.direct[rank] = call + 1
+                if w == 0:                   # then the epoch
                     self.epoch[rank] = ((call + 1) << pushed.STEP_BITS) | int(row[2])
             elif kind == PUSH:
                 peer, sb, so, db, do, count, their_step, k = map(int, row[2:10])
                 ready, what = posted(row)
                 yield from wait(ready, step, peer, what)
+                synced.add(peer)
                 theirs = {OUTPUT: self.landing[peer], SCRATCH: self.scratch[peer]}[db]
                 lo, hi = share(count)
                 for a in range(lo, hi, piece):
@@ -197,6 +208,8 @@ class Group:
                 peer, sb, so, slot, count, k, at = map(int, row[2:9])
                 ready, what = posted(row)
                 yield from wait(ready, step, peer, what)
+                if at >= 0:
+                    synced.add(peer)
                 theirs = self.inbox[peer][call & 1]
                 if at >= 0 and self.direct[peer] == call + 1:    # into its output
                     theirs, slot = self.landing[peer], at
@@ -211,6 +224,7 @@ class Group:
                 target = self.received[rank, peer] + k + 1
                 yield from wait(lambda: self.delivered[rank, peer, w] >= target, step, peer,
                                 "its message")
+                synced.add(peer)
                 if direct:                   # written where it belongs by its sender
                     continue
                 inbox = self.inbox[rank][call & 1]
@@ -224,6 +238,7 @@ class Group:
                 target = self.received[rank, peer] + k + 1
                 yield from wait(lambda: self.delivered[rank, peer, w] >= target, step, peer,
                                 "its message")
+                synced.add(peer)
             elif kind in (REDUCE_LL, TAKE_REDUCE):
                 peer, kb, ko, slot, count, db, do, ob, oo, first, k = map(int, row[2:13])
                 inbox = (self.lines if kind == REDUCE_LL else self.inbox)[rank][call & 1]
@@ -233,6 +248,7 @@ class Group:
                     target = self.received[rank, peer] + k + 1
                     yield from wait(lambda: self.delivered[rank, peer, w] >= target, step, peer,
                                     "its message")
+                    synced.add(peer)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
                     if kind == REDUCE_LL:
