@@ -87,7 +87,7 @@ def main():
         rows.sort()
         batches[n] = rows[len(rows) // 2]
     if args.parts:
-        parts(group, cupy, args, calls, function, stream)
+        parts(group, cupy, args, calls, function, stream, d_in, d_out)
     host.barrier()
     profile = cProfile.Profile()
     if group.rank == 0:
@@ -125,7 +125,7 @@ int launches(void* launch, void* f, int n, void* stream) {
 """
 
 
-def parts(group, cupy, args, calls, empty_function, stream_ptr):
+def parts(group, cupy, args, calls, empty_function, stream_ptr, d_in, d_out):
     """Where the repeat path's host time goes (rank 0 prints; every rank makes the same
     calls): the whole path with a launch that does nothing (ours alone), the driver's launch
     of an empty kernel from compiled code (the driver alone), and the CuPy look-ups the
@@ -135,7 +135,9 @@ def parts(group, cupy, args, calls, empty_function, stream_ptr):
     import tempfile
     from collectives.executors import peer as peer_executor
     from collectives.executors._peer_lane import Lane
+    from collectives import settings
     from collectives.kernels import cuda_peer
+    from collectives.ops import ReduceOp
     folder = tempfile.mkdtemp()
     subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-x", "c", "-o", f"{folder}/h.so", "-"],
                    input=HELPER.encode(), check=True)
@@ -160,6 +162,37 @@ def parts(group, cupy, args, calls, empty_function, stream_ptr):
     launched = group._lane.launched
     per_call("the repeat path, its launch doing nothing", lambda: calls(n))
     assert group._lane.launched - launched == n, "the no-op lane did not take every call"
+    # its two halves: prepare (group.prepare, then the lane's), then run() (the _Call)
+    kw = dict(input=d_in, output=d_out, algorithm=args.algorithm)
+    runs = []
+    per_call("  group.prepare(...) alone (the lane's prepare in it)",
+             lambda: runs.extend(group.prepare(args.collective, **kw) for _ in range(n)))
+    per_call("  run() alone (the lane's _Call, its launch doing nothing)",
+             lambda: [run() for run in runs])
+    lane = group._lane
+    op = ReduceOp.SUM
+
+    def lane_prepare():
+        for _ in range(n):
+            lane.prepare(group, args.collective, d_in, d_out, None, 0, op, args.algorithm, None)
+    per_call("  the lane's prepare alone", lane_prepare)
+    key = (args.collective, 0, op, args.algorithm, None, group.timeout,
+           (d_in.dtype, d_in.size), (d_out.dtype, d_out.size))
+    table = {key: 1}
+    for name, look in (("settings.DEBUG()", settings.DEBUG),
+                       ("the call's key built and looked up",
+                        lambda: table.get((args.collective, 0, op, args.algorithm, None,
+                                           group.timeout, (d_in.dtype, d_in.size),
+                                           (d_out.dtype, d_out.size)))),
+                       ("hash(ReduceOp.SUM)", lambda: hash(op)),
+                       ("the group's gate taken and given", lambda: (
+                           group._gate.acquire(False), group._gate.release())),
+                       ("getattr(array.flags, 'writeable', True)",
+                        lambda: getattr(d_out.flags, "writeable", True))):
+        def run(look=look):
+            for _ in range(n):
+                look()
+        per_call("    " + name, run)
     group._lane = real
     launch = peer_executor.launch_address()
     helper.launches.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
@@ -173,6 +206,21 @@ def parts(group, cupy, args, calls, empty_function, stream_ptr):
             for _ in range(n):
                 look()
         per_call(name, run)
+    if args.collective == "all_reduce":       # the anchor's host time, the same way
+        from collectives.bench.cases import Case
+        from collectives.bench.symmetric import SymmetricMemory
+        symmetric, why = SymmetricMemory.open(group, group.bench_host)
+        case = Case("all_reduce", group.rank, group.size, args.count, np.dtype(np.float32), op)
+        rows = [] if symmetric is None else symmetric.entries(
+            case, d_in, cupy.asarray(case.expected), args.count, np.dtype(np.float32), op,
+            group.bench_host)
+        for row in rows:
+            def run(call=row.call):
+                for _ in range(n):
+                    call()
+            per_call(f"torch {row.algorithm}", run)
+        if not rows and group.rank == 0:
+            print(f"  (no SymmetricMemory rows: {why})")
     group.transport.synchronize(30)
     if group.rank == 0:
         print("  parts of a call (µs, host clock, issued without waiting):")

@@ -565,9 +565,13 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
        their output is, whether they take eager messages into it: EPOCH) is visible here,
        so a send that needs it waits no more */
     __shared__ bool synced[MAX_RANKS];
+    /* whether a peer takes eager messages into its output directly in this call (its
+       DIRECT word), read once it is synced (-1: not read yet): then it no longer changes */
+    __shared__ signed char direct_of[MAX_RANKS];
     if (threadIdx.x < size) {
         seen[threadIdx.x] = relaxed(flags + SEEN_WORDS + threadIdx.x);
         synced[threadIdx.x] = false;
+        direct_of[threadIdx.x] = -1;
     }
     if (threadIdx.x == 0) {     /* loaded together: one memory latency */
         const u64 aborted = relaxed(flags + ABORT_WORD), number = flags[CALL_WORD];
@@ -676,8 +680,12 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                     i64 lo, hi;
                     share(count, align, &lo, &hi);
                     batch_src[t] = bases[q[3]] + (q[4] + lo) * itemsize;
-                    const bool direct = kind == 6 && q[8] >= 0 &&
-                                        relaxed(flags + DIRECT_WORDS + peer) == call + 1;
+                    bool direct = false;
+                    if (kind == 6 && q[8] >= 0) {   /* (synced: waited for above) */
+                        if (direct_of[peer] < 0)
+                            direct_of[peer] = relaxed(flags + DIRECT_WORDS + peer) == call + 1;
+                        direct = direct_of[peer] > 0;
+                    }
                     batch_dst[t] = kind == 2
                         ? (q[5] == OUTPUT ? output_of(flags, peer_data, peer_heaps, peer, size)
                                           : (char*)peer_data[peer] + scratch_at)
