@@ -155,6 +155,53 @@ class ProcessGroup:
             owned = cupy.cuda.UnownedMemory(ptr, max(nbytes, 1), memory)
             return cupy.ndarray(shape, dtype, cupy.cuda.MemoryPointer(owned, 0))
 
+    def register_buffer(self, array) -> None:
+        """Map this rank's ``array`` (a contiguous CuPy array or CUDA tensor on this group's
+        GPU) into every peer, as ncclCommRegister does: a later call whose output lies in
+        it has peers write there directly, as into ``symmetric_empty`` memory, instead of
+        staging it (two passes over the output less; at 256 MiB-1 GiB on 4 GPUs what takes
+        two_shot all_reduce past NCCL). Collective: every rank registers its own buffer
+        (sizes may differ), in the same order. Keep the buffer allocated until
+        ``deregister_buffer`` (or the group's end): its memory may not go back to the driver
+        meanwhile. A call whose output was freed and allocated again at the same address
+        is staged, never written through the old mapping. At most 16 symmetric allocations
+        and registered buffers per group; only groups on the peer-memory path have them."""
+        memory, array = self._peer_buffer("register_buffer", array)
+        try:
+            memory.register(array.data.ptr, array.nbytes)
+        except ValueError as exc:
+            raise CollectiveError(str(exc)) from None
+
+    def deregister_buffer(self, array) -> None:
+        """Forget a buffer ``register_buffer`` mapped (collective: every rank its own, in the
+        same order); later calls stage an output there again."""
+        memory, array = self._peer_buffer("deregister_buffer", array)
+        try:
+            memory.deregister(array.data.ptr)
+        except ValueError as exc:
+            raise CollectiveError(str(exc)) from None
+
+    def _peer_buffer(self, operation, array):
+        executor = getattr(self.transport, "peer_executor", None)
+        if executor is None:
+            why = getattr(self.transport, "peer_path", f"a {self.backend} group")
+            raise CollectiveError(f"{operation} on rank {self.rank}: this group has no "
+                                  f"peer memory ({why})")
+        cupy = executor.cupy
+        try:
+            view = cupy.asarray(array)          # a CUDA tensor: a view, never a copy
+        except Exception as exc:
+            raise TypeError(f"{operation} on rank {self.rank}: expected a CuPy array or a "
+                            f"CUDA tensor, got {type(array).__name__} ({exc})") from None
+        if not view.flags.c_contiguous or view.nbytes == 0:
+            raise ValueError(f"{operation} on rank {self.rank}: the buffer must be contiguous "
+                             f"and not empty (shape {view.shape})")
+        if view.device.id != self.transport.device:
+            raise ValueError(f"{operation} on rank {self.rank}: the buffer is on GPU "
+                             f"{view.device.id}, this rank's group uses GPU "
+                             f"{self.transport.device}")
+        return executor.memory, view
+
     # -- tags ------------------------------------------------------------------------------
 
     def next_tag(self) -> int:

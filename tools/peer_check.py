@@ -101,6 +101,9 @@ def main():
                     help="also check (float32, int32; every rank's output symmetric, then "
                          "the even ranks' only) and time each algorithm with its output in "
                          "symmetric memory (<algorithm>:symm rows; group.symmetric_empty)")
+    ap.add_argument("--registered", action="store_true",
+                    help="as --symmetric, with outputs in an ordinary CuPy array every rank "
+                         "registered (<algorithm>:reg rows; group.register_buffer)")
     args = ap.parse_args()
     group, cupy = nccl_group(timeout=120)
     host = group.bench_host
@@ -119,8 +122,14 @@ def main():
     wrong = 0
     sizes = [int(float(s[:-1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[s[-1]])
              if s[-1] in "KMG" else int(s) for s in args.sizes.split(",")]
-    heap = group.symmetric_empty(max(max(sizes) // 4, p * ((1 << 17) + 3)) + 4096, "float32") \
-        if args.symmetric else None
+    elements = max(max(sizes) // 4, p * ((1 << 17) + 3)) + 4096
+    heap, kind = None, "symm"
+    if args.registered:           # the caller's own memory, mapped by the peers
+        heap, kind = cupy.empty(elements, np.float32), "reg"
+        group.register_buffer(heap)
+    elif args.symmetric:
+        heap = group.symmetric_empty(elements, "float32")
+    place = {"symm": "symmetric", "reg": "registered"}[kind]
     from collectives.kernels.reduce import BFLOAT16
     dtypes = [np.float32] if args.quick else [np.float32, np.float16, np.int32] + \
         ([BFLOAT16] if BFLOAT16 is not None else [])
@@ -145,14 +154,14 @@ def main():
                     if heap is not None and collective in ("all_reduce", "reduce_scatter",
                                                           "all_gather", "all_to_all") \
                             and np.dtype(dtype) in (np.float32, np.int32):
-                        placements += ["symmetric", "symmetric on even ranks"]
+                        placements += [place, f"{place} on even ranks"]
                     if collective in ("all_reduce", "reduce_scatter", "reduce"):
                         kwargs["op"] = ReduceOp.SUM
                     if collective in ("broadcast", "reduce", "gather", "scatter"):
                         kwargs["root"] = root
                     for placement in placements:
                         out = d_out
-                        if placement == "symmetric" or (placement != "staged" and rank % 2 == 0):
+                        if placement == place or (placement != "staged" and rank % 2 == 0):
                             out = heap.view(dtype)[:d_out.size]
                         out[...] = ref_out
                         bad = check_one(group, baseline, collective, kwargs, d_in, out,
@@ -181,7 +190,8 @@ def main():
                 if algorithm in have[collective]:
                     rows.append((algorithm, group, algorithm, d_out))
                     if heap is not None:
-                        rows.append((algorithm + ":symm", group, algorithm, heap[:d_out.size]))
+                        rows.append((f"{algorithm}:{kind}", group, algorithm,
+                                     heap[:d_out.size]))
                     rows.append((algorithm + ":nccl", baseline, algorithm, d_out))
             for label, g, algorithm, out in rows:
                 def call(g=g, algorithm=algorithm, out=out):
@@ -208,7 +218,7 @@ def main():
                 if a in have[collective] and a != "tree":
                     timed_rows.append((a, a, d_out))
                     if heap is not None:
-                        timed_rows.append((a + ":symm", a, heap[:d_out.size]))
+                        timed_rows.append((f"{a}:{kind}", a, heap[:d_out.size]))
             for label, algorithm, out in timed_rows:
                 def call(algorithm=algorithm, out=out):
                     group.prepare(collective, input=d_in, output=out, algorithm=algorithm)()

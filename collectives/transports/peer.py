@@ -21,6 +21,14 @@ over the output where calls are large. Each rank tells its senders, with each ep
 its output is (``place``), so ranks need not agree on it: one rank's output may be
 symmetric while another's is staged.
 
+Registered buffers (``register``): the caller's own allocations, mapped by every peer once
+(collective: every rank registers its buffer at the same point), then used as symmetric
+memory is: a call whose output lies in one has peers write into it directly. An IPC handle
+names a whole allocation, so each rank sends its handle with the buffer's offset in it, and
+the driver's buffer id is kept: an output whose allocation is no longer the one registered
+(freed and allocated again at the same address) is staged, never written through the stale
+mapping. The caller keeps a registered buffer allocated until ``deregister``.
+
 Never uses NVLink multicast (cuMulticastCreate): only point-to-point mappings.
 """
 from __future__ import annotations
@@ -39,6 +47,48 @@ _INFO = 64 + 16 + 16         # handle, host digest, PCI bus id
 _LAZY_PEER_ACCESS = 1        # cudaIpcMemLazyEnablePeerAccess
 _MAPPED = 2                  # cudaHostAllocMapped
 _NCCL_UINT8 = 1
+
+
+class _Heap:
+    """A symmetric allocation (``owned``: the group allocated it) or a registered buffer: this
+    rank's pointer and bytes, every rank's as mapped here, what to close, and (registered
+    only) the driver's id of the allocation it lies in."""
+    __slots__ = ("ptr", "nbytes", "peers", "owned", "opened", "buffer_id")
+
+    def __init__(self, ptr, nbytes, peers, owned, opened=(), buffer_id=None):
+        self.ptr, self.nbytes, self.peers, self.owned = ptr, nbytes, peers, owned
+        self.opened, self.buffer_id = list(opened), buffer_id
+
+
+class _Driver:
+    """The driver calls registration needs that CuPy does not bind (loaded once)."""
+    BUFFER_ID, IPC_CAPABLE, RANGE_START, RANGE_SIZE = 7, 10, 11, 12   # CUpointer_attribute
+    _lib = None
+
+    @classmethod
+    def attribute(cls, ptr: int, attribute: int) -> int:
+        if cls._lib is None:
+            lib = ctypes.CDLL("libcuda.so.1")
+            lib.cuPointerGetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int,
+                                                  ctypes.c_uint64]
+            lib.cuPointerGetAttribute.restype = ctypes.c_int
+            cls._lib = lib
+        value = ctypes.c_uint64(0)
+        rc = cls._lib.cuPointerGetAttribute(ctypes.byref(value), attribute, ptr)
+        if rc != 0:
+            raise RuntimeError(f"cuPointerGetAttribute({attribute}) failed with CUresult {rc}")
+        return value.value
+
+    @classmethod
+    def allocation(cls, ptr: int) -> tuple:
+        """(start, bytes, legacy IPC capable, buffer id) of the allocation ``ptr`` lies in."""
+        return (cls.attribute(ptr, cls.RANGE_START), cls.attribute(ptr, cls.RANGE_SIZE),
+                bool(cls.attribute(ptr, cls.IPC_CAPABLE) & 0xFFFFFFFF),
+                cls.attribute(ptr, cls.BUFFER_ID))
+
+    @classmethod
+    def buffer_id(cls, ptr: int) -> int:
+        return cls.attribute(ptr, cls.BUFFER_ID)
 
 
 def _host_digest() -> bytes:
@@ -76,8 +126,8 @@ class PeerMemory:
         self.lines_ptr, self.lines_half = 0, 0          # the inbox of messages in lines
         self.peer_lines, self.peer_lines_array = [], None
         self._opened = [p for r, p in enumerate(self.peer_flags) if r != self.rank]
-        # symmetric allocations: (own pointer, bytes, every rank's as mapped here); the peers'
-        # addresses in one device array, [heap][rank], that never moves
+        # symmetric allocations and registered buffers (_Heap; None: a slot deregistered);
+        # the peers' addresses in one device array, [heap][rank], that never moves
         self.heaps = []
         with cupy.cuda.Device(transport.device):
             self.peer_heaps_array = cupy.zeros(MAX_HEAPS * self.size, np.uint64)
@@ -144,33 +194,126 @@ class PeerMemory:
         peers = self._share(ptr)
         return ptr, peers, self.cupy.asarray(np.array(peers, np.uint64))
 
+    def _slot(self, what: str) -> int:
+        """The heap slot the next symmetric allocation or registration takes (every rank
+        alike: they come in the same order)."""
+        for h, heap in enumerate(self.heaps):
+            if heap is None:
+                return h
+        if len(self.heaps) >= MAX_HEAPS:
+            raise ValueError(f"{what} on rank {self.rank}: at most {MAX_HEAPS} symmetric "
+                             f"allocations and registered buffers per group (this group has "
+                             f"{len(self.heaps)}); use fewer, larger ones, or deregister one")
+        self.heaps.append(None)
+        return len(self.heaps) - 1
+
+    def _keep(self, h: int, heap: _Heap) -> None:
+        self.heaps[h] = heap
+        self.peer_heaps_array[h * self.size:(h + 1) * self.size] = \
+            self.cupy.asarray(np.array(heap.peers, np.uint64))
+
     def symmetric(self, nbytes: int):
         """A new symmetric allocation of ``nbytes`` on this rank, mapped by every peer
         (collective: every rank of the group calls it, in the same order; sizes may differ).
         Its memory stays until the group closes. Returns the allocation's pointer."""
-        if len(self.heaps) >= MAX_HEAPS:
-            raise ValueError(f"symmetric memory on rank {self.rank}: at most {MAX_HEAPS} "
-                             f"symmetric allocations per group (this group has "
-                             f"{len(self.heaps)}); allocate fewer, larger ones")
-        cupy = self.cupy
-        with cupy.cuda.Device(self.transport.device):
-            ptr, peers, _ = self._allocate(max(int(nbytes), 256), zeroed=True)
-            self.peer_heaps_array[len(self.heaps) * self.size:(len(self.heaps) + 1) *
-                                  self.size] = cupy.asarray(np.array(peers, np.uint64))
-        self.heaps.append((ptr, max(int(nbytes), 256), peers))
+        h = self._slot("symmetric memory")
+        nbytes = max(int(nbytes), 256)
+        with self.cupy.cuda.Device(self.transport.device):
+            ptr, peers, _ = self._allocate(nbytes, zeroed=True)
+            self._keep(h, _Heap(ptr, nbytes, peers, owned=True,
+                                opened=[q for r, q in enumerate(peers) if r != self.rank]))
         return ptr
+
+    def register(self, ptr: int, nbytes: int, what: str = "register_buffer") -> None:
+        """Map this rank's buffer at ``ptr`` (``nbytes``, in a cudaMalloc allocation) into
+        every peer (collective: every rank registers one buffer, in the same order; sizes
+        may differ). A rank whose buffer cannot be mapped makes every rank raise, naming it."""
+        if self.find(ptr, nbytes) is not None:
+            why = "it is registered already (or lies in symmetric memory)"
+        else:
+            why = ""
+        handle, offset, buffer_id = bytes(_HANDLE), 0, 0
+        runtime = self.cupy.cuda.runtime
+        with self.cupy.cuda.Device(self.transport.device):
+            if not why:
+                try:
+                    start, size, capable, buffer_id = _Driver.allocation(ptr)
+                    if not capable:
+                        why = ("its allocation cannot be shared through CUDA IPC (a virtual "
+                               "memory mapping, as torch's expandable segments make)")
+                    elif not (start <= ptr and ptr + nbytes <= start + size):
+                        why = "it does not lie in one allocation"
+                    else:
+                        handle, offset = bytes(runtime.ipcGetMemHandle(start)), ptr - start
+                except Exception as exc:       # a CUDA without the attributes, a host pointer
+                    why = f"the driver cannot describe it ({exc})"
+            blobs = _all_gather(self.transport, handle + int(offset).to_bytes(8, "little") +
+                                (b"\1" if why else b"\0") + bytes(7))
+            failed = [r for r, b in enumerate(blobs) if b[_HANDLE + 8]]
+            if failed:
+                mine = f": {why}" if why else ""
+                raise ValueError(f"{what} on rank {self.rank}: the buffer of rank(s) "
+                                 f"{', '.join(map(str, failed))} cannot be mapped by the "
+                                 f"peers{mine}; no rank registered its buffer")
+            h = self._slot(what)
+            peers, opened = [], []
+            for r, blob in enumerate(blobs):
+                if r == self.rank:
+                    peers.append(ptr)
+                    continue
+                try:
+                    base = runtime.ipcOpenMemHandle(blob[:_HANDLE], _LAZY_PEER_ACCESS)
+                except Exception as exc:
+                    for q in opened:
+                        runtime.ipcCloseMemHandle(q)
+                    self.heaps[h] = None
+                    raise TransportError(f"{what} on rank {self.rank}: cannot map rank {r}'s "
+                                         f"buffer ({exc})") from exc
+                opened.append(base)
+                peers.append(base + int.from_bytes(blob[_HANDLE:_HANDLE + 8], "little"))
+            self._keep(h, _Heap(ptr, nbytes, peers, owned=False, opened=opened,
+                                buffer_id=buffer_id))
+
+    def deregister(self, ptr: int, what: str = "deregister_buffer") -> None:
+        """Forget the registered buffer at ``ptr`` on every rank (collective: every rank
+        deregisters its own, in the same order), once no kernel of this rank still runs."""
+        h = next((h for h, heap in enumerate(self.heaps) if heap is not None and
+                  not heap.owned and heap.ptr == ptr), None)
+        flags = _all_gather(self.transport, b"\0" if h is not None else b"\1")
+        failed = [r for r, b in enumerate(flags) if b[0]]
+        if failed:
+            raise ValueError(f"{what} on rank {self.rank}: rank(s) "
+                             f"{', '.join(map(str, failed))} have no registered buffer "
+                             f"starting there; nothing was deregistered")
+        runtime = self.cupy.cuda.runtime
+        with self.cupy.cuda.Device(self.transport.device):
+            runtime.deviceSynchronize()          # no kernel of this rank writes through it
+            self.peer_heaps_array[h * self.size:(h + 1) * self.size] = 0
+            for q in self.heaps[h].opened:
+                runtime.ipcCloseMemHandle(q)
+        self.heaps[h] = None
+
+    def find(self, ptr: int, nbytes: int):
+        """The heap slot holding [ptr, ptr + nbytes), or None."""
+        for h, heap in enumerate(self.heaps):
+            if heap is not None and heap.ptr <= ptr and ptr + nbytes <= heap.ptr + heap.nbytes:
+                return h
+        return None
 
     def place(self, array) -> int:
         """Where peers write this rank's output ``array`` (``cuda_peer.PLACE_WORDS``): 0
-        (the staging memory) unless it lies whole in a symmetric allocation."""
+        (the staging memory) unless it lies whole in a symmetric allocation or a registered
+        buffer whose allocation is still the one registered."""
         if array is None or not self.heaps:
             return 0
         start = array.data.ptr
-        end = start + array.nbytes
-        for h, (ptr, nbytes, _) in enumerate(self.heaps):
-            if ptr <= start and end <= ptr + nbytes:
-                return ((h + 1) << HEAP_SHIFT) | (start - ptr)
-        return 0
+        h = self.find(start, array.nbytes)
+        if h is None:
+            return 0
+        heap = self.heaps[h]
+        if heap.buffer_id is not None and _Driver.buffer_id(start) != heap.buffer_id:
+            return 0        # freed and allocated again since it was registered: staged
+        return ((h + 1) << HEAP_SHIFT) | (start - heap.ptr)
 
     # -- errors --------------------------------------------------------------------------
 
@@ -221,8 +364,12 @@ class PeerMemory:
                 self._release(self.peer_data, self.data_ptr)
                 self._release(self.peer_inbox, self.inbox_ptr)
                 self._release(self.peer_lines, self.lines_ptr)
-                for ptr, _, peers in self.heaps:
-                    self._release(peers, ptr)
+                for heap in self.heaps:
+                    if heap is not None:
+                        for q in heap.opened:
+                            runtime.ipcCloseMemHandle(q)
+                        if heap.owned:
+                            runtime.free(heap.ptr)
                 self.heaps = []
                 self.data_ptr = self.inbox_ptr = self.lines_ptr = 0
                 self.peer_data, self.peer_inbox, self.peer_lines = [], [], []

@@ -12,10 +12,12 @@ collective-by-collective suite (``nccl_worker.py``) does not reach on the peer p
    so replays move the protocol on as eager calls do).
 2. Two streams: calls issued on two streams back to back, no synchronization between them;
    both results checked (the executor orders a call after the previous call's stream).
-4. Symmetric outputs (``group.symmetric_empty``): calls large enough that peers write
-   outputs directly (rendezvous), with rank 0's output symmetric and the others' staged,
-   then every rank's symmetric; all_reduce (two_shot, ring), all_gather and all_to_all
-   (direct), in place and out of place, against numpy.
+4. Symmetric outputs (``group.symmetric_empty``), then registered ones (an ordinary CuPy
+   array each rank registered, ``group.register_buffer``): calls large enough that peers
+   write outputs directly (rendezvous), with rank 0's output there and the others' staged,
+   then every rank's; all_reduce (two_shot, ring), all_gather and all_to_all (direct), in
+   place and out of place, against numpy. Deregistered, the buffer is staged again (its
+   place 0) and the same call still right.
 3. A rank that never arrives: rank 1 skips one all_reduce; every other rank's kernel stops at
    the call's timeout and the next use of the group raises CollectiveTimeout naming rank 1;
    rank 1's next call finds the abort and does nothing, and its next synchronize raises
@@ -145,10 +147,24 @@ def main():
         check(f"two streams round {round_}: all_gather", b_out[:n * p],
               np.concatenate([b[r][:n] for r in range(p)]))
 
-    # 4. symmetric outputs: rank 0's alone, then every rank's
+    # 4. symmetric, then registered outputs: rank 0's alone, then every rank's
     count = 3 << 20                             # 12 MiB: messages above the eager limit
-    heap = group.symmetric_empty(count * p, "float32")
-    for mixed in (True, False):
+    memory = group.transport.peer_executor.memory
+    registered = cupy.empty(count * p + 64, cupy.float32)[64:]   # not at its allocation's start
+    group.register_buffer(registered)
+    if memory.place(registered) == 0 or memory.place(cupy.empty(16, cupy.float32)) != 0:
+        failures.append("a registered buffer has no place, or another array has one")
+    symmetric_heap = group.symmetric_empty(count * p, "float32")
+    for kind, heap, mixed in (("symmetric", symmetric_heap, True),
+                              ("symmetric", symmetric_heap, False),
+                              ("registered", registered, True),
+                              ("registered", registered, False),
+                              ("deregistered", registered, False)):
+        if kind == "deregistered":
+            group.transport.synchronize(30.0)
+            group.deregister_buffer(registered)
+            if memory.place(registered) != 0:
+                failures.append("a deregistered buffer still has a place")
         symmetric = rank == 0 or not mixed
         for collective, algorithm in (("all_reduce", "two_shot"), ("all_reduce", "ring"),
                                       ("all_gather", "direct"), ("all_to_all", "direct")):
@@ -170,7 +186,7 @@ def main():
                 want = np.concatenate(mine)
             else:
                 want = np.concatenate([m[rank * n:(rank + 1) * n] for m in mine])
-            check(f"symmetric output ({'rank 0 only' if mixed else 'every rank'}) "
+            check(f"{kind} output ({'rank 0 only' if mixed else 'every rank'}) "
                   f"{collective} {algorithm}", d_out, want)
 
     # 3. rank 1 never arrives at one all_reduce

@@ -205,5 +205,9 @@ def test_symmetric_memory_needs_the_peer_path(world):
         with pytest.raises(dist.CollectiveError, match=f"symmetric_empty on rank {rank}: this "
                                                        f"group has no peer memory"):
             state.current().default.symmetric_empty(16)
+        for operation in ("register_buffer", "deregister_buffer"):
+            with pytest.raises(dist.CollectiveError, match=f"{operation} on rank {rank}: this "
+                                                           f"group has no peer memory"):
+                getattr(state.current().default, operation)(np.zeros(4, np.float32))
         return True
     assert run_ranks(world(2), body) == [True, True]

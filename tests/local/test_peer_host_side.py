@@ -34,7 +34,7 @@ class Runtime:
         pass
 
     def ipcGetMemHandle(self, ptr):
-        return ptr.to_bytes(8, "little")
+        return ptr.to_bytes(peer_memory._HANDLE, "little")      # 64 bytes, as CUDA's
 
 
 def memory(monkeypatch):
@@ -177,3 +177,95 @@ def test_symmetric_memory_says_where_an_output_lies_and_refuses_too_many(monkeyp
         mem.symmetric(256)
     with pytest.raises(ValueError, match="rank 0: at most 16 symmetric allocations"):
         mem.symmetric(256)
+
+
+class TwoRanks:
+    """Rank 0 of two: the peer's side of each all_gather (its IPC handle names its allocation at
+    0x50000, its buffer 0x40 into it), the driver's view of this rank's buffers (their
+    allocation at 0x10000, a buffer id that changes when it is freed and allocated again),
+    and the handles this rank opened and closed."""
+
+    def __init__(self, monkeypatch, capable=True, peer_fails=False):
+        self.mem, self.runtime = memory(monkeypatch)
+        mem = self.mem
+        mem.size = 2
+        mem.peer_heaps_array = np.zeros(peer_memory.MAX_HEAPS * 2, np.uint64)
+        self.opened, self.closed, self.buffer = [], [], 11
+        self.peer_has = True             # the peer has a buffer registered (deregister)
+
+        def open_handle(handle, flags):
+            self.opened.append(int.from_bytes(handle[:8], "little") + 0x7000000)
+            return self.opened[-1]
+        self.runtime.ipcOpenMemHandle = open_handle
+        self.runtime.ipcCloseMemHandle = self.closed.append
+
+        def all_gather(transport, blob):
+            if len(blob) == 1:           # deregister: whether each rank has the buffer
+                return [blob, b"\0" if self.peer_has else b"\1"]
+            peer = (0x50000).to_bytes(peer_memory._HANDLE, "little") + \
+                (0x40).to_bytes(8, "little") + (b"\1" if peer_fails else b"\0") + bytes(7)
+            return [blob, peer]
+        monkeypatch.setattr(peer_memory, "_all_gather", all_gather)
+        monkeypatch.setattr(peer_memory._Driver, "allocation",
+                            lambda ptr: (0x10000, 1 << 20, capable, self.buffer))
+        monkeypatch.setattr(peer_memory._Driver, "buffer_id", lambda ptr: self.buffer)
+
+
+def _array(ptr, nbytes):
+    return SimpleNamespace(data=SimpleNamespace(ptr=ptr), nbytes=nbytes)
+
+
+def test_a_registered_buffer_is_mapped_at_its_offset_and_staged_once_its_memory_changes(
+        monkeypatch):
+    """Each rank maps the allocation its peer's buffer lies in (the handle names the whole
+    allocation) and adds the offset the peer sent: the kernel's table of heaps holds this
+    rank's buffer and the peer's as mapped here. An output inside it has a place, as in
+    symmetric memory; once the driver's buffer id there is another (the allocation freed and
+    made again at that address) the output is staged, never written through the stale
+    mapping. Deregistered, the peer's mapping is closed and the slot taken by the next."""
+    rig = TwoRanks(monkeypatch)
+    mem = rig.mem
+    mem.register(0x10300, 4096)
+    assert rig.opened == [0x50000 + 0x7000000]
+    heap = mem.heaps[0]
+    assert heap.peers == [0x10300, 0x50000 + 0x7000000 + 0x40] and not heap.owned
+    assert list(mem.peer_heaps_array[:2]) == heap.peers
+    shift = peer_memory.HEAP_SHIFT
+    assert mem.place(_array(0x10300 + 64, 256)) == (1 << shift) | 64
+    assert mem.place(_array(0x10300 + 4000, 256)) == 0            # runs past its end
+    rig.buffer = 12
+    assert mem.place(_array(0x10300 + 64, 256)) == 0              # not the memory registered
+    mem.deregister(0x10300)
+    assert rig.closed == rig.opened and mem.heaps == [None]
+    assert not mem.peer_heaps_array.any() and runtime_freed_nothing(rig)
+    assert mem.place(_array(0x10300 + 64, 256)) == 0
+    mem.symmetric(256)                                 # the slot again
+    assert mem.heaps[0].owned and len(mem.heaps) == 1
+
+
+def runtime_freed_nothing(rig):
+    return rig.runtime.freed == []                     # the caller's memory stays the caller's
+
+
+@pytest.mark.parametrize("who", ["this rank", "its peer", "registered already"])
+def test_a_buffer_a_rank_cannot_share_is_refused_on_every_rank_naming_it(monkeypatch, who):
+    """Registration is collective: where one rank's buffer cannot be mapped (an allocation
+    CUDA IPC cannot export, such as a virtual memory mapping; or one registered already),
+    every rank refuses, naming that rank, and nothing is mapped or kept."""
+    rig = TwoRanks(monkeypatch, capable=who != "this rank", peer_fails=who == "its peer")
+    mem = rig.mem
+    if who == "registered already":
+        mem.register(0x10000, 1 << 16)
+        rig.opened.clear()
+    heaps = list(mem.heaps)
+    failed = "1" if who == "its peer" else "0"
+    with pytest.raises(ValueError, match=f"register_buffer on rank 0: the buffer of rank\\(s\\) "
+                                         f"{failed} cannot be mapped"):
+        mem.register(0x10300, 4096)
+    assert rig.opened == [] and mem.heaps == heaps
+    rig.peer_has = False
+    with pytest.raises(ValueError, match="deregister_buffer on rank 0: rank\\(s\\) "
+                                         f"{'0, 1' if who != 'registered already' else '1'} "
+                                         "have no registered buffer"):
+        mem.deregister(0x10000)
+    assert rig.closed == []
