@@ -31,6 +31,22 @@ ctypedef int (*launch_t)(void* function, unsigned gx, unsigned gy, unsigned gz,
                          unsigned bx, unsigned by, unsigned bz, unsigned shared,
                          void* stream, void** params, void** extra) noexcept nogil
 
+# cuLaunchKernelEx and its CUlaunchConfig / CUlaunchAttribute (cuda.h), for programmatic
+# dependent launch: the kernel may start while the previous one on the stream finishes
+ctypedef struct LaunchAttribute:
+    int id
+    int pad
+    unsigned long long value[8]     # a 64-byte union; this attribute's value: its first int
+ctypedef struct LaunchConfig:
+    unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared
+    void* stream
+    LaunchAttribute* attrs
+    unsigned n_attrs
+ctypedef int (*launch_ex_t)(LaunchConfig* config, void* function, void** params,
+                            void** extra) noexcept nogil
+cdef enum:
+    PROGRAMMATIC_STREAM_SERIALIZATION = 6     # CU_LAUNCH_ATTRIBUTE_...
+
 # The executor's kernel parameters (executors/peer.py, _Entry.values): the ones a call sets.
 cdef enum:
     IN_VALUE = 3
@@ -84,17 +100,22 @@ cdef class _Shape:
 
 cdef class Lane:
     """The repeat path of ``group``, whose executor is ``executor`` (a PeerExecutor).
-    ``launch``: the address of ``cuLaunchKernel`` (tests pass a recorder's)."""
+    ``launch``: the address of ``cuLaunchKernel`` (tests pass a recorder's); ``launch_ex``:
+    of ``cuLaunchKernelEx``, or 0: with it each launch lets the kernel start while the
+    previous one on the stream finishes (the kernel waits for it where it must)."""
     cdef object group, executor, memory, array_type, level, get_stream, elsewhere
     cdef dict shapes
     cdef launch_t launch
+    cdef launch_ex_t launch_ex
+    cdef LaunchConfig config
+    cdef LaunchAttribute overlap
     cdef unsigned threads
     cdef object words
     cdef int32_t* word
     cdef public long launched           # calls launched from here (tests, host_profile)
 
     def __cinit__(self, group, executor, uintptr_t launch, unsigned threads, get_stream,
-                  elsewhere):
+                  elsewhere, uintptr_t launch_ex=0):
         self.group = group
         self.executor = executor
         self.memory = executor.memory
@@ -104,6 +125,14 @@ cdef class Lane:
         self.elsewhere = elsewhere          # the executor's class of entries it hands on
         self.shapes = {}
         self.launch = <launch_t>launch
+        self.launch_ex = <launch_ex_t>launch_ex
+        self.overlap.id = PROGRAMMATIC_STREAM_SERIALIZATION
+        self.overlap.value[0] = 1
+        self.config.grid_y = self.config.grid_z = 1
+        self.config.block_x, self.config.block_y, self.config.block_z = threads, 1, 1
+        self.config.shared = 0
+        self.config.attrs = &self.overlap
+        self.config.n_attrs = 1
         self.threads = threads
         self.words = None
         self.launched = 0
@@ -213,9 +242,15 @@ cdef class Lane:
         launch.values[0][0] = 0 if input is None else <uint64_t><uintptr_t>input.data.ptr
         launch.values[1][0] = <uint64_t><uintptr_t>memory.data_ptr if launch.staged else out
         launch.values[2][0] = out
-        with nogil:
-            rc = self.launch(launch.function, launch.blocks, 1, 1, self.threads, 1, 1, 0,
-                             <void*>stream_ptr, launch.params, NULL)
+        if self.launch_ex != NULL:
+            self.config.grid_x = launch.blocks
+            self.config.stream = <void*>stream_ptr
+            with nogil:
+                rc = self.launch_ex(&self.config, launch.function, launch.params, NULL)
+        else:
+            with nogil:
+                rc = self.launch(launch.function, launch.blocks, 1, 1, self.threads, 1, 1, 0,
+                                 <void*>stream_ptr, launch.params, NULL)
         if rc != 0:
             return False                # the Python path launches again and raises CuPy's error
         self.launched += 1

@@ -69,6 +69,16 @@ def launch_address() -> int:
     return ctypes.cast(ctypes.CDLL("libcuda.so.1").cuLaunchKernel, ctypes.c_void_p).value
 
 
+def launch_ex_address() -> int:
+    """The address of the driver's cuLaunchKernelEx (programmatic dependent launch), or 0
+    where the driver has none."""
+    import ctypes
+    try:
+        return ctypes.cast(ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx, ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return 0
+
+
 def max_blocks() -> int:
     return min(cuda_peer.MAX_BLOCKS, settings.PEER_BLOCKS())
 
@@ -266,7 +276,7 @@ class PeerExecutor:
         except (ImportError, OSError, AttributeError):   # not built; no libcuda.so.1 to call
             return None
         return Lane(group, self, launch, cuda_peer.THREADS, self.cupy.cuda.get_current_stream,
-                    _Elsewhere)
+                    _Elsewhere, launch_ex_address() if settings.PEER_OVERLAP() else 0)
 
     def start_at_call(self, call: int) -> None:
         """Make ``call`` this rank's next call number, as if the calls before it had run, so

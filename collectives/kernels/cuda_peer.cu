@@ -552,10 +552,20 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
         peer_flags[t] = peer_flags_at[t];
         peer_inbox[t] = peer_inbox_at[t];
         peer_lines[t] = peer_lines_at[t];
-        sent[t] = flags[SENT_WORDS + t];
-        received[t] = flags[RECEIVED_WORDS + t];
         sends[t] = (u64)tallies[t];
         recvs[t] = (u64)tallies[size + t];
+    }
+    /* Up to here this kernel reads only what no kernel writes (the program, the addresses,
+       the tallies), so it may start while the previous kernel on its stream finishes
+       (programmatic dependent launch: the lane's launches, COLLECTIVES_PEER_PDL); from here
+       on it reads what that kernel wrote (the counters, the call number), once that kernel
+       has completed and its writes are visible. Launched plainly, this returns at once. */
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    if (threadIdx.x < size) {
+        sent[threadIdx.x] = flags[SENT_WORDS + threadIdx.x];
+        received[threadIdx.x] = flags[RECEIVED_WORDS + threadIdx.x];
     }
     /* the peers' epochs as this call starts: an eager send whose slot half is already free
        then skips its wait (almost always: the peer started the previous call long ago) */
@@ -898,6 +908,10 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
     MARK_OP(n)
     __syncthreads();
     MARK_OP(n + 1)
+#if __CUDA_ARCH__ >= 900
+    /* the next call's kernel may start its prologue (it waits above for this one's end) */
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
     MARK_CALL(call, 2)
     if (stop) return;
     if (threadIdx.x == 0) {

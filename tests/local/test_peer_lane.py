@@ -25,6 +25,20 @@ from test_peer_host_side import memory  # noqa: E402  (tests/local, beside this 
 LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint,
                           ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
                           ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+LAUNCH_EX = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                             ctypes.c_void_p)
+
+
+class LaunchAttribute(ctypes.Structure):     # cuda.h's CUlaunchAttribute
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_int), ("value", ctypes.c_int),
+                ("rest", ctypes.c_char * 60)]
+
+
+class LaunchConfig(ctypes.Structure):        # cuda.h's CUlaunchConfig
+    _fields_ = [(name, ctypes.c_uint) for name in ("grid_x", "grid_y", "grid_z", "block_x",
+                                                   "block_y", "block_z", "shared")] + \
+               [("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(LaunchAttribute)),
+                ("n_attrs", ctypes.c_uint)]
 
 
 class DeviceArray:
@@ -60,7 +74,7 @@ class Rig:
     """The group, its executor, and every launch of either path, as (path, function, blocks,
     stream, the values of all the kernel's parameters)."""
 
-    def __init__(self, monkeypatch, lane=True):
+    def __init__(self, monkeypatch, lane=True, overlap=False):
         monkeypatch.setenv("COLLECTIVES_PEER_LANE", "1" if lane else "0")
         mem, _ = memory(monkeypatch)
         mem.size = 2
@@ -104,6 +118,17 @@ class Rig:
         self.recorder = LAUNCH(lane_launch)           # kept alive as long as the rig
         monkeypatch.setattr(peer_executor, "launch_address",
                             lambda: ctypes.cast(self.recorder, ctypes.c_void_p).value)
+
+        def lane_launch_ex(config, function, params, extra):
+            c = LaunchConfig.from_address(config)
+            attrs = [(c.attrs[i].id, c.attrs[i].value) for i in range(c.n_attrs)]
+            self.launches.append(("lane", function, c.grid_x, c.block_x, c.stream or 0,
+                                  [v.value for v in entry_of(params).values],
+                                  (c.grid_y, c.grid_z, c.block_y, c.block_z, c.shared, attrs)))
+            return 0
+        self.recorder_ex = LAUNCH_EX(lane_launch_ex)
+        monkeypatch.setattr(peer_executor, "launch_ex_address", lambda: ctypes.cast(
+            self.recorder_ex, ctypes.c_void_p).value if overlap else 0)
         xp = SimpleNamespace(__name__="cupy", ndarray=DeviceArray)
         transport = SimpleNamespace(rank=0, size=2, xp=xp, max_tag=None, name="nccl",
                                     native=None, device=0, carries_signatures=False,
@@ -272,3 +297,15 @@ def test_avg_and_the_lane_switched_off_stay_on_the_python_path(monkeypatch):
     assert off.group._lane is None
     for _ in range(2):
         assert off.call("all_reduce", out, out, algorithm="direct")[0] == "python"
+
+
+def test_with_overlap_the_lane_launches_the_same_kernel_allowed_to_start_early(monkeypatch):
+    """COLLECTIVES_PEER_OVERLAP: the lane launches through cuLaunchKernelEx with programmatic
+    stream serialization (attribute 6, value 1), the same function, grid, block and
+    parameters the Python path gives the same call, on the caller's stream."""
+    rig = Rig(monkeypatch, overlap=True)
+    inp, out = DeviceArray(0x10000, 1024), DeviceArray(0x20000, 1024)
+    first = rig.call("all_reduce", inp, out, algorithm="two_shot")
+    again = rig.call("all_reduce", inp, out, algorithm="two_shot")
+    assert (first[0], again[0]) == ("python", "lane") and first[1:6] == again[1:6]
+    assert again[6] == (1, 1, 1, 1, 0, [(6, 1)])
