@@ -195,7 +195,7 @@ class ProcessGroup:
                             f"CUDA tensor, got {type(array).__name__} ({exc})") from None
         if not view.flags.c_contiguous or view.nbytes == 0:
             raise ValueError(f"{operation} on rank {self.rank}: the buffer must be contiguous "
-                             f"and not empty (shape {view.shape})")
+                             f"and must not be empty (shape {view.shape})")
         if view.device.id != self.transport.device:
             raise ValueError(f"{operation} on rank {self.rank}: the buffer is on GPU "
                              f"{view.device.id}, this rank's group uses GPU "

@@ -269,3 +269,46 @@ def test_a_buffer_a_rank_cannot_share_is_refused_on_every_rank_naming_it(monkeyp
                                          "have no registered buffer"):
         mem.deregister(0x10000)
     assert rig.closed == []
+
+
+def test_register_buffer_checks_the_array_before_any_rank_is_asked(monkeypatch):
+    """The group's side: what is not a contiguous, non-empty array on this rank's GPU is
+    refused naming the operation and the rank, before the collective exchange (a rank that
+    raised there would leave the others waiting in it); a good one reaches the memory with
+    its pointer and size, and a refusal there comes back as CollectiveError."""
+    from collectives.errors import CollectiveError
+    from collectives.group import ProcessGroup
+    asked = []
+
+    class Memory:
+        def register(self, ptr, nbytes):
+            asked.append(("register", ptr, nbytes))
+
+        def deregister(self, ptr):
+            raise ValueError("deregister_buffer on rank 3: rank(s) 1 have no registered "
+                             "buffer starting there; nothing was deregistered")
+
+    def array(ptr=0x1000, nbytes=64, contiguous=True, device=0, shape=(16,)):
+        return SimpleNamespace(data=SimpleNamespace(ptr=ptr), nbytes=nbytes, shape=shape,
+                               flags=SimpleNamespace(c_contiguous=contiguous),
+                               device=SimpleNamespace(id=device))
+
+    def asarray(a):
+        if isinstance(a, str):
+            raise TypeError("not an array")
+        return a
+    executor = SimpleNamespace(memory=Memory(), cupy=SimpleNamespace(asarray=asarray))
+    group = ProcessGroup.__new__(ProcessGroup)
+    group.backend = "nccl"
+    group.transport = SimpleNamespace(peer_executor=executor, device=0, rank=3)
+    for bad, error, words in ((array(contiguous=False), ValueError, "contiguous"),
+                              (array(nbytes=0, shape=(0,)), ValueError, "not be empty"),
+                              (array(device=1), ValueError, "on GPU 1"),
+                              ("text", TypeError, "expected a CuPy array")):
+        with pytest.raises(error, match=f"register_buffer on rank 3: .*{words}"):
+            group.register_buffer(bad)
+    assert asked == []
+    group.register_buffer(array())
+    assert asked == [("register", 0x1000, 64)]
+    with pytest.raises(CollectiveError, match="deregister_buffer on rank 3: rank\\(s\\) 1"):
+        group.deregister_buffer(array())
