@@ -188,11 +188,15 @@ class ProcessGroup:
             raise CollectiveError(f"{operation} on rank {self.rank}: this group has no "
                                   f"peer memory ({why})")
         cupy = executor.cupy
-        try:
-            view = cupy.asarray(array)          # a CUDA tensor: a view, never a copy
-        except Exception as exc:
+        view = None
+        if isinstance(array, cupy.ndarray) or hasattr(array, "__cuda_array_interface__"):
+            try:
+                view = cupy.asarray(array)      # device memory: a view, never a copy
+            except Exception:                   # noqa: BLE001 (said below)
+                view = None
+        if view is None:
             raise TypeError(f"{operation} on rank {self.rank}: expected a CuPy array or a "
-                            f"CUDA tensor, got {type(array).__name__} ({exc})") from None
+                            f"CUDA tensor (device memory), got {type(array).__name__}")
         if not view.flags.c_contiguous or view.nbytes == 0:
             raise ValueError(f"{operation} on rank {self.rank}: the buffer must be contiguous "
                              f"and must not be empty (shape {view.shape})")

@@ -1,9 +1,11 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The compiled repeat path of a peer-memory group: a call shaped like one that already ran
 (same collective, dtypes, sizes, op, algorithm, root, timeout), on plain arrays, launched
-from here. Measured (BENCHMARKS.md §6): 9-12 µs of host time per call, 4.3-4.9 of them the
-driver's launch itself, where the Python path (``ProcessGroup.prepare`` then its ``run``
-then ``PeerExecutor.__call__``) took 10.7-17.4 on the same hosts.
+from here. Measured (BENCHMARKS.md §6, ``tools/host_profile.py --parts``): 7.1 µs of host
+time per call on the 64-core host, 3.2 of them the driver's launch itself, where the Python
+path (``ProcessGroup.prepare`` then its ``run`` then ``PeerExecutor.__call__``) took
+10.7-17.4 on hosts of that kind. With ``launch_ex`` (cuLaunchKernelEx) each kernel may start
+while the previous one on its stream finishes (COLLECTIVES_PEER_OVERLAP): 1.5-2 µs a call.
 
 It decides nothing of its own. The group registers each call shape its Python path worked
 out (``ProcessGroup._remember``), with the plans that path runs; a call then takes the same

@@ -288,23 +288,27 @@ def test_register_buffer_checks_the_array_before_any_rank_is_asked(monkeypatch):
             raise ValueError("deregister_buffer on rank 3: rank(s) 1 have no registered "
                              "buffer starting there; nothing was deregistered")
 
+    class Array(SimpleNamespace):       # stands in for cupy.ndarray
+        pass
+
     def array(ptr=0x1000, nbytes=64, contiguous=True, device=0, shape=(16,)):
-        return SimpleNamespace(data=SimpleNamespace(ptr=ptr), nbytes=nbytes, shape=shape,
-                               flags=SimpleNamespace(c_contiguous=contiguous),
-                               device=SimpleNamespace(id=device))
+        return Array(data=SimpleNamespace(ptr=ptr), nbytes=nbytes, shape=shape,
+                     flags=SimpleNamespace(c_contiguous=contiguous),
+                     device=SimpleNamespace(id=device))
 
     def asarray(a):
-        if isinstance(a, str):
-            raise TypeError("not an array")
+        assert isinstance(a, Array), "only device memory is viewed (a host array is copied)"
         return a
-    executor = SimpleNamespace(memory=Memory(), cupy=SimpleNamespace(asarray=asarray))
+    executor = SimpleNamespace(memory=Memory(), cupy=SimpleNamespace(asarray=asarray,
+                                                                     ndarray=Array))
     group = ProcessGroup.__new__(ProcessGroup)
     group.backend = "nccl"
     group.transport = SimpleNamespace(peer_executor=executor, device=0, rank=3)
     for bad, error, words in ((array(contiguous=False), ValueError, "contiguous"),
                               (array(nbytes=0, shape=(0,)), ValueError, "not be empty"),
                               (array(device=1), ValueError, "on GPU 1"),
-                              ("text", TypeError, "expected a CuPy array")):
+                              ("text", TypeError, "expected a CuPy array"),
+                              (np.zeros(4, np.float32), TypeError, "device memory.*ndarray")):
         with pytest.raises(error, match=f"register_buffer on rank 3: .*{words}"):
             group.register_buffer(bad)
     assert asked == []
