@@ -141,11 +141,7 @@ class ProcessGroup:
         messages straight into it, which saves two passes over the output (large calls).
         Its memory is the group's until the group is destroyed (at most 16 per group);
         only groups on the peer-memory path (GPUs of one host) have it."""
-        executor = getattr(self.transport, "peer_executor", None)
-        if executor is None:
-            why = getattr(self.transport, "peer_path", f"a {self.backend} group")
-            raise CollectiveError(f"symmetric_empty on rank {self.rank}: this group has no "
-                                  f"peer memory ({why})")
+        executor = self._peer_executor("symmetric_empty")
         cupy = executor.cupy
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -181,12 +177,19 @@ class ProcessGroup:
         except ValueError as exc:
             raise CollectiveError(str(exc)) from None
 
-    def _peer_buffer(self, operation, array):
+    def _peer_executor(self, operation):
+        """This group's peer-memory executor, or CollectiveError naming ``operation``."""
         executor = getattr(self.transport, "peer_executor", None)
         if executor is None:
             why = getattr(self.transport, "peer_path", f"a {self.backend} group")
             raise CollectiveError(f"{operation} on rank {self.rank}: this group has no "
                                   f"peer memory ({why})")
+        return executor
+
+    def _peer_buffer(self, operation, array):
+        """(the group's peer memory, ``array`` viewed as a CuPy array), checked on this
+        rank before any rank is asked."""
+        executor = self._peer_executor(operation)
         cupy = executor.cupy
         view = None
         if isinstance(array, cupy.ndarray) or hasattr(array, "__cuda_array_interface__"):
