@@ -112,7 +112,7 @@ class PeerMemory:
         with cupy.cuda.Device(transport.device):
             self.flags_ptr = runtime.malloc(FLAG_BYTES)
             runtime.memset(self.flags_ptr, 0, FLAG_BYTES)
-            self.peer_flags = self._share(self.flags_ptr)
+            self.peer_flags, self._opened = self._share(self.flags_ptr)
             self.peer_flags_array = cupy.asarray(np.array(self.peer_flags, np.uint64))
             self._error_host = runtime.hostAlloc(16, _MAPPED)
             ctypes.memset(self._error_host, 0, 16)
@@ -125,7 +125,6 @@ class PeerMemory:
         self.peer_inbox, self.peer_inbox_array = [], None
         self.lines_ptr, self.lines_half = 0, 0          # the inbox of messages in lines
         self.peer_lines, self.peer_lines_array = [], None
-        self._opened = [p for r, p in enumerate(self.peer_flags) if r != self.rank]
         # symmetric allocations and registered buffers (_Heap; None: a slot deregistered);
         # the peers' addresses in one device array, [heap][rank], that never moves
         self.heaps = []
@@ -136,24 +135,38 @@ class PeerMemory:
 
     # -- opening -------------------------------------------------------------------------
 
-    def _share(self, ptr) -> list:
-        """Every rank's address of its allocation at ``ptr``, as mapped here (an all_gather
-        of the IPC handles over the group's communicator)."""
-        cupy = self.cupy
-        runtime = cupy.cuda.runtime
-        handle = runtime.ipcGetMemHandle(ptr)
-        handles = _all_gather(self.transport, bytes(handle))
-        out = []
-        for r, other in enumerate(handles):
+    def _share(self, start, offset: int = 0, what: str = "peer memory") -> tuple:
+        """(every rank's address of its memory ``offset`` bytes into its allocation at
+        ``start``, as mapped here; the peers' allocations this rank opened), through an
+        all_gather of the IPC handles and offsets over the group's communicator. Every rank
+        maps every peer's memory or none does: a rank that could not open one says so in a
+        second all_gather, and then every rank closes what it opened and raises, naming it
+        (a rank that went on alone would have senders write through mappings they lack)."""
+        runtime = self.cupy.cuda.runtime
+        handle = bytes(runtime.ipcGetMemHandle(start))
+        blobs = _all_gather(self.transport, handle + int(offset).to_bytes(8, "little"))
+        out, opened, why = [], [], ""
+        for r, blob in enumerate(blobs):
             if r == self.rank:
-                out.append(ptr)
+                out.append(start + offset)
                 continue
             try:
-                out.append(runtime.ipcOpenMemHandle(other, _LAZY_PEER_ACCESS))
-            except Exception as exc:
-                raise TransportError(f"peer memory on rank {self.rank}: cannot map rank {r}'s "
-                                     f"memory ({exc})") from exc
-        return out
+                base = runtime.ipcOpenMemHandle(blob[:_HANDLE], _LAZY_PEER_ACCESS)
+            except Exception as exc:          # noqa: BLE001 (every rank hears of it)
+                why = f"rank {r}'s: {exc}"
+                break
+            opened.append(base)
+            out.append(base + int.from_bytes(blob[_HANDLE:_HANDLE + 8], "little"))
+        failed = [r for r, b in enumerate(_all_gather(self.transport, b"\1" if why else b"\0"))
+                  if b[0]]
+        if failed:
+            for q in opened:
+                runtime.ipcCloseMemHandle(q)
+            mine = f" ({why})" if why else ""
+            raise TransportError(f"{what} on rank {self.rank}: rank(s) "
+                                 f"{', '.join(map(str, failed))} could not map a peer's "
+                                 f"memory{mine}; no rank mapped it")
+        return out, opened
 
     def ensure(self, nbytes: int, inbox: int = 0, lines: int = 0) -> None:
         """Staging memory of at least ``nbytes``, inbox halves of at least ``inbox`` bytes and
@@ -184,14 +197,18 @@ class PeerMemory:
                     self._allocate(2 * self.lines_half, zeroed=True)
             self.layout = object()
 
-    def _allocate(self, nbytes: int, zeroed: bool):
+    def _allocate(self, nbytes: int, zeroed: bool, what: str = "peer memory"):
         """(this rank's pointer, every rank's address as mapped here, those as a device
         array) of a new allocation of ``nbytes`` on every rank (collective)."""
         runtime = self.cupy.cuda.runtime
         ptr = runtime.malloc(nbytes)
         if zeroed:
             runtime.memset(ptr, 0, nbytes)
-        peers = self._share(ptr)
+        try:
+            peers, _ = self._share(ptr, what=what)
+        except TransportError:
+            runtime.free(ptr)
+            raise
         return ptr, peers, self.cupy.asarray(np.array(peers, np.uint64))
 
     def _slot(self, what: str) -> int:
@@ -219,7 +236,7 @@ class PeerMemory:
         h = self._slot("symmetric memory")
         nbytes = max(int(nbytes), 256)
         with self.cupy.cuda.Device(self.transport.device):
-            ptr, peers, _ = self._allocate(nbytes, zeroed=True)
+            ptr, peers, _ = self._allocate(nbytes, zeroed=True, what="symmetric memory")
             self._keep(h, _Heap(ptr, nbytes, peers, owned=True,
                                 opened=[q for r, q in enumerate(peers) if r != self.rank]))
         return ptr
@@ -232,8 +249,7 @@ class PeerMemory:
             why = "it is registered already (or lies in symmetric memory)"
         else:
             why = ""
-        handle, offset, buffer_id = bytes(_HANDLE), 0, 0
-        runtime = self.cupy.cuda.runtime
+        start, buffer_id = 0, 0
         with self.cupy.cuda.Device(self.transport.device):
             if not why:
                 try:
@@ -243,34 +259,21 @@ class PeerMemory:
                                "memory mapping, as torch's expandable segments make)")
                     elif not (start <= ptr and ptr + nbytes <= start + size):
                         why = "it does not lie in one allocation"
-                    else:
-                        handle, offset = bytes(runtime.ipcGetMemHandle(start)), ptr - start
                 except Exception as exc:       # a CUDA without the attributes, a host pointer
                     why = f"the driver cannot describe it ({exc})"
-            blobs = _all_gather(self.transport, handle + int(offset).to_bytes(8, "little") +
-                                (b"\1" if why else b"\0") + bytes(7))
-            failed = [r for r, b in enumerate(blobs) if b[_HANDLE + 8]]
+            failed = [r for r, b in enumerate(_all_gather(self.transport,
+                                                          b"\1" if why else b"\0")) if b[0]]
             if failed:
                 mine = f": {why}" if why else ""
                 raise ValueError(f"{what} on rank {self.rank}: the buffer of rank(s) "
                                  f"{', '.join(map(str, failed))} cannot be mapped by the "
                                  f"peers{mine}; no rank registered its buffer")
             h = self._slot(what)
-            peers, opened = [], []
-            for r, blob in enumerate(blobs):
-                if r == self.rank:
-                    peers.append(ptr)
-                    continue
-                try:
-                    base = runtime.ipcOpenMemHandle(blob[:_HANDLE], _LAZY_PEER_ACCESS)
-                except Exception as exc:
-                    for q in opened:
-                        runtime.ipcCloseMemHandle(q)
-                    self.heaps[h] = None
-                    raise TransportError(f"{what} on rank {self.rank}: cannot map rank {r}'s "
-                                         f"buffer ({exc})") from exc
-                opened.append(base)
-                peers.append(base + int.from_bytes(blob[_HANDLE:_HANDLE + 8], "little"))
+            try:
+                peers, opened = self._share(start, ptr - start, what)
+            except TransportError:
+                self.heaps[h] = None            # every rank alike: the slot stays free
+                raise
             self._keep(h, _Heap(ptr, nbytes, peers, owned=False, opened=opened,
                                 buffer_id=buffer_id))
 

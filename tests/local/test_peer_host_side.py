@@ -181,9 +181,11 @@ def test_symmetric_memory_says_where_an_output_lies_and_refuses_too_many(monkeyp
 
 class TwoRanks:
     """Rank 0 of two: the peer's side of each all_gather (its IPC handle names its allocation at
-    0x50000, its buffer 0x40 into it), the driver's view of this rank's buffers (their
-    allocation at 0x10000, a buffer id that changes when it is freed and allocated again),
-    and the handles this rank opened and closed."""
+    0x50000, its buffer 0x40 into it; its one-byte answers, 1 where it failed its part: a
+    buffer it cannot share, a handle it could not open, a buffer it has not registered), the
+    driver's view of this rank's buffers (their allocation at 0x10000, a buffer id that
+    changes when it is freed and allocated again), and the handles this rank opened and
+    closed."""
 
     def __init__(self, monkeypatch, capable=True, peer_fails=False):
         self.mem, self.runtime = memory(monkeypatch)
@@ -191,20 +193,22 @@ class TwoRanks:
         mem.size = 2
         mem.peer_heaps_array = np.zeros(peer_memory.MAX_HEAPS * 2, np.uint64)
         self.opened, self.closed, self.buffer = [], [], 11
-        self.peer_has = True             # the peer has a buffer registered (deregister)
+        self.answers = [b"\1"] if peer_fails else []     # then b"\0": the peer did its part
+        self.open_fails = False
 
         def open_handle(handle, flags):
+            if self.open_fails:
+                raise RuntimeError("cudaErrorMapBufferObjectFailed")
             self.opened.append(int.from_bytes(handle[:8], "little") + 0x7000000)
             return self.opened[-1]
         self.runtime.ipcOpenMemHandle = open_handle
         self.runtime.ipcCloseMemHandle = self.closed.append
 
         def all_gather(transport, blob):
-            if len(blob) == 1:           # deregister: whether each rank has the buffer
-                return [blob, b"\0" if self.peer_has else b"\1"]
-            peer = (0x50000).to_bytes(peer_memory._HANDLE, "little") + \
-                (0x40).to_bytes(8, "little") + (b"\1" if peer_fails else b"\0") + bytes(7)
-            return [blob, peer]
+            if len(blob) == 1:
+                return [blob, self.answers.pop(0) if self.answers else b"\0"]
+            return [blob, (0x50000).to_bytes(peer_memory._HANDLE, "little") +
+                    (0x40).to_bytes(8, "little")]
         monkeypatch.setattr(peer_memory, "_all_gather", all_gather)
         monkeypatch.setattr(peer_memory._Driver, "allocation",
                             lambda ptr: (0x10000, 1 << 20, capable, self.buffer))
@@ -263,7 +267,7 @@ def test_a_buffer_a_rank_cannot_share_is_refused_on_every_rank_naming_it(monkeyp
                                          f"{failed} cannot be mapped"):
         mem.register(0x10300, 4096)
     assert rig.opened == [] and mem.heaps == heaps
-    rig.peer_has = False
+    rig.answers = [b"\1"]
     with pytest.raises(ValueError, match="deregister_buffer on rank 0: rank\\(s\\) "
                                          f"{'0, 1' if who != 'registered already' else '1'} "
                                          "have no registered buffer"):
@@ -316,3 +320,36 @@ def test_register_buffer_checks_the_array_before_any_rank_is_asked(monkeypatch):
     assert asked == [("register", 0x1000, 64)]
     with pytest.raises(CollectiveError, match="deregister_buffer on rank 3: rank\\(s\\) 1"):
         group.deregister_buffer(array())
+
+
+@pytest.mark.parametrize("who", ["this rank", "its peer"])
+def test_a_mapping_that_fails_on_one_rank_fails_the_registration_everywhere(monkeypatch, who):
+    """Where one rank cannot open a peer's handle, no rank keeps the registration: a rank
+    that kept it would tell its senders to write into a buffer they never mapped (or, its
+    slots numbered apart from theirs, into another one). Before, the rank that failed raised
+    and its peers went on with the buffer registered."""
+    rig = TwoRanks(monkeypatch)
+    rig.open_fails = who == "this rank"
+    rig.answers = [b"\0", b"\1" if who == "its peer" else b"\0"]   # can share; mapped?
+    failed = "0" if who == "this rank" else "1"
+    with pytest.raises(peer_memory.TransportError,
+                       match=f"register_buffer on rank 0: rank\\(s\\) {failed} could not map"):
+        rig.mem.register(0x10300, 4096)
+    assert rig.closed == rig.opened and rig.mem.heaps == [None]
+    assert rig.mem.place(_array(0x10300, 256)) == 0
+    rig.open_fails = False
+    rig.mem.register(0x10300, 4096)                   # the same slot, on every rank alike
+    assert rig.mem.heaps[0] is not None and len(rig.mem.heaps) == 1
+
+
+def test_a_symmetric_allocation_a_peer_could_not_map_is_given_up_on_every_rank(monkeypatch):
+    """The same rule for the group's own memory (symmetric allocations, staging): where a
+    peer could not open this rank's handle, this rank closes what it opened, frees its
+    allocation and raises naming that peer; the slot stays free, as on the peer."""
+    rig = TwoRanks(monkeypatch)
+    rig.answers = [b"\1"]                       # the peer's answer after the handles
+    with pytest.raises(peer_memory.TransportError,
+                       match="symmetric memory on rank 0: rank\\(s\\) 1 could not map"):
+        rig.mem.symmetric(4096)
+    assert rig.closed == rig.opened and len(rig.runtime.freed) == 1
+    assert rig.mem.heaps == [None]
