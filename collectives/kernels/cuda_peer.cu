@@ -557,7 +557,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
     }
     /* Up to here this kernel reads only what no kernel writes (the program, the addresses,
        the tallies), so it may start while the previous kernel on its stream finishes
-       (programmatic dependent launch: the lane's launches, COLLECTIVES_PEER_PDL); from here
+       (programmatic dependent launch: the lane's launches, COLLECTIVES_PEER_OVERLAP); from here
        on it reads what that kernel wrote (the counters, the call number), once that kernel
        has completed and its writes are visible. Launched plainly, this returns at once. */
 #if __CUDA_ARCH__ >= 900
