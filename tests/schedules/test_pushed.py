@@ -664,3 +664,118 @@ def test_a_send_after_a_message_from_its_receiver_takes_its_word_without_waiting
     first: the sender then writes into the inbox of a rank that takes it from its output.)"""
     assert _direct_two_shot_runs(True) == 20
     assert _direct_two_shot_runs(False) < 20
+
+
+@pytest.mark.parametrize("collective,algorithm", [(c, a) for c, a in CASES if c != "barrier"])
+@pytest.mark.parametrize("p,pulls,symmetric", [(2, {0, 1}, set()), (3, {0, 1, 2}, {0, 1, 2}),
+                                               (4, {0, 2, 3}, {0, 1, 2, 3}), (4, {1}, {1})])
+@pytest.mark.parametrize("eager,lines", [(0, 0), (1 << 20, 0), (1 << 20, 1 << 20)])
+def test_inputs_every_peer_has_mapped_are_read_where_they_lie(collective, algorithm, p, pulls,
+                                                               symmetric, eager, lines):
+    """Ranks whose inputs every peer has mapped (``pulls``) beside ranks whose inputs are
+    not, in and out of place, with symmetric outputs or staged ones: a message between two
+    such ranks that ``_pullable`` allows is read in its sender's input (by a chain or a
+    reduction, or copied out of there) and never sent; every other message as before. Each
+    caller overwrites its input as soon as its call ends, so a peer still reading it would
+    read NaN."""
+    group = Group(p, workers=3, seed=p)
+    for n in (p - 1 or 1, 4 * p + 3):
+        counts = _counts(collective, p, n)
+        calls = [_call(collective, algorithm, p, counts, 0, seed, out_of_place=seed % 2)
+                 for seed in range(4)]
+        inputs = [[a.copy() for a in c[1]] for c in calls]
+        group.run([c[0] for c in calls], pulls=pulls, symmetric=symmetric, seeded=True,
+                  eager=eager, lines=lines, direct=eager > 0, spoil=True)
+        for (_, _, outputs), given in zip(calls, inputs):
+            _check(collective, p, counts, 0, given, outputs)
+
+
+def _pulled(program):
+    """(the peers whose messages it may read in their inputs, the peers it may not send to)"""
+    code = [tuple(int(x) for x in row) for row in program.code]
+    marked = {pushed.SEND: 9, pushed.SEND_LL: 8}          # the column that says so
+    return ({row[2] for row in code if row[0] == pushed.PULL},
+            {row[2] for row in code if row[0] in marked and row[marked[row[0]]]})
+
+
+def test_two_shot_reads_its_first_step_in_its_peers_inputs():
+    """two_shot's first step (each block to the rank that reduces it) is read by that rank in
+    the senders' inputs, out of place or in place, eager or in lines; its second step (the
+    reduced blocks) is sent. Not without ``pulls``; not the ring (a received block is sent on
+    before its sender would hear it was read); not one-shot all_reduce or reduce_scatter,
+    whose senders hear nothing back, so their calls could end (their callers change their
+    inputs) while a peer still reads them."""
+    n = 4096
+    for rank in range(4):
+        plan = build_plan("all_reduce", "two_shot", rank, 4, n)
+        seeded = read_input_first(plan, n)
+        for eager, lines in ((1 << 20, 0), (1 << 20, 1 << 20)):
+            for program in (pushed.lower(seeded, eager, lines, seeded=True, pulls=True),
+                            pushed.lower(plan, eager, lines, symmetric=True, pulls=True)):
+                peers = set(range(4)) - {rank}
+                assert _pulled(program) == (peers, peers)
+                pulls = [row for row in program.code if row[0] == pushed.PULL]
+                assert all(row[4] == rank * n // 4 for row in pulls)   # its block of each
+                chain = next(row for row in program.code if row[0] == pushed.REDUCE_N)
+                assert {int(row[5]) for row in pulls} <= set(pushed.chain_operands(chain))
+            assert _pulled(pushed.lower(seeded, eager, lines, seeded=True)) == (set(), set())
+        for other in (build_plan("all_reduce", "ring", rank, 4, n),
+                      build_plan("all_reduce", "direct", rank, 4, n),
+                      build_plan("reduce_scatter", "direct", rank, 4, (n,) * 4)):
+            assert _pulled(pushed.lower(other, 1 << 20, 0, pulls=True)) == (set(), set())
+
+
+def _spoiled_runs(collective, algorithm, counts, seeds=10):
+    right = 0
+    for seed in range(seeds):
+        group = Group(4, workers=3, seed=seed)
+        calls = [_call(collective, algorithm, 4, counts, 0, seed * 10 + i, out_of_place=True)
+                 for i in range(3)]
+        inputs = [[a.copy() for a in c[1]] for c in calls]
+        group.run([c[0] for c in calls], pulls={0, 1, 2, 3}, symmetric={0, 1, 2, 3},
+                  seeded=True, eager=1 << 20, piece=2, spoil=True)
+        try:
+            for (_, _, outputs), given in zip(calls, inputs):
+                _check(collective, 4, counts, 0, given, outputs)
+            right += 1
+        except AssertionError:
+            pass
+    return right
+
+
+def test_a_sender_that_hears_nothing_back_is_not_read_in_place(monkeypatch):
+    """(Where the check that the sender hears from its reader after the read is dropped,
+    direct reduce_scatter is read in place, and a sender's caller overwrites its input while
+    a peer still reads it: NaN sums.)"""
+    assert _spoiled_runs("reduce_scatter", "direct", (9, 9, 9, 9)) == 10
+    monkeypatch.setattr(pushed, "_hears_back", lambda *args: True)
+    # (other counts: programs are kept with their plans, and plans are made once per shape)
+    assert _spoiled_runs("reduce_scatter", "direct", (10, 10, 10, 10)) < 10
+
+
+def test_a_sender_that_overwrites_what_it_sends_is_not_read_in_place(monkeypatch):
+    """_sum_then_overwrite in place: each rank writes its sum over the vector it sent in the
+    same step. (Where ``_left_alone`` is dropped, its right neighbour reads it there, at
+    times after the sum: wrong sums.)"""
+    from collectives.algorithms import schedule
+    monkeypatch.setitem(schedule.REGISTRY["all_reduce"], "sum_then_overwrite",
+                        _sum_then_overwrite)
+
+    def runs(n):
+        right = 0
+        for seed in range(10):
+            group = Group(4, workers=2, seed=seed)
+            calls = [_call("all_reduce", "sum_then_overwrite", 4, n, 0, seed * 10 + i)
+                     for i in range(3)]
+            group.run([c[0] for c in calls], pulls={0, 1, 2, 3}, symmetric={0, 1, 2, 3},
+                      eager=1 << 20, piece=2)
+            try:
+                for _, inputs, outputs in calls:
+                    _check("all_reduce", 4, n, 0, inputs, outputs)
+                right += 1
+            except AssertionError:
+                pass
+        return right
+    assert runs(8) == 10
+    monkeypatch.setattr(pushed, "_left_alone", lambda *args: True)
+    assert runs(9) < 10           # (other counts: programs are kept with their plans)
