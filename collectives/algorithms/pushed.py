@@ -96,7 +96,10 @@ EPOCH = 1       # publish epoch (call, step): [2] step [3] 1: the call's first, 
                 # into its symmetric output (``direct``): it says so first (its DIRECT word
                 # in every rank's flags: the call's number + 1), then the epoch, a release;
                 # and every worker says so before its first send, so a peer that took a
-                # message of this call from it knows without waiting for the epoch
+                # message of this call from it knows without waiting for the epoch [5] 1:
+                # peers may read this rank's input or it theirs (``_pullable``): it says where
+                # its input lies first (its INPUT word; 0: not mapped), then the epoch, a
+                # release (where that word is or was not 0)
 PUSH = 2        # [2] peer [3] src buffer [4] src offset [5] dst buffer (peer's) [6] dst offset
                 # [7] count [8] the peer's step to wait for [9] message number to that peer;
                 # the peer's output is its staging memory's start, or where its epochs say
@@ -289,7 +292,12 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct, pulls):
     # (src, dst, k) -> where the message lies in src's input, for those a receiver may pull
     pullable = _pullable([other if other.rank != rank else build_plan(
         plan.collective, plan.algorithm, rank, size, *plan.args) for other in plans],
-        landing) if pulls else {}
+        landing, lines)
+    # whether peers may read this rank's input, or it theirs, where both are mapped: then
+    # its first epoch says where its input lies (its INPUT word), whether or not it is mapped
+    says = any(rank in (src, dst) for src, dst, _ in pullable)
+    if not pulls:
+        pullable = {}
 
     code = []
     touched = []           # per row: its access (``_Barriers.before``'s), None for barriers,
@@ -534,6 +542,10 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct, pulls):
 
     direct = direct and symmetric and _direct(code, touched, into_output)
     code = _send_on(code, touched, posted)
+    if says:                                  # the first epoch says where its input lies
+        first = next(i for i, row in enumerate(code) if row[0] == EPOCH)
+        row = tuple(code[first]) + (0,) * (6 - len(code[first]))
+        code[first] = row[:5] + (1,) + row[6:]
     table = np.zeros((len(code), WIDTH), np.int64)
     for i, row in enumerate(code):
         table[i, :len(row)] = row
@@ -552,7 +564,7 @@ PULLS_MAX = 64     # pulled messages one rank takes in one step (the kernel's ta
 SEEDED = frozenset(("all_reduce", "broadcast"))   # collectives whose output input seeds
 
 
-def _pullable(plans, landing) -> dict:
+def _pullable(plans, landing, lines) -> dict:
     """{(src, dst, k): offset}: the eager messages (src's k-th to dst) that dst may read in
     src's input at ``offset`` where both pull (``lower(pulls=)``), alike on every rank:
     ``plans`` are every rank's plain plans (a rank's own may read input first: each rank
@@ -570,6 +582,8 @@ def _pullable(plans, landing) -> dict:
       that dst sends after that step (each of src's workers waits for the same worker of
       dst, which has read its share first), so src's caller cannot change its input while
       dst still reads it;
+    * it is not in lines (``lines``: a sender's lines arrive one hop after it starts, where
+      a read waits for its start to be known, then for the data to come back);
     * dst takes at most PULLS_MAX such messages in that step (the kernel's table)."""
     sending = {}                              # (src, dst) -> [(step, region)] of each send
     for other in plans:
@@ -581,7 +595,7 @@ def _pullable(plans, landing) -> dict:
         for k, (read_at, _, slot) in enumerate(pairs):
             index, region = sending[src, dst][k]
             plan = plans[src]
-            if slot < 0 or (region.buffer != "input" and not (
+            if slot < 0 or region.count <= lines or (region.buffer != "input" and not (
                     region.buffer == "output" and plan.collective in SEEDED)):
                 continue
             if region.buffer == "output" and not _left_alone(plan, region, dst, read_at,

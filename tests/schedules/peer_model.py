@@ -191,8 +191,8 @@ class Group:
                 if row[2]:                   # is one sequence
                     yield from self._barrier(rank, w, barriers, step, deadline)
             elif kind == EPOCH:
-                if w == 0 and int(row[2]) == 0:  # where its input lies, before the epoch
-                    self.inputs[rank] = mapped
+                if w == 0 and int(row[2]) == 0 and row[5]:   # where its input lies, before
+                    self.inputs[rank] = mapped                 # the epoch
                 if w == 0 or (row[4] and self.every_worker_says):   # where output lands
                     self.landing[rank] = mine[OUTPUT]
                     if row[4]:               # eager messages straight into output

@@ -700,29 +700,37 @@ def _pulled(program):
 
 def test_two_shot_reads_its_first_step_in_its_peers_inputs():
     """two_shot's first step (each block to the rank that reduces it) is read by that rank in
-    the senders' inputs, out of place or in place, eager or in lines; its second step (the
-    reduced blocks) is sent. Not without ``pulls``; not the ring (a received block is sent on
-    before its sender would hear it was read); not one-shot all_reduce or reduce_scatter,
-    whose senders hear nothing back, so their calls could end (their callers change their
-    inputs) while a peer still reads them."""
+    the senders' inputs, out of place or in place; its second step (the reduced blocks) is
+    sent. The first epoch says where the input lies, with or without ``pulls`` (a peer may
+    read it). Not without ``pulls``; not messages in lines (they arrive one hop after their
+    sender starts); not the ring (a received block is sent on before its sender would hear
+    it was read); not one-shot all_reduce or reduce_scatter, whose senders hear nothing
+    back, so their calls could end (their callers change their inputs) while a peer still
+    reads them."""
     n = 4096
+
+    def says(program):
+        return int(next(row for row in program.code if row[0] == pushed.EPOCH)[5])
     for rank in range(4):
         plan = build_plan("all_reduce", "two_shot", rank, 4, n)
         seeded = read_input_first(plan, n)
-        for eager, lines in ((1 << 20, 0), (1 << 20, 1 << 20)):
-            for program in (pushed.lower(seeded, eager, lines, seeded=True, pulls=True),
-                            pushed.lower(plan, eager, lines, symmetric=True, pulls=True)):
-                peers = set(range(4)) - {rank}
-                assert _pulled(program) == (peers, peers)
-                pulls = [row for row in program.code if row[0] == pushed.PULL]
-                assert all(row[4] == rank * n // 4 for row in pulls)   # its block of each
-                chain = next(row for row in program.code if row[0] == pushed.REDUCE_N)
-                assert {int(row[5]) for row in pulls} <= set(pushed.chain_operands(chain))
-            assert _pulled(pushed.lower(seeded, eager, lines, seeded=True)) == (set(), set())
+        for program in (pushed.lower(seeded, 1 << 20, 0, seeded=True, pulls=True),
+                        pushed.lower(plan, 1 << 20, 0, symmetric=True, pulls=True)):
+            peers = set(range(4)) - {rank}
+            assert _pulled(program) == (peers, peers) and says(program)
+            pulls = [row for row in program.code if row[0] == pushed.PULL]
+            assert all(row[4] == rank * n // 4 for row in pulls)   # its block of each
+            chain = next(row for row in program.code if row[0] == pushed.REDUCE_N)
+            assert {int(row[5]) for row in pulls} <= set(pushed.chain_operands(chain))
+        unmapped = pushed.lower(seeded, 1 << 20, 0, seeded=True)
+        assert _pulled(unmapped) == (set(), set()) and says(unmapped)
+        in_lines = pushed.lower(seeded, 1 << 20, 1 << 20, seeded=True, pulls=True)
+        assert _pulled(in_lines) == (set(), set()) and not says(in_lines)
         for other in (build_plan("all_reduce", "ring", rank, 4, n),
                       build_plan("all_reduce", "direct", rank, 4, n),
                       build_plan("reduce_scatter", "direct", rank, 4, (n,) * 4)):
-            assert _pulled(pushed.lower(other, 1 << 20, 0, pulls=True)) == (set(), set())
+            program = pushed.lower(other, 1 << 20, 0, pulls=True)
+            assert _pulled(program) == (set(), set()) and not says(program)
 
 
 def _spoiled_runs(collective, algorithm, counts, seeds=10):
