@@ -174,9 +174,10 @@ def test_an_input_in_symmetric_memory_is_published_alike_from_either_path(monkey
     rig.memory.heaps = [object()]             # one symmetric allocation at ``heap``
     rig.memory.place = lambda a: 0 if a is None or not heap <= a.data.ptr < 2 * heap else \
         (1 << shift) | (a.data.ptr - heap)
-    for inp, out, want in ((DeviceArray(heap + 4096, 1024), DeviceArray(0x20000, 1024), 4096),
-                           (DeviceArray(0x10000, 1024), DeviceArray(heap, 1024), 0),
-                           (DeviceArray(heap + 8192, 1024),) * 2 + (8192,)):
+    n = 1 << 16                               # messages above the lines (64K), eager (1M)
+    for inp, out, want in ((DeviceArray(heap + 4096, n), DeviceArray(0x20000, n), 4096),
+                           (DeviceArray(0x10000, n), DeviceArray(heap, n), 0),
+                           (DeviceArray(heap + 8192, n),) * 2 + (8192,)):
         first = rig.call("all_reduce", inp, out, algorithm="two_shot")
         again = rig.call("all_reduce", inp, out, algorithm="two_shot")
         assert (first[0], again[0]) == ("python", "lane") and same_launch(first, again)
