@@ -282,9 +282,10 @@ __device__ __forceinline__ void fold_vector(uint4* acc, const uint4* x) {
 /* The 16-byte part of reduce_many for m == M operands: U rounds of every operand loaded
    before any is combined, so a thread has U * M loads in flight (operands read over NVLink
    in a peer's memory, PULL, wait a round trip each: one round at a time made a pulled
-   two_shot at 4 MiB on 4 GPUs 22 % slower than the pushed one). */
+   two_shot at 4 MiB on 4 GPUs 22 % slower than the pushed one). Not inlined: inlined, its
+   registers made every path of the kernel slower (two_shot at 64 KiB 11.3 -> 13.5 µs). */
 template <int M, int U>
-__device__ __forceinline__ void reduce_vectors(S* dst, const S* const* xs, i64 lo, i64 v,
+__device__ __noinline__ void reduce_vectors(S* dst, const S* const* xs, i64 lo, i64 v,
                                                char* const* outs, int k) {
     const i64 bd = blockDim.x;
     const uint4* x[M];
