@@ -267,7 +267,7 @@ def test_summary_names_the_best_row_with_a_symmetric_output():
     assert best["symmetric"] == {"best": "two_shot", "ratio_to_native": pytest.approx(100 / 93)}
     text = format_summary(summarize(records))
     assert "#  all_reduce: 16M: two_shot 0.95x" in text
-    assert "#    in symmetric memory: 16M: two_shot 1.08x" in text
+    assert "#    with the output in symmetric memory: 16M: two_shot 1.08x" in text
     assert "symmetric memory" not in format_summary(summarize(records[:2]))
 
 

@@ -408,9 +408,8 @@ def test_symmetric_memory_rows_fail_soft(monkeypatch, capsys):
 def test_symm_rows_share_one_symmetric_allocation_per_group(monkeypatch):
     """The sweep makes a bench anew for every collective and size; each allocating its own
     symmetric memory ran out of the group's 16 allocations on 4 GPUs (the bench failed at
-    its 17th). The rows' inputs and outputs now come from one allocation per group, grown by
-    4x when a size outgrows it: sizes 4K-1G of three collectives on fresh benches need 6;
-    each row's input and output apart, 256-byte aligned."""
+    its 17th). The rows' outputs now come from one allocation per group, grown by 4x when a
+    size outgrows it: sizes 4K-1G of three collectives on fresh benches need 5."""
     from collectives.bench import nccl as bench_nccl
 
     class Group:
@@ -424,9 +423,6 @@ def test_symm_rows_share_one_symmetric_allocation_per_group(monkeypatch):
         for _ in ("all_reduce", "all_gather", "all_to_all"):
             bench = bench_nccl.GpuBench.__new__(bench_nccl.GpuBench)
             bench.group = group
-            like = np.zeros(size // 4, np.float32)
-            inp, out = bench._symmetric(like, np.zeros(size // 4 + 1, np.float32))
-            assert inp.nbytes == size and out.nbytes == size + 4 and out.dtype == np.float32
-            assert out.__array_interface__["data"][0] - inp.__array_interface__["data"][0] \
-                == size
-    assert len(group.made) == 6, group.made
+            out = bench._symmetric(np.zeros(size // 4, np.float32))
+            assert out.nbytes == size and out.dtype == np.float32
+    assert len(group.made) == 5, group.made

@@ -36,14 +36,12 @@ def buffers(cupy, collective, count, p, dtype, rank, seed):
 
 
 def check_one(group, baseline, collective, kwargs, d_in, out, ref, rank, root, transport,
-              cupy, in_place=False) -> int:
+              cupy) -> int:
     """Bytes of ``out`` that differ from the NCCL send/recv executor's result of the same
-    call into ``ref`` (0 where this rank's output is not defined), -1 where it raised.
-    ``in_place`` (broadcast always): ``out`` holds the input, and the call only it."""
+    call into ``ref`` (0 where this rank's output is not defined), -1 where it raised."""
     try:
-        if collective == "broadcast" or in_place:
-            mine, ref = (out, d_in.copy()) if in_place else (d_in.copy(), d_in.copy())
-            mine[...] = d_in
+        if collective == "broadcast":
+            mine, ref = d_in.copy(), d_in.copy()
             group.prepare(collective, output=mine, **kwargs)()
             baseline.prepare(collective, output=ref, **kwargs)()
         else:
@@ -101,9 +99,8 @@ def main():
     ap.add_argument("--no-graphs", action="store_true", help="skip the CUDA graph timings")
     ap.add_argument("--symmetric", action="store_true",
                     help="also check (float32, int32; every rank's output symmetric, then "
-                         "the even ranks' only; the same with inputs there too; all_reduce "
-                         "in place there) and time each algorithm with its input and output "
-                         "in symmetric memory (<algorithm>:symm rows; group.symmetric_empty)")
+                         "the even ranks' only) and time each algorithm with its output in "
+                         "symmetric memory (<algorithm>:symm rows; group.symmetric_empty)")
     ap.add_argument("--registered", action="store_true",
                     help="as --symmetric, with outputs in an ordinary CuPy array every rank "
                          "registered (<algorithm>:reg rows; group.register_buffer)")
@@ -126,8 +123,6 @@ def main():
     sizes = [int(float(s[:-1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[s[-1]])
              if s[-1] in "KMG" else int(s) for s in args.sizes.split(",")]
     elements = max(max(sizes) // 4, p * ((1 << 17) + 3)) + 4096
-    half = elements            # inputs in the heap from here (outputs from its start)
-    elements *= 2
     heap, kind = None, "symm"
     if args.registered:           # the caller's own memory, mapped by the peers
         heap, kind = cupy.empty(elements, np.float32), "reg"
@@ -159,28 +154,18 @@ def main():
                     if heap is not None and collective in ("all_reduce", "reduce_scatter",
                                                           "all_gather", "all_to_all") \
                             and np.dtype(dtype) in (np.float32, np.int32):
-                        placements += [place, f"{place} on even ranks", f"{place} in+out",
-                                       f"{place} in+out on even ranks"]
-                        if collective == "all_reduce":
-                            placements += [f"{place} in place",
-                                           f"{place} in place on even ranks"]
+                        placements += [place, f"{place} on even ranks"]
                     if collective in ("all_reduce", "reduce_scatter", "reduce"):
                         kwargs["op"] = ReduceOp.SUM
                     if collective in ("broadcast", "reduce", "gather", "scatter"):
                         kwargs["root"] = root
                     for placement in placements:
-                        out, inp = d_out, d_in
-                        mapped = placement != "staged" and (
-                            "even" not in placement or rank % 2 == 0)
-                        if mapped:
+                        out = d_out
+                        if placement == place or (placement != "staged" and rank % 2 == 0):
                             out = heap.view(dtype)[:d_out.size]
-                            if "in+out" in placement:
-                                inp = heap.view(dtype)[half:half + d_in.size]
-                                inp[...] = d_in
                         out[...] = ref_out
-                        bad = check_one(group, baseline, collective, kwargs, inp, out,
-                                        ref_out.copy(), rank, root, transport, cupy,
-                                        in_place="in place" in placement)
+                        bad = check_one(group, baseline, collective, kwargs, d_in, out,
+                                        ref_out.copy(), rank, root, transport, cupy)
                         if bad < 0:
                             print(f"rank {rank}: {collective} {algorithm} "
                                   f"{np.dtype(dtype).name} {count} ({placement}) failed",
@@ -200,20 +185,17 @@ def main():
                                                              "all_to_all") else 1))
             d_in, d_out = buffers(cupy, collective, count, p, np.float32, rank, 0)
             iters = 50 if nbytes <= (4 << 20) else 10
-            rows = [("native", group, "native", d_in, d_out)]
-            if heap is not None:        # input and output in the peers' mapped memory
-                mapped_in = heap[half:half + d_in.size]
-                mapped_in[...] = d_in
+            rows = [("native", group, "native", d_out)]
             for algorithm in args.algorithms.split(","):
                 if algorithm in have[collective]:
-                    rows.append((algorithm, group, algorithm, d_in, d_out))
+                    rows.append((algorithm, group, algorithm, d_out))
                     if heap is not None:
-                        rows.append((f"{algorithm}:{kind}", group, algorithm, mapped_in,
+                        rows.append((f"{algorithm}:{kind}", group, algorithm,
                                      heap[:d_out.size]))
-                    rows.append((algorithm + ":nccl", baseline, algorithm, d_in, d_out))
-            for label, g, algorithm, inp, out in rows:
-                def call(g=g, algorithm=algorithm, inp=inp, out=out):
-                    g.prepare(collective, input=inp, output=out, algorithm=algorithm)()
+                    rows.append((algorithm + ":nccl", baseline, algorithm, d_out))
+            for label, g, algorithm, out in rows:
+                def call(g=g, algorithm=algorithm, out=out):
+                    g.prepare(collective, input=d_in, output=out, algorithm=algorithm)()
                 host.barrier()
                 t = host.max(timed(cupy, call, iters, 5))
                 times.setdefault(label, []).append(t)
@@ -231,18 +213,15 @@ def main():
             d_in, d_out = buffers(cupy, collective, count, p, np.float32, rank, 0)
             cells = []
             base = None
-            timed_rows = [("native", "native", d_in, d_out)]
-            if heap is not None:
-                mapped_in = heap[half:half + d_in.size]
-                mapped_in[...] = d_in
+            timed_rows = [("native", "native", d_out)]
             for a in args.algorithms.split(","):
                 if a in have[collective] and a != "tree":
-                    timed_rows.append((a, a, d_in, d_out))
+                    timed_rows.append((a, a, d_out))
                     if heap is not None:
-                        timed_rows.append((f"{a}:{kind}", a, mapped_in, heap[:d_out.size]))
-            for label, algorithm, inp, out in timed_rows:
-                def call(algorithm=algorithm, inp=inp, out=out):
-                    group.prepare(collective, input=inp, output=out, algorithm=algorithm)()
+                        timed_rows.append((f"{a}:{kind}", a, heap[:d_out.size]))
+            for label, algorithm, out in timed_rows:
+                def call(algorithm=algorithm, out=out):
+                    group.prepare(collective, input=d_in, output=out, algorithm=algorithm)()
                 try:
                     with stream:
                         t = host.max(graph_time(cupy, stream, call, 20, 5))

@@ -60,16 +60,6 @@ first use is a reduction is reduced straight out of the inbox (``REDUCE_LL``,
 ``lower(seeded=True)``: an all_reduce or broadcast called out of place reads input wherever
 its plan reads output not yet written, instead of the group copying input to output first.
 
-``lower(pulls=True)`` (this rank's choice): its input lies in memory every peer has mapped
-(symmetric memory, a registered buffer), and each call it says where before its first epoch
-(its INPUT word in every rank's flags; 0: not mapped). A message that its receiver only
-reduces in a chain (``_inbox_runs``) and whose sender leaves its source alone until the
-receiver is done with it (``_pullable``) is then not sent at all where both ranks pull in this
-call: the receiver waits for the sender's first epoch and its chain reads the message in the
-sender's input, in the pass that reduces it (as SymmetricMemory's two-shot reads its peers),
-with no copy into an inbox and out again. Each side decides per call from the other's INPUT
-word, so ranks need not agree.
-
 Where regions live: a receive writes into the receiver's memory, so every region any receive
 lands in must be in memory other ranks can write (the group's staging buffers). ``scratch``
 always lives there; ``output`` lives there on a rank where some receive lands in output (the
@@ -96,10 +86,7 @@ EPOCH = 1       # publish epoch (call, step): [2] step [3] 1: the call's first, 
                 # into its symmetric output (``direct``): it says so first (its DIRECT word
                 # in every rank's flags: the call's number + 1), then the epoch, a release;
                 # and every worker says so before its first send, so a peer that took a
-                # message of this call from it knows without waiting for the epoch [5] 1:
-                # peers may read this rank's input or it theirs (``_pullable``): it says where
-                # its input lies first (its INPUT word; 0: not mapped), then the epoch, a
-                # release (where that word is or was not 0)
+                # message of this call from it knows without waiting for the epoch
 PUSH = 2        # [2] peer [3] src buffer [4] src offset [5] dst buffer (peer's) [6] dst offset
                 # [7] count [8] the peer's step to wait for [9] message number to that peer;
                 # the peer's output is its staging memory's start, or where its epochs say
@@ -111,14 +98,13 @@ REDUCE = 5      # [2] dst buffer [3] dst offset [4] a buffer [5] a offset [6] b 
 SEND = 6        # eager: [2] peer [3] src buffer [4] src offset [5] slot in the peer's inbox
                 # [6] count [7] message number to that peer [8] where in the peer's output
                 # the message lands (-1: not output): there, not in the slot, where the peer
-                # takes messages directly this call (its DIRECT word) [9] 1: the peer may
-                # pull it (``_pullable``): not sent where both inputs are mapped this call
+                # takes messages directly this call (its DIRECT word)
 TAKE = 7        # [2] peer [3] message number from that peer [4] dst buffer [5] dst offset
                 # [6] slot in this rank's inbox [7] count [8] 1: the sender wrote it into
                 # this rank's output directly (``direct``): only wait for it
 SEND_LL = 8     # eager in lines of 4 data bytes + a 4-byte flag (NCCL's LL protocol): the
                 # receiver polls the data itself, no delivered word, no fences; as SEND, the
-                # slot in the peer's inbox of lines; [8] as SEND's [9]
+                # slot in the peer's inbox of lines
 TAKE_LL = 9     # as TAKE, each line waited for by the thread that copies it
 REDUCE_LL = 10  # a receive in lines reduced as it is read: [2] peer [3] buffer to keep the data
                 # in (-1: not kept, nothing reads it) [4] its offset [5] slot [6] count [7] dst
@@ -132,13 +118,6 @@ REDUCE_N = 12   # a chain of reductions in one pass, dst = ((x0 op x1) op x2) ..
                 # message of this step read straight out of its slot, after its ARRIVE), or,
                 # negative, a message of this step in lines polled in the inbox of lines
                 # (``line_operand``); column 5 may carry SENDS_ON (below)
-PULL = 13       # a message the receiver may read in its sender's input itself (``pulls``):
-                # [2] peer [3] message number from that peer [4] where it lies in the peer's
-                # input [5] the REDUCE_N operand it stands for (its slot: inbox or lines)
-                # [6] 1: in lines. Where both ranks' inputs are mapped this call (the peer's
-                # INPUT word, published before its first epoch), the step's chains read it
-                # there and its TAKE or TAKE_LL copies it out of there; else they read it as
-                # the operand says (after an ARRIVE's wait here, unless in lines)
 WIDTH = 13
 FOLD = WIDTH - 6   # operands one REDUCE_N reads
 SENDS_ON = 1 << 8  # in a REDUCE_N's column 5 (beside the operand count): the SENDs,
@@ -187,7 +166,7 @@ def plans_of(plan: Plan) -> list:
 
 
 def lower(plan: Plan, eager: int = 0, lines: int = 0, seeded: bool = False,
-          symmetric: bool = False, direct: bool = False, pulls: bool = False) -> Program:
+          symmetric: bool = False, direct: bool = False) -> Program:
     """The push program of ``plan`` (cached on it); messages of at most ``eager`` elements go
     eagerly, those of at most ``lines`` elements in flagged lines (``SEND_LL``); every rank of
     the call must pass the same values. ``seeded`` (this rank's choice): output starts as a
@@ -198,13 +177,11 @@ def lower(plan: Plan, eager: int = 0, lines: int = 0, seeded: bool = False,
     so receives land in it directly: no staging, no copies in or out. Its senders learn
     where with each of its epochs (the output's place in its symmetric memory, ``PUSH``).
     ``direct`` (every rank alike): eager messages after the first step may land in such an
-    output straight from their senders (``_direct``). ``pulls`` (this rank's choice): its
-    input lies in memory every peer has mapped; messages between two such ranks that the
-    receiver can read in the sender's input are not sent (``_pullable``)."""
+    output straight from their senders (``_direct``)."""
     lines = min(lines, eager)
-    return plan.derived("_pushed", (eager, lines, seeded, symmetric, direct, pulls),
+    return plan.derived("_pushed", (eager, lines, seeded, symmetric, direct),
                         lambda: _lower(plan, plans_of(plan), eager, lines, seeded, symmetric,
-                                       direct, pulls))
+                                       direct))
 
 
 def _output_count(plan):
@@ -245,7 +222,7 @@ def scrubs(call: int, period: int = LINE_PERIOD):
     return None
 
 
-def _lower(plan, plans, eager, lines, seeded, symmetric, direct, pulls):
+def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
     rank, size = plan.rank, plan.size
     longest = max(len(other.steps) for other in plans)
     if longest >= 1 << STEP_BITS:
@@ -289,15 +266,6 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct, pulls):
         if dst == rank:
             for k, (_, _, slot) in enumerate(pairs):
                 mine[src, k] = slot
-    # (src, dst, k) -> where the message lies in src's input, for those a receiver may pull
-    pullable = _pullable([other if other.rank != rank else build_plan(
-        plan.collective, plan.algorithm, rank, size, *plan.args) for other in plans],
-        landing, lines)
-    # whether peers may read this rank's input, or it theirs, where both are mapped: then
-    # its first epoch says where its input lies (its INPUT word), whether or not it is mapped
-    says = any(rank in (src, dst) for src, dst, _ in pullable)
-    if not pulls:
-        pullable = {}
 
     code = []
     touched = []           # per row: its access (``_Barriers.before``'s), None for barriers,
@@ -391,15 +359,14 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct, pulls):
                                  f"{region.count}")
             source = read(s.region)
             order.before(((source,), ()), index)
-            pull = int((rank, s.peer, k) in pullable)
             if slot >= 0 and s.region.count <= lines:
                 emit((SEND_LL, index, s.peer, _BUFFER[source.buffer], source.offset, slot,
-                      s.region.count, k, pull))
+                      s.region.count, k))
             elif slot >= 0:
                 emit((SEND, index, s.peer, _BUFFER[source.buffer], source.offset, slot,
                       s.region.count, k,
                       region.offset if direct and _may_land_directly(region, their_step)
-                      else -1, pull))
+                      else -1))
             else:
                 emit((PUSH, index, s.peer, _BUFFER[source.buffer], source.offset,
                       _BUFFER[region.buffer], region.offset, s.region.count, their_step, k))
@@ -419,19 +386,8 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct, pulls):
                 r, slot, k = taken[position]
                 first = op.a == r.region
                 other = read(op.b if first else op.a)
-                if (r.peer, rank, k) in pullable:     # or where it lies in its sender's input
-                    message = _message_operand((r, slot, k), lines)
-                    emit((PULL, index, r.peer, k, pullable[r.peer, rank, k], message,
-                          int(r.region.count <= lines)))
-                    order.before(((other,), (op.dst,)), index)
-                    operands = (message, operand(other)) if first else \
-                        (operand(other), message)
-                    emit((REDUCE_N, index, _BUFFER[op.dst.buffer], op.dst.offset, op.dst.count,
-                          2, *operands))
-                    wrote(op.dst)
-                    done(index, op.dst)
-                    return
-                keep = _kept(plan, index, position, r)
+                keep = r.region.buffer == "output" or _read_later(plan, index, position,
+                                                                   r.region)
                 order.before(((other,), (op.dst,) + ((r.region,) if keep else ())), index)
                 wrote(op.dst, r.region)
                 emit((REDUCE_LL if r.region.count <= lines else TAKE_REDUCE, index, r.peer,
@@ -482,28 +438,18 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct, pulls):
                 _may_land_directly(r.region, index)
             if directly:
                 into_output.append(None)
-            pull = None                    # where it may be read in its sender's input
-            if (r.peer, rank, k) in pullable:
-                pull = (PULL, index, r.peer, k, pullable[r.peer, rank, k],
-                        _message_operand((r, slot, k), lines), int(r.region.count <= lines))
-            if r.region in consumed:       # a chain reads it out of the inbox (or there):
-                if pull:                   # in lines it polls them itself, else it waits
-                    emit(pull)             # here first
-                elif r.region.count > lines:
+            if r.region in consumed:       # a chain reads it out of the inbox: in lines it
+                if r.region.count > lines:  # polls them itself, else it waits here first
                     emit((ARRIVE, index, r.peer, k))
                 continue
             at = _fused_at(step, r) if slot >= 0 else None
             if at in in_inbox_runs:        # its reduction runs inside such a chain
                 at = None
-            if pull and at is not None and _kept(plan, index, at, r):
-                at = None                  # copied out of its sender's input, then reduced
             if at is not None:
                 taken[at] = (r, slot, k)
                 continue
             order.before(hazards.access(r), index)
             wrote(r.region)
-            if pull:                       # its TAKE copies it out of there
-                emit(pull)
             if directly:
                 into_output[-1] = (len(code), r.region)
             if slot >= 0:                  # each worker copies its share of the slot
@@ -542,10 +488,6 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct, pulls):
 
     direct = direct and symmetric and _direct(code, touched, into_output)
     code = _send_on(code, touched, posted)
-    if says:                                  # the first epoch says where its input lies
-        first = next(i for i, row in enumerate(code) if row[0] == EPOCH)
-        row = tuple(code[first]) + (0,) * (6 - len(code[first]))
-        code[first] = row[:5] + (1,) + row[6:]
     table = np.zeros((len(code), WIDTH), np.int64)
     for i, row in enumerate(code):
         table[i, :len(row)] = row
@@ -558,84 +500,6 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct, pulls):
     return Program(table, out_staged, outputs[rank], plan.scratch, tuple(sent), tuple(received),
                    largest, busiest, max(outputs), max(other.scratch for other in plans),
                    max(inboxes), max(line_inboxes), direct)
-
-
-PULLS_MAX = 64     # pulled messages one rank takes in one step (the kernel's table of them)
-SEEDED = frozenset(("all_reduce", "broadcast"))   # collectives whose output input seeds
-
-
-def _pullable(plans, landing, lines) -> dict:
-    """{(src, dst, k): offset}: the eager messages (src's k-th to dst) that dst may read in
-    src's input at ``offset`` where both pull (``lower(pulls=)``), alike on every rank:
-    ``plans`` are every rank's plain plans (a rank's own may read input first: each rank
-    works this out from the same plans). dst reads such a message as its plan uses it: a
-    chain or a reduction reads it in src's input (``PULL``), else it is copied out of there
-    where it would be copied out of the inbox. Each:
-
-    * its source holds the call's input there: src's input, or for an all_reduce or
-      broadcast its output before src writes it (seeded from input, or input itself where
-      called in place: src then says where its output is);
-    * src leaves that region alone while dst may read it: nothing of src writes it but a
-      message from dst of that very region, sent after dst's step of the read (the worker
-      that writes an element has read it before);
-    * src ends its call only after dst has read it: src receives a message of its count
-      that dst sends after that step (each of src's workers waits for the same worker of
-      dst, which has read its share first), so src's caller cannot change its input while
-      dst still reads it;
-    * it is not in lines (``lines``: a sender's lines arrive one hop after it starts, where
-      a read waits for its start to be known, then for the data to come back);
-    * dst takes at most PULLS_MAX such messages in that step (the kernel's table)."""
-    sending = {}                              # (src, dst) -> [(step, region)] of each send
-    for other in plans:
-        for index, step in enumerate(other.steps):
-            for s in step.sends:
-                sending.setdefault((other.rank, s.peer), []).append((index, s.region))
-    out, per_step = {}, {}
-    for (src, dst), pairs in landing.items():
-        for k, (read_at, _, slot) in enumerate(pairs):
-            index, region = sending[src, dst][k]
-            plan = plans[src]
-            if slot < 0 or region.count <= lines or (region.buffer != "input" and not (
-                    region.buffer == "output" and plan.collective in SEEDED)):
-                continue
-            if region.buffer == "output" and not _left_alone(plan, region, dst, read_at,
-                                                             sending):
-                continue
-            if _hears_back(sending, src, dst, read_at, region.count):
-                out[src, dst, k] = region.offset
-                per_step[dst, read_at] = per_step.get((dst, read_at), 0) + 1
-    return {(src, dst, k): offset for (src, dst, k), offset in out.items()
-            if per_step[dst, landing[src, dst][k][0]] <= PULLS_MAX}
-
-
-def _kept(plan, index, position, recv) -> bool:
-    """Whether an eager receive reduced as it is read by local op ``position`` of step
-    ``index`` must also be kept where it lands (output, or read again later)."""
-    return recv.region.buffer == "output" or _read_later(plan, index, position, recv.region)
-
-
-def _hears_back(sending, src, dst, read_at, count) -> bool:
-    """Whether ``dst`` sends ``src`` a message of ``count`` elements after its step
-    ``read_at`` (``_pullable``: then ``src`` ends its call after ``dst`` has read)."""
-    return any(after > read_at and back.count == count
-               for after, back in sending.get((dst, src), ()))
-
-
-def _left_alone(plan, region, reader, read_at, sending) -> bool:
-    """Whether nothing of ``plan`` writes ``region`` but messages from ``reader`` of exactly
-    that region sent after its step ``read_at`` (``_pullable``)."""
-    received = [0] * plan.size
-    for step in plan.steps:
-        if any(op.dst.overlaps(region) for op in step.local):
-            return False
-        for k, r in _numbered(step.recvs, received):
-            if r.region.overlaps(region) and not (
-                    r.peer == reader and r.region == region
-                    and sending[reader, plan.rank][k][0] > read_at):
-                return False
-        for r in step.recvs:
-            received[r.peer] += 1
-    return True
 
 
 def _may_land_directly(region, step) -> bool:
@@ -874,11 +738,6 @@ def _message_operand(received_as, lines: int) -> int:
     (receive, slot, k)."""
     r, slot, _ = received_as
     return line_operand(slot, r.peer) if r.region.count <= lines else inbox_operand(slot)
-
-
-def take_operand(kind: int, peer: int, slot: int) -> int:
-    """The operand a TAKE or TAKE_LL row's message stands for (its PULL's column 5)."""
-    return line_operand(slot, peer) if kind == TAKE_LL else inbox_operand(slot)
 
 
 def _inbox_runs(plan, index, start, in_inbox):

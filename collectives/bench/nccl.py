@@ -10,10 +10,9 @@ the transport opened it, else NCCL send/recv); ``<alg>:sendrecv``, the same sche
 NCCL send/recv executor over the same transport, where the group runs peer memory;
 ``<alg>:ceiling``, the send/recv plan with its local copies and reductions removed (its
 transfers alone, the bound a send/recv schedule cannot beat); ``<alg>:symm`` (all_reduce,
-all_gather, all_to_all on peer memory), the schedule with its input and output in the group's
-symmetric memory (``group.symmetric_empty``: peers write the output directly, no staging,
-and read two_shot's first step in the input, ``pushed.lower(pulls=)``), as SymmetricMemory's
-rows run on symmetric buffers; ``<alg>:graph`` (sizes up to
+all_gather, all_to_all on peer memory), the schedule with its output in the group's
+symmetric memory (``group.symmetric_empty``: peers write it directly, no staging), as
+SymmetricMemory's rows run on symmetric buffers; ``<alg>:graph`` (sizes up to
 ``--graph-max``), the call captured once as a CUDA graph and replayed; ``ring:seg=N``
 (``--segments``), the pipelined send/recv executor; and for all_reduce, when torch can run
 it here, torch's SymmetricMemory ``symm_mem:one_shot`` and ``symm_mem:two_shot``
@@ -185,9 +184,9 @@ class GpuBench:
         nbytes = count * dtype.itemsize
         have = capabilities()
 
-        def entry(label, on, algorithm, input=d_in, output=d_out, **kw):
+        def entry(label, on, algorithm, output=d_out, **kw):
             def call():
-                on.prepare(collective, input=input, output=output, op=op, algorithm=algorithm)()
+                on.prepare(collective, input=d_in, output=output, op=op, algorithm=algorithm)()
 
             def poison():
                 output[...] = 0
@@ -215,10 +214,8 @@ class GpuBench:
                 out.append(entry(f"{name}:sendrecv", self.twin, name, chosen=name))
                 if collective in SYMMETRIC_ROWS and \
                         getattr(group.transport, "peer_executor", None) is not None:
-                    sym_in, sym_out = self._symmetric(d_in, expect)
-                    sym_in[...] = d_in
                     out.append(entry(f"{name}:symm", group, name, chosen=name,
-                                     input=sym_in, output=sym_out))
+                                     output=self._symmetric(expect)))
             out.append(self._ceiling(collective, name, count, dtype, d_in, d_out))
         for name in plain if nbytes <= self.graph_max else ():
             out.append(entry(f"{name}:graph", group, name, chosen=name,
@@ -229,20 +226,16 @@ class GpuBench:
                                                  executor.ENV_SEGMENT: str(seg)}))
         return out
 
-    def _symmetric(self, *likes):
-        """Arrays like ``likes`` in the group's symmetric memory (the <alg>:symm rows' input
-        and output; each 256-byte aligned), grown collectively as sizes grow: every rank asks
-        for the same rows in the same order. One allocation per group, kept across benches
-        (a group has 16 at most)."""
-        starts = [0]
-        for like in likes:
-            starts.append(starts[-1] + -(-like.nbytes // 256) * 256)
-        nbytes, group = starts[-1], self.group
+    def _symmetric(self, like):
+        """An output like ``like`` in the group's symmetric memory (the <alg>:symm rows),
+        grown collectively as sizes grow: every rank asks for the same rows in the same
+        order. One allocation per group, kept across benches (a group has 16 at most)."""
+        nbytes, group = like.nbytes, self.group
         heap = _HEAPS.get(group)
         if heap is None or heap.nbytes < nbytes:
             size = max(nbytes, 4 * (heap.nbytes if heap is not None else 1 << 20))
             heap = _HEAPS[group] = group.symmetric_empty(size, "uint8")
-        return [heap[at:at + like.nbytes].view(like.dtype) for at, like in zip(starts, likes)]
+        return heap[:nbytes].view(like.dtype)
 
     def _ceiling(self, collective, name, count, dtype, d_in, d_out) -> Entry:
         group = self.group

@@ -107,7 +107,7 @@ def summarize(records: list[dict]) -> dict:
                         None)
             tied = [r["algorithm"] for r in ours if top and r is not top and
                     not _beyond(r["time_p50_us"], top["time_p50_us"], margin)]
-            # ours again with input and output in symmetric memory (bench.nccl's <alg>:symm)
+            # ours again with the output in symmetric memory (bench.nccl's <alg>:symm rows)
             symmetric = max((r for r in at if r["algorithm"].endswith(":symm")),
                             key=lambda r: r["busbw_gbs"], default=None)
             best.append({"size": size, "best": top["algorithm"] if top else None,
@@ -199,7 +199,7 @@ def format_summary(summary: dict) -> str:
         lines.append(f"#  {collective}: " + "; ".join(cells))
         symmetric = [(b["size"], b["symmetric"]) for b in info["best"] if b.get("symmetric")]
         if symmetric:
-            lines.append("#    in symmetric memory: " + "; ".join(
+            lines.append("#    with the output in symmetric memory: " + "; ".join(
                 f"{format_size(size)}: {s['best']}"
                 + ("" if s["ratio_to_native"] is None else f" {s['ratio_to_native']:.2f}x")
                 for size, s in symmetric))

@@ -27,7 +27,7 @@ from threading import get_ident
 
 from .. import settings
 from ..ops import ReduceOp
-from .peer import _SEEDED, input_place   # the collectives whose input seeds output
+from .peer import _SEEDED          # the collectives whose input seeds output
 
 ctypedef int (*launch_t)(void* function, unsigned gx, unsigned gy, unsigned gz,
                          unsigned bx, unsigned by, unsigned bz, unsigned shared,
@@ -55,7 +55,6 @@ cdef enum:
     OUT_VALUE = 4
     CALLER_OUT_VALUE = 6
     PLACE_VALUE = 20
-    INPUT_PLACE_VALUE = 22
 
 
 
@@ -77,7 +76,7 @@ cdef class _Launch:
     cdef unsigned blocks
     cdef void** params
     cdef bint staged
-    cdef uint64_t* values[5]
+    cdef uint64_t* values[4]
 
     def __cinit__(self, entry):
         import ctypes
@@ -86,8 +85,7 @@ cdef class _Launch:
         self.blocks = entry.blocks
         self.params = <void**><uintptr_t>entry.params
         self.staged = entry.staged
-        for i, at in enumerate((IN_VALUE, OUT_VALUE, CALLER_OUT_VALUE, PLACE_VALUE,
-                                INPUT_PLACE_VALUE)):
+        for i, at in enumerate((IN_VALUE, OUT_VALUE, CALLER_OUT_VALUE, PLACE_VALUE)):
             self.values[i] = <uint64_t*><uintptr_t>ctypes.addressof(entry.values[at])
 
 
@@ -95,7 +93,7 @@ cdef class _Shape:
     """A call shape the group registered: its _Shape (plans, dtype, op, deadline, ...) and
     the launches found for it."""
     cdef readonly object shape
-    cdef dict launches          # (id(plan), seeded, symmetric, pulls) -> _Launch
+    cdef dict launches          # (id(plan), seeded, symmetric) -> _Launch
 
     def __cinit__(self, shape):
         self.shape = shape
@@ -223,12 +221,10 @@ cdef class Lane:
             return False
         place = memory.place(output) if memory.heaps else 0
         shape = known.shape
-        at = input_place(memory, shape.collective, input, place) if executor.pull else 0
-        key = (id(plan), seeded, place != 0, at != 0)
+        key = (id(plan), seeded, place != 0)
         found = known.launches.get(key)
         if found is None:
-            held = executor._entries.get((id(plan), shape.dtype, shape.op, seeded, place != 0,
-                                          at != 0))
+            held = executor._entries.get((id(plan), shape.dtype, shape.op, seeded, place != 0))
             if held is None or held[0] is not plan or type(held[1]) is self.elsewhere:
                 return False
             found = known.launches[key] = _Launch(held[1])
@@ -245,7 +241,6 @@ cdef class Lane:
         stream_ptr = stream.ptr
         memory.last_stream = stream
         launch.values[3][0] = <uint64_t>place
-        launch.values[4][0] = <uint64_t>at
         launch.values[0][0] = 0 if input is None else <uint64_t><uintptr_t>input.data.ptr
         launch.values[1][0] = <uint64_t><uintptr_t>memory.data_ptr if launch.staged else out
         launch.values[2][0] = out

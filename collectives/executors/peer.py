@@ -93,10 +93,10 @@ class _Entry:
                  "staged")
 
     def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded,
-                 symmetric=False, direct=False, pulls=False):
+                 symmetric=False, direct=False):
         import cupy
         program = pushed.lower(plan, eager // dtype.itemsize, lines // dtype.itemsize, seeded,
-                               symmetric, direct, pulls)
+                               symmetric, direct)
         self.program = program
         self.code = cupy.asarray(program.code)
         self.tallies = cupy.asarray(np.array(program.sends + program.recvs, np.int64))
@@ -120,7 +120,7 @@ class _Entry:
                        u64(0), u64(self.scratch_at), u64(memory.flags_ptr),
                        u64(memory.error_ptr), i32(plan.rank), i32(plan.size),
                        i32(dtype.itemsize), u64(0), u64(0), u64(0), u64(0), u64(0),
-                       u64(0), u64(memory.peer_heaps_array.data.ptr), u64(0)]
+                       u64(0), u64(memory.peer_heaps_array.data.ptr)]
         self.pointers = (ctypes.c_void_p * len(self.values))(
             *[ctypes.addressof(v) for v in self.values])
         self.params = ctypes.addressof(self.pointers)
@@ -143,16 +143,6 @@ class _Entry:
         self.layout = memory.layout
 
 
-def input_place(memory, collective, input, place) -> int:
-    """Where peers may read this call's input in this rank's symmetric memory (the kernel's
-    INPUT word, ``pushed.lower(pulls=)``), or 0: the input's place, or called in place (no
-    input), the output's (``place``) where output starts as the input (all_reduce,
-    broadcast)."""
-    if input is not None:
-        return memory.place(input) if memory.heaps else 0
-    return place if collective in _SEEDED else 0
-
-
 class _Elsewhere:
     """A call the NCCL send/recv executor runs; ``seed``: output must first be filled with
     input (the group passed input for the peer program to read instead)."""
@@ -162,7 +152,7 @@ class _Elsewhere:
         self.seed = seed
 
 
-_SEEDED = pushed.SEEDED         # collectives whose output input seeds
+_SEEDED = frozenset(("all_reduce", "broadcast"))    # collectives whose output input seeds
 
 
 def _align(nbytes, to=256):
@@ -190,7 +180,6 @@ class PeerExecutor:
         self.fences = int(settings.PEER_FENCES())
         self.most = settings.PEER_MAX_BYTES()
         self.direct = settings.PEER_DIRECT()
-        self.pull = settings.PEER_PULL()
         # What every rank must share: each shapes the programs or their blocks, so a rank
         # that differs would corrupt a call or wait for words no block writes. The group
         # compares them with its decision table's sources when it is made.
@@ -215,13 +204,12 @@ class PeerExecutor:
         output = buffers.get("output")
         seeded = input is not None and plan.collective in _SEEDED
         place = memory.place(output) if memory.heaps else 0
-        at = input_place(memory, plan.collective, input, place) if self.pull else 0
-        key = (id(plan), dtype, op, seeded, place != 0, at != 0)
+        key = (id(plan), dtype, op, seeded, place != 0)
         found = self._entries.get(key)
         if found is not None and found[0] is plan:
             entry = found[1]
         else:
-            entry = self._entry(plan, np.dtype(dtype), op, key, seeded, place != 0, at != 0)
+            entry = self._entry(plan, np.dtype(dtype), op, key, seeded, place != 0)
         if entry.__class__ is _Elsewhere:
             if entry.seed:                  # the send/recv plan expects output seeded
                 output[...] = input
@@ -241,7 +229,6 @@ class PeerExecutor:
             entry.timeout = timeout
         caller_out = 0 if output is None else output.data.ptr
         values[20].value = place
-        values[22].value = at
         values[3].value = 0 if input is None else input.data.ptr
         values[4].value = memory.data_ptr if entry.staged else caller_out
         values[6].value = caller_out
@@ -264,13 +251,13 @@ class PeerExecutor:
             memory.ensure(entry.staging, entry.inbox, entry.lines)
         entry.place(memory)
 
-    def _entry(self, plan, dtype, op, key, seeded, symmetric=False, pulls=False):
+    def _entry(self, plan, dtype, op, key, seeded, symmetric=False):
         elsewhere = _Elsewhere(seeded and not pushed.reads_input(plan))
         if not cuda_peer.supported(op, dtype) or (not plan.args and plan.collective != "barrier"):
             entry = elsewhere
         else:
             entry = _Entry(plan, dtype, op, self.limit, self.eager, self.lines, self.fences,
-                           self.memory, seeded, symmetric, self.direct, pulls)
+                           self.memory, seeded, symmetric, self.direct)
             if self.most and entry.program.largest * dtype.itemsize > self.most:
                 entry = elsewhere   # every rank alike: ``largest`` is over every rank's plan
         if len(self._entries) > 4096:

@@ -169,20 +169,14 @@ __device__ bool grid_barrier(const Ctx& c, int step, int* stop) {
     return !*stop;
 }
 
-/* A place in a peer's symmetric memory ((heap + 1) << HEAP_SHIFT | byte offset, not 0) as an
-   address in this rank's mapping of it. */
-__device__ __forceinline__ char* in_heap(const u64* peer_heaps, u64 place, int peer, int size) {
-    const u64 heap = (place >> HEAP_SHIFT) - 1;
-    return (char*)peer_heaps[heap * size + peer] + (place & ((1ULL << HEAP_SHIFT) - 1));
-}
-
 /* Where a peer's output receives land this call: its staging memory, or its symmetric output
    as its epoch (seen before any push to it) says. */
 __device__ __forceinline__ char* output_of(const u64* flags, const u64* peer_data,
                                           const u64* peer_heaps, int peer, int size) {
     const u64 place = relaxed(flags + PLACE_WORDS + peer);
     if (place == 0) return (char*)peer_data[peer];
-    return in_heap(peer_heaps, place, peer, size);
+    const u64 heap = (place >> HEAP_SHIFT) - 1;
+    return (char*)peer_heaps[heap * size + peer] + (place & ((1ULL << HEAP_SHIFT) - 1));
 }
 
 /* The end of the batch that starts at instruction i: the instructions after it of the same
@@ -279,37 +273,6 @@ __device__ __forceinline__ void fold_vector(uint4* acc, const uint4* x) {
     for (int t = 0; t < VEC; t++) a[t] = combine(a[t], b[t]);
 }
 
-/* The 16-byte part of reduce_many for m == M operands: U rounds of every operand loaded
-   before any is combined, so a thread has U * M loads in flight (operands read over NVLink
-   in a peer's memory, PULL, wait a round trip each: one round at a time made a pulled
-   two_shot at 4 MiB on 4 GPUs 22 % slower than the pushed one). Not inlined: inlined, its
-   registers made every path of the kernel slower (two_shot at 64 KiB 11.3 -> 13.5 µs). */
-template <int M, int U>
-__device__ __noinline__ void reduce_vectors(S* dst, const S* const* xs, i64 lo, i64 v,
-                                               char* const* outs, int k) {
-    const i64 bd = blockDim.x;
-    const uint4* x[M];
-#pragma unroll
-    for (int j = 0; j < M; j++) x[j] = (const uint4*)(xs[j] + lo);
-    uint4* d = (uint4*)(dst + lo);
-    for (i64 i = threadIdx.x; i < v; i += U * bd) {
-        uint4 a[U][M];
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int j = 0; j < M; j++)
-                if (i + u * bd < v) a[u][j] = x[j][i + u * bd];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            if (i + u * bd >= v) break;
-#pragma unroll
-            for (int j = 1; j < M; j++) fold_vector(&a[u][0], &a[u][j]);
-            d[i + u * bd] = a[u][0];
-            for (int t = 0; t < k; t++) ((uint4*)outs[t])[i + u * bd] = a[u][0];
-        }
-    }
-}
-
 __device__ __forceinline__ void reduce_many(S* dst, const S* const* xs, int m, i64 lo, i64 hi,
                                             char* const* outs = nullptr, int k = 0) {
     bool aligned = (((u64)(dst + lo)) & 15) == 0;
@@ -319,14 +282,16 @@ __device__ __forceinline__ void reduce_many(S* dst, const S* const* xs, int m, i
     i64 tail = lo;
     if (aligned) {
         const i64 v = (hi - lo) / VEC;
-        switch (m) {        /* (FOLD: at most 7 operands; U * M <= 16 loads in flight) */
-        case 1: reduce_vectors<1, 8>(dst, xs, lo, v, outs, k); break;
-        case 2: reduce_vectors<2, 8>(dst, xs, lo, v, outs, k); break;
-        case 3: reduce_vectors<3, 4>(dst, xs, lo, v, outs, k); break;
-        case 4: reduce_vectors<4, 4>(dst, xs, lo, v, outs, k); break;
-        case 5: reduce_vectors<5, 2>(dst, xs, lo, v, outs, k); break;
-        case 6: reduce_vectors<6, 2>(dst, xs, lo, v, outs, k); break;
-        default: reduce_vectors<FOLD, 2>(dst, xs, lo, v, outs, k); break;
+        for (i64 i = threadIdx.x; i < v; i += bd) {
+            uint4 x[FOLD];
+#pragma unroll
+            for (int j = 0; j < FOLD; j++)
+                if (j < m) x[j] = ((const uint4*)(xs[j] + lo))[i];
+#pragma unroll
+            for (int j = 1; j < FOLD; j++)
+                if (j < m) fold_vector(&x[0], &x[j]);
+            ((uint4*)(dst + lo))[i] = x[0];
+            for (int t = 0; t < k; t++) ((uint4*)outs[t])[i] = x[0];
         }
         tail = lo + v * VEC;
     }
@@ -480,40 +445,20 @@ __device__ __noinline__ bool reduce_lines(const Ctx& c, S* dst, const S* const* 
     return true;
 }
 
-/* The messages of this step read in their senders' inputs (PULL): the operand each stands
-   for and where it lies, or null where it came as the operand says. */
-struct Pulled {
-    i64 operand[PULLS_MAX];
-    const char* at[PULLS_MAX];
-    int n, step;
-};
-
-/* Where the message ``operand`` stands for lies in its sender's input, if this step read
-   it there (PULL), else null. */
-__device__ __forceinline__ const char* pulled_at(const Pulled& pulled, i64 operand, int step) {
-    if (pulled.step != step) return nullptr;
-    for (int k = 0; k < pulled.n; k++)
-        if (pulled.operand[k] == operand) return pulled.at[k];
-    return nullptr;
-}
-
-/* A REDUCE_N row's operands: xs[j] plain memory (a message of this step read in its
-   sender's input among them), or (lines[j], peers[j]) a message in lines in this call's
-   inbox of lines. True when some operand is in lines. */
+/* A REDUCE_N row's operands: xs[j] plain memory, or (lines[j], peers[j]) a message in
+   lines in this call's inbox of lines. True when some operand is in lines. */
 __device__ __forceinline__ bool chain_operands(const i64* r, char* const* bases,
                                                const char* lines_inbox, int itemsize,
                                                int rank, const S** xs, const u64** lines,
-                                               int* peers, const Pulled& pulled) {
+                                               int* peers) {
     const int m = (int)(r[5] & (SENDS_ON - 1));
     bool polled = false;
     for (int j = 0; j < m; j++) {
         const i64 x = r[6 + j];
         lines[j] = nullptr;
-        xs[j] = (const S*)pulled_at(pulled, x, (int)r[1]);
+        xs[j] = nullptr;
         peers[j] = rank;
-        if (xs[j]) {
-            /* read in its sender's input */
-        } else if (x >= 0) {
+        if (x >= 0) {
             xs[j] = (const S*)bases[x & ((1 << BUFFER_BITS) - 1)] + (x >> BUFFER_BITS);
         } else {
             const i64 w = -1 - x;
@@ -581,7 +526,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             char* caller_out, const u64* peer_data_at, const u64* peer_flags_at, u64 scratch_at,
             u64* flags, int* error, int rank, int size, int itemsize, u64 timeout_ns,
             const u64* peer_inbox_at, u64 inbox_half, const u64* peer_lines_at,
-            u64 lines_half, u64 place, const u64* peer_heaps, u64 input_place) {
+            u64 lines_half, u64 place, const u64* peer_heaps) {
     MARK_ENTRY
     __shared__ int stop;
     __shared__ u64 deadline, call_number;
@@ -630,11 +575,6 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
        their output is, whether they take eager messages into it: EPOCH) is visible here,
        so a send that needs it waits no more */
     __shared__ bool synced[MAX_RANKS];
-    __shared__ Pulled pulled;
-    /* whether this rank says where its input lies at its first epoch: where it is mapped
-       this call, or was in the call before (its INPUT word, in its own flags too, is then
-       not 0 and must be cleared) */
-    __shared__ bool says_input;
     /* whether a peer takes eager messages into its output directly in this call (its
        DIRECT word), read once it is synced (-1: not read yet): then it no longer changes */
     __shared__ signed char direct_of[MAX_RANKS];
@@ -654,9 +594,6 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             __threadfence_system();
         }
         call_number = number;
-        says_input = input_place != 0 || relaxed(flags + INPUT_WORDS + rank) != 0;
-        pulled.n = 0;
-        pulled.step = -2;
     }
     __syncthreads();
     Ctx c = {flags, peer_flags, error, rank, size, deadline};
@@ -678,12 +615,6 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
     char* bases[5] = {in, out, scratch, caller_out,
                       (char*)peer_inbox[rank] + (call & 1) * inbox_half};
     const i64 align = 16 / itemsize > 0 ? 16 / itemsize : 1;
-    /* a send (its row q, the column that marks it) that its receiver reads in this rank's
-       input itself (PULL): both inputs mapped this call, as the receiver's INPUT word says
-       once this block has synchronized with it in this call */
-    auto skipped = [&](const i64* q, int column) {
-        return q[column] && input_place && relaxed(flags + INPUT_WORDS + q[2]) != 0;
-    };
     for (int i = 0; i < n && !stop; i++) {
         const i64* r = code + (i64)i * WIDTH;
         const int step = (int)r[1];
@@ -713,14 +644,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                     asm volatile("st.volatile.global.u64 [%0], %1;"
                                  :: "l"((u64*)peer_flags[threadIdx.x] + DIRECT_WORDS + rank),
                                     "l"(call + 1) : "memory");
-                /* where its input lies (PULL; r[5]: peers may read it, or it theirs),
-                   before its first epoch, a release then */
-                const bool says = blockIdx.x == 0 && r[5] && says_input;
-                if (says)
-                    asm volatile("st.volatile.global.u64 [%0], %1;"
-                                 :: "l"((u64*)peer_flags[threadIdx.x] + INPUT_WORDS + rank),
-                                    "l"(input_place) : "memory");
-                if (blockIdx.x == 0 && r[3] && !r[4] && !says)
+                if (blockIdx.x == 0 && r[3] && !r[4])
                     asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(seen), "l"(epoch)
                                  : "memory");
                 else if (blockIdx.x == 0)
@@ -742,10 +666,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                    or, for a message that may land in the receiver's output directly
                    (q[8] >= 0), the receiver started this call (then its DIRECT word says
                    whether it does), unless this block synchronized with it in this call */
-                /* (a message the receiver may read in this rank's input: whether it does,
-                   its INPUT word says once it has started this call) */
-                const bool posted = kind == 2;
-                const bool here = kind == 6 && (q[8] >= 0 || (q[9] && input_place));
+                const bool posted = kind == 2, here = kind == 6 && q[8] >= 0;
                 const u64 target = posted ? (((call + 1) << STEP_BITS) | (u64)q[8])
                                  : here ? (call + 1) << STEP_BITS
                                  : (call >= 2 ? call << STEP_BITS : 0);
@@ -783,7 +704,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                         ? output_of(flags, peer_data, peer_heaps, peer, size) + (q[8] + lo) * itemsize
                         : (char*)peer_inbox[peer] + (call & 1) * inbox_half
                           + (q[5] + lo) * itemsize;
-                    batch_n[t] = kind == 6 && skipped(q, 9) ? 0 : (hi - lo) * itemsize;
+                    batch_n[t] = (hi - lo) * itemsize;
                 }
                 __syncthreads();
                 /* the chain just before, deferred to here (SENDS_ON: at most one batch of
@@ -793,8 +714,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                     const S* xs[FOLD];        /* (no operand in lines: pushed._send_on) */
                     const u64* in_lines[FOLD];
                     int peers[FOLD];
-                    chain_operands(chain, bases, nullptr, itemsize, rank, xs, in_lines, peers,
-                                   pulled);
+                    chain_operands(chain, bases, nullptr, itemsize, rank, xs, in_lines, peers);
                     i64 lo, hi;
                     share(chain[4], align, &lo, &hi);
                     reduce_many((S*)bases[chain[2]] + chain[3], xs,
@@ -813,11 +733,9 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                 /* one word per sender and block: of several messages to one peer (a
                    bidirectional ring on 2 ranks) only the last stores its number, or the
                    stores race and a lower number may land last */
-                if (kind == 6 && skipped(q, 9)) continue;     /* not sent */
                 bool last = true;
                 for (int u = t + 1; u < m; u++)
-                    if (code[(i64)(i + u) * WIDTH + 2] == peer &&
-                        !(kind == 6 && skipped(code + (i64)(i + u) * WIDTH, 9))) last = false;
+                    if (code[(i64)(i + u) * WIDTH + 2] == peer) last = false;
                 if (!last) continue;
                 const u64 number = kind == 2 ? (u64)q[9] : (u64)q[7];
                 u64* word = (u64*)peer_flags[peer] + DELIVERED_WORDS
@@ -834,8 +752,6 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             for (int t = threadIdx.x; t < m; t += blockDim.x) {
                 const i64* q = code + (i64)(i + t) * WIDTH;
                 const int peer = (int)q[2];
-                if (kind == 7 && pulled_at(pulled, (q[6] << BUFFER_BITS) | INBOX, step))
-                    continue;       /* read in its sender's input (PULL): nothing came */
                 const u64 target = received[peer] + (u64)q[3] + 1;
                 const u64* word = flags + DELIVERED_WORDS + (u64)peer * MAX_BLOCKS + blockIdx.x;
                 if (!wait_for(c, word, target, step, peer)) stop = 1;
@@ -849,11 +765,9 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                     const i64* q = code + (i64)(k0 + t) * WIDTH;
                     i64 lo, hi;
                     share(q[7], align, &lo, &hi);
-                    const char* from = pulled_at(pulled, (q[6] << BUFFER_BITS) | INBOX, step);
-                    batch_src[t] = (from ? from : bases[INBOX] + q[6] * itemsize) + lo * itemsize;
+                    batch_src[t] = bases[INBOX] + (q[6] + lo) * itemsize;
                     batch_dst[t] = bases[q[4]] + (q[5] + lo) * itemsize;
-                    /* q[8]: already there (written by its sender), unless read in its input */
-                    batch_n[t] = q[8] && !from ? 0 : (hi - lo) * itemsize;
+                    batch_n[t] = q[8] ? 0 : (hi - lo) * itemsize;   /* q[8]: already there */
                 }
                 __syncthreads();
                 copy_batch(batch_dst, batch_src, batch_n, h);
@@ -866,17 +780,6 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                      step's messages at once, one warp group each (more than warps: one after
                      another, every thread on each) */
             const int j = batch_end(code, n, i), m = j - i;
-            for (int t = threadIdx.x; t < m && input_place; t += blockDim.x) {
-                const i64* q = code + (i64)(i + t) * WIDTH;   /* (as SEND's, for PULL) */
-                const int peer = (int)q[2];
-                if (q[8] && !synced[peer]) {
-                    if (!wait_for(c, flags + SEEN_WORDS + peer, (call + 1) << STEP_BITS, step,
-                                  peer))
-                        stop = 1;
-                    else
-                        synced[peer] = true;
-                }
-            }
             if (!lines_free(c, code, i, j, seen, call, step)) stop = 1;
             __syncthreads();
             if (stop) break;
@@ -888,7 +791,6 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             }
             for (; k < end; k++) {
                 const i64* q = code + (i64)k * WIDTH;
-                if (skipped(q, 8)) continue;
                 send_lines((u64*)((char*)peer_lines[q[2]] + (call & 1) * lines_half
                                   + q[5] * itemsize),
                            (const S*)bases[q[3]] + q[4], q[6], (u64)line_flag(call) << 32,
@@ -911,16 +813,6 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             const i64 slot = r[0] == 9 ? r[6] : r[5];
             const u64* src = (const u64*)((const char*)peer_lines[rank] + (call & 1) * lines_half
                                           + slot * itemsize);
-            const char* from = r[0] != 9 ? nullptr
-                : pulled_at(pulled, -1 - ((slot << LINE_PEER_BITS) | r[2]), step);
-            if (from) {       /* read in its sender's input (PULL): copied out of there */
-                i64 lo, hi;
-                share(r[7], align, &lo, &hi);
-                if (hi > lo)
-                    copy_range(bases[r[4]] + (r[5] + lo) * itemsize, from + lo * itemsize,
-                               (hi - lo) * itemsize, tid, nt);
-                break;
-            }
             const bool ok = r[0] == 9
                 ? take_lines(c, src, r[7], (S*)bases[r[4]] + r[5], nullptr, nullptr, false,
                              line_flag(call), align, step, (int)r[2], tid, nt)
@@ -986,7 +878,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             int peers[FOLD];
             const int m = (int)(r[5] & (SENDS_ON - 1));
             if (chain_operands(r, bases, (const char*)peer_lines[rank] + (call & 1) * lines_half,
-                               itemsize, rank, xs, in_lines, peers, pulled) || k) {
+                               itemsize, rank, xs, in_lines, peers) || k) {
                 if (!reduce_lines(c, (S*)bases[r[2]] + r[3], xs, in_lines, peers, m, r[4],
                                   line_flag(call), align, step, (u64* const*)batch_dst, k))
                     stop = 1;
@@ -999,41 +891,6 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                 __syncthreads();      /* every thread done with the descriptors */
                 i = j - 1;
             }
-            break;
-        }
-        case 13: { /* PULL: the step's messages read in their senders' inputs, or as their
-                      operands say (an ARRIVE's wait first, unless in lines); thread t for
-                      message t, appended to this step's table for its chains */
-            const int j = batch_end(code, n, i), m = j - i;
-            const int base = pulled.step == step ? pulled.n : 0;
-            __syncthreads();          /* every thread has read the table's count */
-            for (int t = threadIdx.x; t < m && base + t < PULLS_MAX; t += blockDim.x) {
-                const i64* q = code + (i64)(i + t) * WIDTH;
-                const int peer = (int)q[2];
-                pulled.operand[base + t] = q[5];
-                pulled.at[base + t] = nullptr;
-                if (!wait_for(c, flags + SEEN_WORDS + peer, (call + 1) << STEP_BITS, step,
-                              peer)) {
-                    stop = 1;
-                    continue;
-                }
-                synced[peer] = true;
-                const u64 where = relaxed(flags + INPUT_WORDS + peer);
-                if (where && input_place) {
-                    pulled.at[base + t] = in_heap(peer_heaps, where, peer, size) + q[4] * itemsize;
-                } else if (!q[6]) {
-                    const u64* word = flags + DELIVERED_WORDS + (u64)peer * MAX_BLOCKS
-                                      + blockIdx.x;
-                    if (!wait_for(c, word, received[peer] + (u64)q[3] + 1, step, peer))
-                        stop = 1;
-                }
-            }
-            if (threadIdx.x == 0) {
-                pulled.n = base + m < PULLS_MAX ? base + m : PULLS_MAX;
-                pulled.step = step;
-            }
-            __syncthreads();
-            i = j - 1;
             break;
         }
         case 5: { /* REDUCE */

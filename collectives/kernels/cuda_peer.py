@@ -48,11 +48,7 @@ PLACE_WORDS = DELIVERED_WORDS + MAX_RANKS * MAX_BLOCKS
 # [peer]: the call number + 1 of the peer's latest call that takes eager messages into its
 # symmetric output directly (pushed._direct), written by the peer before its first epoch
 DIRECT_WORDS = PLACE_WORDS + MAX_RANKS
-# [peer]: where the peer's input lies in its symmetric memory this call (as PLACE; 0: not
-# mapped), written by the peer before its first epoch of each call where it or the call
-# before pulls (pushed.lower(pulls=))
-INPUT_WORDS = DIRECT_WORDS + MAX_RANKS
-FLAG_BYTES = (INPUT_WORDS + MAX_RANKS) * 8
+FLAG_BYTES = (DIRECT_WORDS + MAX_RANKS) * 8
 MAX_HEAPS = 16            # symmetric allocations per group
 HEAP_SHIFT = 48
 
@@ -110,8 +106,7 @@ def source(op, dtype, fences: int = 0, trace: bool = False) -> str:
                   ABORT_WORD=ABORT_WORD, GENERATION_WORD=GENERATION_WORD, EXIT_WORD=EXIT_WORD,
                   SENT_WORDS=SENT_WORDS, RECEIVED_WORDS=RECEIVED_WORDS, SEEN_WORDS=SEEN_WORDS,
                   DELIVERED_WORDS=DELIVERED_WORDS, MAX_BLOCKS=MAX_BLOCKS, MAX_RANKS=MAX_RANKS,
-                  PLACE_WORDS=PLACE_WORDS, DIRECT_WORDS=DIRECT_WORDS, INPUT_WORDS=INPUT_WORDS,
-                  HEAP_SHIFT=HEAP_SHIFT, PULLS_MAX=pushed.PULLS_MAX,
+                  PLACE_WORDS=PLACE_WORDS, DIRECT_WORDS=DIRECT_WORDS, HEAP_SHIFT=HEAP_SHIFT,
                   WIDTH=pushed.WIDTH, FOLD=pushed.FOLD, LINE_PEER_BITS=pushed.LINE_PEER_BITS,
                   BUFFER_BITS=pushed.BUFFER_BITS, STEP_BITS=pushed.STEP_BITS,
                   LINE_PERIOD=f"{pushed.LINE_PERIOD}ULL", OUTPUT=pushed.OUTPUT,

@@ -304,10 +304,9 @@ class PeerMemory:
         return None
 
     def place(self, array) -> int:
-        """Where peers write this rank's output ``array`` (``cuda_peer.PLACE_WORDS``), or
-        read its input (``INPUT_WORDS``): 0 (the staging memory; for an input, not mapped)
-        unless it lies whole in a symmetric allocation or a registered buffer whose
-        allocation is still the one registered."""
+        """Where peers write this rank's output ``array`` (``cuda_peer.PLACE_WORDS``): 0
+        (the staging memory) unless it lies whole in a symmetric allocation or a registered
+        buffer whose allocation is still the one registered."""
         if array is None or not self.heaps:
             return 0
         start = array.data.ptr

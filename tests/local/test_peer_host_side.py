@@ -76,7 +76,7 @@ def test_a_call_handed_to_send_recv_gets_the_buffers_its_plan_reads(monkeypatch)
     monkeypatch.setattr(peer_executor.nccl, "execute",
                         lambda plan, transport, buffers, *a, **k: calls.append(dict(buffers)))
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
-    executor.failed, executor._entries, executor.pull = None, {}, True
+    executor.failed, executor._entries = None, {}
     executor.memory = SimpleNamespace(error=lambda: None, words=[0, 0, 0, 0], heaps=[])
     executor.transport = SimpleNamespace(rank=0)
     plan = build_plan("all_reduce", "ring", 0, 2, 8)
@@ -109,7 +109,6 @@ def test_each_call_sets_its_buffers_the_memory_only_when_it_moved_and_its_deadli
     stream = SimpleNamespace(ptr=5, is_capturing=lambda: bool(capturing))
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
     executor.failed, executor._entries, executor.memory = None, {}, mem
-    executor.pull = True
     executor.transport = SimpleNamespace(rank=0)
     executor.cupy = SimpleNamespace(cuda=SimpleNamespace(get_current_stream=lambda: stream))
     plan = build_plan("all_gather", "ring", 0, 2, (4, 4))
@@ -126,8 +125,7 @@ def test_each_call_sets_its_buffers_the_memory_only_when_it_moved_and_its_deadli
         return SimpleNamespace(data=SimpleNamespace(ptr=ptr), dtype=np.dtype(np.float32))
     entry = peer_executor._Entry(plan, np.dtype(np.float32), None, 4, 0, 1 << 10, 0, mem,
                                  False)
-    executor._entries[(id(plan), np.dtype(np.float32), None, False, False, False)] = \
-        (plan, entry)
+    executor._entries[(id(plan), np.dtype(np.float32), None, False, False)] = (plan, entry)
 
     def call(inp, out, timeout=None):
         executor(plan, None, {"input": array(inp), "output": array(out)}, timeout=timeout,
@@ -138,7 +136,6 @@ def test_each_call_sets_its_buffers_the_memory_only_when_it_moved_and_its_deadli
     assert first[5] == mem.data_ptr and first[7] == mem.peer_data_array.data.ptr
     assert first[15] == int(peer_executor.DEFAULT_TIMEOUT * 1e9)
     assert (first[20], first[21]) == (0, 44)    # output staged (no symmetric memory): place 0
-    assert first[22] == 0                       # input not mapped (no symmetric memory)
     call(1100, 2100, timeout=2.0)
     assert (launched[-1][3], launched[-1][6], launched[-1][15]) == (1100, 2100, int(2e9))
     mem.ensure(1 << 24)                  # another call's needs: the staging memory moves
@@ -149,8 +146,7 @@ def test_each_call_sets_its_buffers_the_memory_only_when_it_moved_and_its_deadli
     bigger = peer_executor._Entry(plan, np.dtype(np.float32), None, 4, 0, 1 << 10, 0, mem,
                                   False)
     bigger.staging = 2 * mem.capacity
-    executor._entries[(id(plan), np.dtype(np.float32), None, False, False, False)] = \
-        (plan, bigger)
+    executor._entries[(id(plan), np.dtype(np.float32), None, False, False)] = (plan, bigger)
     capturing.append(True)
     count = len(launched)
     with pytest.raises(peer_executor.TransportError, match="graph capture"):
@@ -181,25 +177,6 @@ def test_symmetric_memory_says_where_an_output_lies_and_refuses_too_many(monkeyp
         mem.symmetric(256)
     with pytest.raises(ValueError, match="rank 0: at most 16 symmetric allocations"):
         mem.symmetric(256)
-
-
-def test_an_input_in_symmetric_memory_says_where_peers_read_it(monkeypatch):
-    """The kernel's INPUT word (``pushed.lower(pulls=)``): an input's place; called in place,
-    an all_reduce's or broadcast's output place (output starts as the input), nothing for
-    other collectives (their output is no input); 0 where the input is not mapped."""
-    mem, runtime = memory(monkeypatch)
-    heap = mem.symmetric(4096)
-
-    def array(ptr, nbytes=256):
-        return SimpleNamespace(data=SimpleNamespace(ptr=ptr), nbytes=nbytes)
-    shift = peer_memory.HEAP_SHIFT
-    place = peer_executor.input_place
-    assert place(mem, "all_reduce", array(heap + 512), 0) == (1 << shift) | 512
-    assert place(mem, "all_gather", array(heap), 0) == 1 << shift
-    assert place(mem, "all_reduce", array(123), 1 << shift) == 0        # input not mapped
-    assert place(mem, "all_reduce", None, (1 << shift) | 64) == (1 << shift) | 64
-    assert place(mem, "broadcast", None, 1 << shift) == 1 << shift
-    assert place(mem, "reduce_scatter", None, 1 << shift) == 0
 
 
 class TwoRanks:

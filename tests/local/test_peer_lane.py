@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from collectives import executors
-from collectives.algorithms import pushed
 from collectives.executors import peer as peer_executor
 from collectives.group import ConcurrentCalls, ProcessGroup
 
@@ -96,7 +95,7 @@ class Rig:
         executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
         executor.failed, executor._entries, executor.memory = None, {}, mem
         executor.limit, executor.eager, executor.lines, executor.fences = 4, 1 << 20, 1 << 16, 0
-        executor.most, executor.direct, executor.pull = 0, False, True
+        executor.most, executor.direct = 0, False
         executor.transport = SimpleNamespace(rank=0)
         executor.cupy = SimpleNamespace(cuda=SimpleNamespace(
             get_current_stream=lambda: streams.stream))
@@ -161,31 +160,6 @@ def test_a_repeated_all_reduce_launches_from_the_lane_as_the_python_path_would(m
     assert values[6] == 0x20000 and values[20] == 0
     rig.group._lane = None                                    # the Python path, same call
     assert same_launch(rig.call("all_reduce", inp, out, algorithm="direct"), again)
-
-
-@pytest.mark.parametrize("pull", [True, False])
-def test_an_input_in_symmetric_memory_is_published_alike_from_either_path(monkeypatch, pull):
-    """The kernel's INPUT word (where peers may read this call's input, ``pushed.lower(
-    pulls=)``) and the program that goes with it: an input in symmetric memory, an output
-    there called in place; none for an input elsewhere or with COLLECTIVES_PEER_PULL=0."""
-    rig = Rig(monkeypatch)
-    rig.executor.pull = pull
-    heap, shift = 0x100000, 48
-    rig.memory.heaps = [object()]             # one symmetric allocation at ``heap``
-    rig.memory.place = lambda a: 0 if a is None or not heap <= a.data.ptr < 2 * heap else \
-        (1 << shift) | (a.data.ptr - heap)
-    n = 1 << 16                               # messages above the lines (64K), eager (1M)
-    for inp, out, want in ((DeviceArray(heap + 4096, n), DeviceArray(0x20000, n), 4096),
-                           (DeviceArray(0x10000, n), DeviceArray(heap, n), 0),
-                           (DeviceArray(heap + 8192, n),) * 2 + (8192,)):
-        first = rig.call("all_reduce", inp, out, algorithm="two_shot")
-        again = rig.call("all_reduce", inp, out, algorithm="two_shot")
-        assert (first[0], again[0]) == ("python", "lane") and same_launch(first, again)
-        assert again[5][22] == ((1 << shift) | want if want and pull else 0)
-        entry = next(e for _, e in rig.executor._entries.values()
-                     if [v.value for v in e.values] == again[5])
-        pulls = any(row[0] == pushed.PULL for row in entry.program.code)
-        assert pulls == bool(want and pull)
 
 
 def test_each_call_gets_its_own_buffers_and_the_sequence_advances_alike(monkeypatch):

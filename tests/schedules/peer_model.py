@@ -16,8 +16,8 @@ import random
 import numpy as np
 
 from collectives.algorithms import pushed
-from collectives.algorithms.pushed import (ARRIVE, BARRIER, COPY, EPOCH, PULL, PUSH, REDUCE,
-                                           REDUCE_N, REDUCE_LL, SEND, SEND_LL, TAKE, TAKE_LL,
+from collectives.algorithms.pushed import (ARRIVE, BARRIER, COPY, EPOCH, PUSH, REDUCE, REDUCE_N,
+                                           REDUCE_LL, SEND, SEND_LL, TAKE, TAKE_LL,
                                            TAKE_REDUCE, INPUT, OUTPUT, SCRATCH, CALLER_OUTPUT,
                                            INBOX)
 
@@ -57,22 +57,16 @@ class Group:
         # every worker of such a rank says so before its first send (the kernel's EPOCH);
         # False: only the first, as the kernel did before (a test shows what that breaks)
         self.every_worker_says = True
-        # per rank: where its input lies for peers to read in the call it is in (its first
-        # epoch's INPUT word; None: not mapped); ``lower(pulls=)``
-        self.inputs = [None] * size
 
     def run(self, calls, reduce=np.add, *, piece=3, deadline=100000, absent=(), eager=0,
-            lines=0, seeded=False, symmetric=(), direct=False, pulls=(), spoil=False):
+            lines=0, seeded=False, symmetric=(), direct=False):
         """Several calls, each a list ``[(plan, input, output)]`` of one entry per rank
         (arrays float64 or None). A rank starts its next call when it has finished the
         previous one, whatever the others do (as kernels on one stream). Ranks in ``absent``
         never start (a dead rank). ``seeded``: all_reduce and broadcast calls that pass an
         input run the program that reads it instead of copying it into output first. Ranks in
         ``symmetric`` pass outputs their peers write directly (symmetric memory); ``direct``:
-        eager messages too where the receiver takes them so (``pushed.lower(direct=)``).
-        Ranks in ``pulls`` have their inputs (called in place: their outputs, where those
-        are in ``symmetric``) mapped by every peer (``pushed.lower(pulls=)``); ``spoil``: such a rank's caller overwrites that input
-        with NaN as soon as its call ends (a peer still reading it then reads NaN)."""
+        eager messages too where the receiver takes them so (``pushed.lower(direct=)``)."""
         barriers = [[0] * self.workers for _ in range(self.size)]
         running = []
         for rank in range(self.size):
@@ -82,7 +76,7 @@ class Group:
             for w in range(self.workers):
                 running.append(self._worker(rank, w, mine, reduce, piece, barriers, deadline,
                                             eager, lines, seeded, rank in symmetric,
-                                            direct, rank in pulls, spoil))
+                                            direct))
         while running:
             worker = self.random.choice(running)
             try:
@@ -101,28 +95,22 @@ class Group:
             yield
 
     def _worker(self, rank, w, calls, reduce, piece, barriers, deadline, eager, lines,
-                seeded, symmetric, direct, pulls, spoil):
+                seeded, symmetric, direct):
         for plan, input, output in calls:
             program = pushed.lower(plan, eager, lines, seeded and input is not None and
-                                   plan.collective in pushed.SEEDED, symmetric, direct, pulls)
-            mapped = None                    # what this rank's INPUT word says (the executor's:
-            if pulls:                        # in place, its output where that is mapped too)
-                mapped = input if input is not None else output \
-                    if symmetric and plan.collective in pushed.SEEDED else None
+                                   plan.collective in ("all_reduce", "broadcast"), symmetric,
+                                   direct)
             yield from self._call(rank, w, program, input, output, reduce, piece, barriers,
-                                  deadline, mapped)
+                                  deadline)
             # the kernel's end: bookkeeping once every worker is done, before the next call
             yield from self._barrier(rank, w, barriers, -1, deadline)
-            if w == 0 and spoil and mapped is not None and input is not None:
-                input[...] = np.nan          # the caller's next use of its input
             if w == 0:
                 self.sent[rank] += program.sends
                 self.received[rank] += program.recvs
                 self.calls[rank] += 1
             yield from self._barrier(rank, w, barriers, -1, deadline)
 
-    def _call(self, rank, w, program, input, output, reduce, piece, barriers, deadline,
-              mapped=None):
+    def _call(self, rank, w, program, input, output, reduce, piece, barriers, deadline):
         workers = self.workers
         call = self.calls[rank]
 
@@ -152,21 +140,6 @@ class Group:
         # the peers this worker synchronized with in this call (waited for their epoch of
         # it, or for a message they sent in it): what they said at their first epoch is seen
         synced = set()
-        pulled = {}                          # REDUCE_N operand -> (peer's input, offset)
-
-        def started(peer):                   # the peer's first epoch of this call
-            target = (call + 1) << pushed.STEP_BITS
-            return lambda: self.epoch[peer] >= target
-
-        def skipped(row, column):
-            """A send its receiver reads in this rank's input itself (both inputs mapped:
-            the receiver's INPUT word, seen once it started this call)."""
-            if mapped is None or not row[column]:
-                return False
-            peer = int(row[2])
-            yield from wait(started(peer), int(row[1]), peer, "this call")
-            synced.add(peer)
-            return self.inputs[peer] is not None
 
         def posted(row):
             """What a send waits for: (whether it may write now, what it waits for)."""
@@ -191,8 +164,6 @@ class Group:
                 if row[2]:                   # is one sequence
                     yield from self._barrier(rank, w, barriers, step, deadline)
             elif kind == EPOCH:
-                if w == 0 and int(row[2]) == 0 and row[5]:   # where its input lies, before
-                    self.inputs[rank] = mapped                 # the epoch
                 if w == 0 or (row[4] and self.every_worker_says):   # where output lands
                     self.landing[rank] = mine[OUTPUT]
                     if row[4]:               # eager messages straight into output
@@ -213,8 +184,6 @@ class Group:
                 self.delivered[peer, rank, w] = self.sent[rank, peer] + k + 1
             elif kind == SEND_LL:
                 peer, sb, so, slot, count, k = map(int, row[2:8])
-                if (yield from skipped(row, 8)):
-                    continue
                 ready, what = posted(row)
                 yield from wait(ready, step, peer, what)
                 theirs = self.lines[peer][call & 1]
@@ -224,16 +193,6 @@ class Group:
                     b = min(hi, a + piece)
                     theirs[slot + a:slot + b] = mine[sb][so + a:so + b]
                     flags[slot + a:slot + b] = flag      # data and flag land together
-                    yield
-            elif kind in (TAKE, TAKE_LL) and \
-                    pushed.take_operand(kind, int(row[2]), int(row[6])) in pulled:
-                # read in its sender's input (its PULL before), copied out of there
-                theirs, at = pulled[pushed.take_operand(kind, int(row[2]), int(row[6]))]
-                db, do, count = int(row[4]), int(row[5]), int(row[7])
-                lo, hi = share(count)
-                for a in range(lo, hi, piece):
-                    b = min(hi, a + piece)
-                    mine[db][do + a:do + b] = theirs[at + a:at + b]
                     yield
             elif kind == TAKE_LL:
                 peer, k, db, do, slot, count = map(int, row[2:8])
@@ -247,8 +206,6 @@ class Group:
                     mine[db][do + a:do + b] = inbox[slot + a:slot + b]
             elif kind == SEND:
                 peer, sb, so, slot, count, k, at = map(int, row[2:9])
-                if (yield from skipped(row, 9)):
-                    continue
                 ready, what = posted(row)
                 yield from wait(ready, step, peer, what)
                 if at >= 0:
@@ -276,17 +233,6 @@ class Group:
                     b = min(hi, a + piece)
                     mine[db][do + a:do + b] = inbox[slot + a:slot + b]
                     yield
-            elif kind == PULL:
-                peer, k, offset, operand, in_lines = map(int, row[2:7])
-                yield from wait(started(peer), step, peer, "this call")
-                synced.add(peer)
-                if self.inputs[peer] is not None:
-                    pulled[operand] = (self.inputs[peer], offset)
-                    continue
-                if not in_lines:             # as ARRIVE
-                    target = self.received[rank, peer] + k + 1
-                    yield from wait(lambda: self.delivered[rank, peer, w] >= target, step,
-                                    peer, "its message")
             elif kind == ARRIVE:
                 peer, k = int(row[2]), int(row[3])
                 target = self.received[rank, peer] + k + 1
@@ -334,17 +280,14 @@ class Group:
                 db, do, count = map(int, row[2:5])
                 inbox = self.lines[rank][call & 1]
                 flags = self.line_flags[rank][call & 1]
-                xs = [pulled[x] + ("pulled",) if x in pulled else
-                      pushed.decode_operand(x) + (None,) if x >= 0 else
+                xs = [pushed.decode_operand(x) + (None,) if x >= 0 else
                       (None,) + pushed.decode_line_operand(x) for x in pushed.chain_operands(row)]
                 lo, hi = share(count)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
                     values = []
                     for xb, xo, peer in xs:     # a message in lines: each piece once there
-                        if peer == "pulled":    # read in the peer's input over the link
-                            values.append(xb[xo + a:xo + b].copy())
-                        elif xb is None:
+                        if xb is None:
                             yield from wait(lambda: (flags[xo + a:xo + b] == flag).all(),
                                             step, peer, "its message")
                             values.append(inbox[xo + a:xo + b].copy())
