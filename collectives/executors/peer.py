@@ -31,9 +31,13 @@ staging memory, and ``output`` is staged (copied in where read before written, c
 region by region after its last write, both inside the kernel) only on a rank where some
 rendezvous receive lands in it, unless it lies in the group's symmetric memory
 (``ProcessGroup.symmetric_empty``): then peers write into it directly.
-Staging costs two passes over the output, which at large sizes makes NCCL send/recv faster
+Staging costs passes over the output, which at large sizes makes NCCL send/recv faster
 (measured on 2 × H100, messages of 128 MiB: 1.25-1.45×; of 32 MiB: even): calls whose
-largest message is above COLLECTIVES_PEER_MAX_BYTES go there.
+largest message is above COLLECTIVES_PEER_MAX_BYTES go there, where some rank's plan stages
+its output (it would without symmetric memory: alike on every rank, whatever each passes).
+A plan that stages nothing stays here at every size: reduce_scatter at 256 MiB / 1 GiB on
+4 × H100, 0.98 / 0.92 of NCCL's own against 0.89 / 0.81 on send/recv; on 2 × H100 1.09 /
+0.99 against 1.00 / 0.95 (BENCHMARKS.md §6).
 
 Errors: a kernel that timed out or saw a peer abort leaves (kind, step, peer) in the error
 words; the next call on this group, and ``synchronize``, raise CollectiveTimeout or
@@ -258,8 +262,9 @@ class PeerExecutor:
         else:
             entry = _Entry(plan, dtype, op, self.limit, self.eager, self.lines, self.fences,
                            self.memory, seeded, symmetric, self.direct)
-            if self.most and entry.program.largest * dtype.itemsize > self.most:
-                entry = elsewhere   # every rank alike: ``largest`` is over every rank's plan
+            if self.most and entry.program.largest * dtype.itemsize > self.most and \
+                    entry.program.staging:
+                entry = elsewhere   # every rank alike: both are over every rank's plan
         if len(self._entries) > 4096:
             self._entries.clear()
         self._entries[key] = (plan, entry)     # the plan kept: its id is not reused meanwhile

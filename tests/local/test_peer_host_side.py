@@ -90,6 +90,39 @@ def test_a_call_handed_to_send_recv_gets_the_buffers_its_plan_reads(monkeypatch)
             assert set(calls[-1]) == {"output"} and (output == data).all()
 
 
+def test_calls_above_the_size_limit_leave_peer_memory_only_where_a_plan_stages_output(
+        monkeypatch):
+    """COLLECTIVES_PEER_MAX_BYTES: a call whose largest message is above it goes to NCCL
+    send/recv where some rank's plan stages its output (all_gather, two_shot all_reduce:
+    receives land in output), whatever this rank's output is (every rank must decide
+    alike); reduce_scatter stages nothing and stays on peer memory at every size (before,
+    it went to send/recv too: 0.89 of NCCL's own at 256 MiB on 4 x H100 where peer memory
+    runs it at 0.98). Below the limit, or with no limit, everything stays."""
+    class Entry:                     # the executor's entry without a GPU: its program
+        def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded,
+                     symmetric=False, direct=False):
+            self.program = peer_executor.pushed.lower(plan, eager // dtype.itemsize,
+                                                      lines // dtype.itemsize, seeded,
+                                                      symmetric, direct)
+    monkeypatch.setattr(peer_executor, "_Entry", Entry)
+    executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
+    executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 4, 0
+    executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
+    n = 64 << 20                                  # 256 MiB of float32 over 4 ranks
+    cases = {"reduce_scatter": build_plan("reduce_scatter", "direct", 0, 4, (n // 4,) * 4),
+             "all_gather": build_plan("all_gather", "direct", 0, 4, (n // 4,) * 4),
+             "all_reduce": build_plan("all_reduce", "two_shot", 0, 4, n)}
+    dtype = np.dtype(np.float32)
+    for most, symmetric, stays in ((32 << 20, False, {"reduce_scatter"}),
+                                   (32 << 20, True, {"reduce_scatter"}),
+                                   (1 << 30, False, set(cases)), (0, False, set(cases))):
+        executor.most = most
+        for name, plan in cases.items():
+            entry = executor._entry(plan, dtype, None, (name, most, symmetric), False,
+                                    symmetric)
+            assert (type(entry) is Entry) == (name in stays), (name, most, symmetric)
+
+
 def test_each_call_sets_its_buffers_the_memory_only_when_it_moved_and_its_deadline(monkeypatch):
     """The kernel's parameters of one cached entry over calls: the buffers every call, the
     peers' tables and the staging pointers again only after the memory grew (for another
