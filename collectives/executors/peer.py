@@ -32,7 +32,8 @@ region by region after its last write, both inside the kernel) only on a rank wh
 rendezvous receive lands in it, unless it lies in the group's symmetric memory
 (``ProcessGroup.symmetric_empty``): then peers write into it directly.
 Staging costs passes over the output, which at large sizes makes NCCL send/recv faster
-(measured on 2 × H100, messages of 128 MiB: 1.25-1.45×; of 32 MiB: even): calls whose
+(2 × H100, 1 GiB: all_reduce 1.10×, all_gather 1.29×; 4 × H100: all_gather 1.20×, but
+all_reduce 0.96×, BENCHMARKS.md §6; at 32 MiB messages about even): calls whose
 largest message is above COLLECTIVES_PEER_MAX_BYTES go there, where some rank's plan stages
 its output (it would without symmetric memory: alike on every rank, whatever each passes).
 A plan that stages nothing stays here at every size: reduce_scatter at 256 MiB / 1 GiB on
