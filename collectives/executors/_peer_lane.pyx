@@ -58,14 +58,27 @@ cdef enum:
 
 
 
+cdef object _unwritable = None     # a flags type that has no ``writeable`` (CuPy's)
+
+
 cdef inline bint _plain(object buf, object array_type, bint written):
-    """group._plain: None, or a flat contiguous array of the group's type."""
+    """group._plain: None, or a flat contiguous array of the group's type. CuPy's flags have
+    no ``writeable`` (its arrays always are): asking found that out again on every call
+    (0.24 µs, an AttributeError inside getattr), so the type is remembered."""
+    global _unwritable
     if buf is None:
         return True
     if type(buf) is not array_type or buf.ndim != 1:
         return False
     flags = buf.flags
-    return flags.c_contiguous and (not written or getattr(flags, "writeable", True))
+    if not flags.c_contiguous:
+        return False
+    if not written or type(flags) is _unwritable:
+        return True
+    if not hasattr(flags, "writeable"):
+        _unwritable = type(flags)
+        return True
+    return flags.writeable
 
 
 cdef class _Launch:
@@ -90,14 +103,24 @@ cdef class _Launch:
 
 
 cdef class _Shape:
-    """A call shape the group registered: its _Shape (plans, dtype, op, deadline, ...) and
-    the launches found for it."""
+    """A call shape the group registered: its _Shape (plans, dtype, op, deadline, ...), the
+    launches found for it, and its all_reduce plan that reads input (asked once)."""
     cdef readonly object shape
     cdef dict launches          # (id(plan), seeded, symmetric) -> _Launch
+    cdef object direct
+    cdef bint asked
 
     def __cinit__(self, shape):
         self.shape = shape
         self.launches = {}
+        self.direct = None
+        self.asked = False
+
+    cdef object reading_input_first(self):
+        if not self.asked:
+            self.direct = self.shape.reading_input_first()
+            self.asked = True
+        return self.direct
 
 
 cdef class Lane:
@@ -186,7 +209,7 @@ cdef class Lane:
             elif collective in _SEEDED:
                 seeded = True           # the kernel reads input where output is unwritten
                 if collective == "all_reduce":   # the shape works it out once
-                    direct = shape.reading_input_first()
+                    direct = known.reading_input_first()
                     if direct is not None:
                         plan = direct
         gate = group._gate
