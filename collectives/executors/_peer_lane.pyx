@@ -58,27 +58,31 @@ cdef enum:
 
 
 
-cdef object _unwritable = None     # a flags type that has no ``writeable`` (CuPy's)
+cdef object _cupy_like = None      # an array type whose contiguity is an attribute of its
+                                   # own and that has no read-only arrays (CuPy's ndarray)
 
 
 cdef inline bint _plain(object buf, object array_type, bint written):
-    """group._plain: None, or a flat contiguous array of the group's type. CuPy's flags have
-    no ``writeable`` (its arrays always are): asking found that out again on every call
-    (0.24 µs, an AttributeError inside getattr), so the type is remembered."""
-    global _unwritable
+    """group._plain: None, or a flat contiguous array of the group's type. CuPy's ``flags``
+    builds an object on every call (0.20 µs, tools/host_profile.py --parts) and has no
+    ``writeable`` (its arrays always are; asking cost 0.24 µs more, an AttributeError inside
+    getattr): for such a type its ``_c_contiguous`` is read instead."""
+    global _cupy_like
     if buf is None:
         return True
-    if type(buf) is not array_type or buf.ndim != 1:
+    cls = type(buf)
+    if cls is not array_type or buf.ndim != 1:
         return False
+    if cls is _cupy_like:
+        return buf._c_contiguous
     flags = buf.flags
     if not flags.c_contiguous:
         return False
-    if not written or type(flags) is _unwritable:
-        return True
-    if not hasattr(flags, "writeable"):
-        _unwritable = type(flags)
-        return True
-    return flags.writeable
+    if hasattr(flags, "writeable"):
+        return not written or flags.writeable
+    if hasattr(buf, "_c_contiguous"):
+        _cupy_like = cls
+    return True
 
 
 cdef class _Launch:

@@ -50,6 +50,7 @@ class DeviceArray:
         self.itemsize = self.dtype.itemsize
         self.nbytes = size * self.itemsize
         self.flags = SimpleNamespace(c_contiguous=contiguous)
+        self._c_contiguous = contiguous                 # as CuPy's: the lane reads this
         self.copied_from = None
 
     def __setitem__(self, index, other):          # output[...] = input: the copy, recorded
