@@ -180,14 +180,16 @@ def parts(group, cupy, args, calls, empty_function, stream_ptr, d_in, d_out):
            (d_in.dtype, d_in.size), (d_out.dtype, d_out.size))
     table = {key: 1}
     for name, look in (("settings.DEBUG()", settings.DEBUG),
-                       ("the call's key built and looked up",
+                       ("the call's key built and looked up (the lane does it only when "
+                        "a call differs from the previous one)",
                         lambda: table.get((args.collective, 0, op, args.algorithm, None,
                                            group.timeout, (d_in.dtype, d_in.size),
                                            (d_out.dtype, d_out.size)))),
                        ("hash(ReduceOp.SUM)", lambda: hash(op)),
                        ("the group's gate taken and given", lambda: (
                            group._gate.acquire(False), group._gate.release())),
-                       ("getattr(array.flags, 'writeable', True)",
+                       ("getattr(array.flags, 'writeable', True) (what the lane asked "
+                        "before it read array._c_contiguous)",
                         lambda: getattr(d_out.flags, "writeable", True))):
         def run(look=look):
             for _ in range(n):
@@ -200,7 +202,9 @@ def parts(group, cupy, args, calls, empty_function, stream_ptr, d_in, d_out):
              lambda: helper.launches(launch, empty_function, n, stream_ptr))
     a = cupy.zeros(args.count, np.float32)
     for name, look in (("cupy.cuda.get_current_stream()", cupy.cuda.get_current_stream),
-                       ("array.flags", lambda: a.flags), ("array.data.ptr", lambda: a.data.ptr),
+                       ("array.flags", lambda: a.flags),
+                       ("array._c_contiguous", lambda: a._c_contiguous),
+                       ("array.data.ptr", lambda: a.data.ptr),
                        ("array.dtype", lambda: a.dtype)):
         def run(look=look):
             for _ in range(n):

@@ -176,6 +176,26 @@ def test_each_call_gets_its_own_buffers_and_the_sequence_advances_alike(monkeypa
     assert group._lane.launched == 3
 
 
+def test_calls_of_alternating_shapes_each_launch_their_own_program(monkeypatch):
+    """The lane compares a call with the previous one field by field before it builds and
+    hashes the key: calls that alternate sizes, dtypes or algorithms each still launch the
+    program the Python path gave their own shape, never the previous call's."""
+    rig = Rig(monkeypatch)
+    shapes = [(1024, np.float32, "direct"), (2048, np.float32, "direct"),
+              (1024, np.int32, "direct"), (1024, np.float32, "ring")]
+    first = {}
+    for n, dtype, algorithm in shapes:
+        first[(n, dtype, algorithm)] = rig.call(
+            "all_reduce", DeviceArray(0x10000, n, dtype), DeviceArray(0x90000, n, dtype),
+            algorithm=algorithm)
+        assert first[(n, dtype, algorithm)][0] == "python"
+    assert len({launch[5][0] for launch in first.values()}) == len(shapes)   # four programs
+    for n, dtype, algorithm in shapes * 2 + shapes[::-1]:
+        got = rig.call("all_reduce", DeviceArray(0x10000, n, dtype),
+                       DeviceArray(0x90000, n, dtype), algorithm=algorithm)
+        assert got[0] == "lane" and same_launch(got, first[(n, dtype, algorithm)])
+
+
 def test_out_of_place_all_reduce_runs_the_read_input_first_plan_and_in_place_the_plain_one(
         monkeypatch):
     """Two plans of one shape: the one that reads input (out of place) and the one that
