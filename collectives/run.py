@@ -60,6 +60,12 @@ def parse_args(argv=None):
                    help="run the target as a module (python -m)")
     p.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
                    help="run the target as an executable, not through python")
+    p.add_argument("--bind-to", "--bind_to", dest="bind_to", choices=("none", "core"),
+                   default="none",
+                   help="core: each worker on one core of those this launcher may run on, "
+                        "local rank i on the i-th (round robin where workers outnumber "
+                        "them), as mpiexec --bind-to core; none (the default, as torchrun): "
+                        "wherever the OS puts them")
     p.add_argument("target", help="the training script (or module with -m)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     ns = p.parse_args(argv)
@@ -152,9 +158,10 @@ def launch(ns) -> int:
     old = {s: signal.signal(s, on_signal) for s in _STOP_SIGNALS
            if signal.getsignal(s) is not signal.SIG_IGN}
     watchdog = _Watchdog.start()
-    setup = _worker_setup()
+    cores = sorted(os.sched_getaffinity(0)) if ns.bind_to == "core" else None
     _adopt_orphans()
     for local_rank in range(ns.nproc_per_node):
+        setup = _worker_setup(None if cores is None else cores[local_rank % len(cores)])
         rank = ns.node_rank * ns.nproc_per_node + local_rank
         env = dict(os.environ)
         env.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
@@ -305,21 +312,25 @@ def _prctl():
         return None
 
 
-def _worker_setup():
+def _worker_setup(core=None):
     """What each worker runs between fork and exec. A session, and so a process group, of its
     own: stopping the group stops what the worker starts, and unlike a group alone in the
     terminal's session it may still read the terminal (a debugger) without SIGTTIN stopping
     it. On Linux, SIGTERM when the launcher dies, however it dies; the signal is tied to the
     thread that forks, and workers are started from the main thread, which lives as long as
     the launcher. A launcher that died before prctl took effect sent nothing: the worker sees
-    it has a new parent and leaves at once. As little as possible runs here: the launcher has
-    threads (the store server, the output pumps) whose locks the child may inherit taken."""
+    it has a new parent and leaves at once. ``core`` (``--bind-to core``): the one CPU the
+    worker and everything it starts may run on, set before it executes anything. As little
+    as possible runs here: the launcher has threads (the store server, the output pumps)
+    whose locks the child may inherit taken."""
     launcher = os.getpid()
     prctl = _prctl()
     death_signal = int(signal.SIGTERM)
 
     def setup():
         os.setsid()
+        if core is not None:
+            os.sched_setaffinity(0, (core,))
         if prctl is not None:
             prctl(_PR_SET_PDEATHSIG, death_signal, 0, 0, 0)
             if os.getppid() != launcher:

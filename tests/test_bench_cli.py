@@ -133,6 +133,24 @@ def test_mpi_header_names_the_executor_and_counts_the_ranks_on_this_host():
     assert "WARNING: 2 ranks on 1 core" in head and "WARNING: 2 ranks on 1 core" in summary
 
 
+@pinnable
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity")
+                    else True, reason="binding 2 ranks to cores needs 2 cores")
+def test_socket_ranks_run_by_hand_are_bound_to_cores_unless_told_not_to():
+    """--backend socket run by hand binds each process to one core (collectives.run
+    --bind-to core: rows moved a third as much between rounds on the 2-core VM), the header
+    says so and counts the cores of all ranks together (each has one, the job two);
+    --bind-to none leaves them where the OS puts them."""
+    cores = len(os.sched_getaffinity(0))
+    bound = "# host: 2 ranks of this job on 2 usable cores, each bound to one core"
+    free = f"# host: 2 ranks of this job on {cores} usable cores\n"
+    for flags, want in (((), bound), (("--bind-to", "none"), free)):
+        result = run([sys.executable, BENCH, "--backend", "socket", "--world-size", "2",
+                      "--algorithms", "ring", *TINY, *flags])
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert want in result.stdout, result.stdout
+
+
 def _fake_tree(tmp_path, *, extension_in_checkout=False, installed_copy=True):
     """A checkout (setup.py, collectives/executors/) and, elsewhere, an installed copy whose
     executors folder has the compiled extension."""

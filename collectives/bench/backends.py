@@ -75,16 +75,17 @@ def default_backend() -> str:
         "process, for checking schedules)")
 
 
-def launch(argv, world_size: int) -> int:
-    """Run the bench as ``world_size`` local processes through ``collectives.run``; pass
-    rank 0's output through without the launcher's prefix; return the job's exit code."""
+def launch(argv, world_size: int, bind_to: str = "core") -> int:
+    """Run the bench as ``world_size`` local processes through ``collectives.run`` (each
+    bound to one core with ``bind_to`` "core"); pass rank 0's output through without the
+    launcher's prefix; return the job's exit code."""
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"--world-size must be >= 1, got {world_size!r}")
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "collectives.run", "--standalone", "--nproc-per-node",
-               str(world_size), "-m", "collectives.bench", *argv]
+               str(world_size), "--bind-to", bind_to, "-m", "collectives.bench", *argv]
     if "--no-progress" not in argv:
         command.append("--no-progress")   # the launcher forwards whole lines: no live bar
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE)

@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ranks for --backend local (required there), and processes that "
                    "--backend socket (default 2) or nccl (default: one per visible GPU) "
                    "launches when not started by a launcher")
+    p.add_argument("--bind-to", choices=("core", "none"), default="core",
+                   help="--backend socket run by hand: each process on one core (core, the "
+                   "default: on the 2-core VM rows moved 18-23 %% between rounds bound, "
+                   "51-54 %% not) or wherever the OS puts them (none); under mpiexec or a "
+                   "launcher, theirs decides (mpiexec --bind-to core, collectives.run "
+                   "--bind-to core)")
     p.add_argument("--collectives", default=",".join(BENCH_COLLECTIVES),
                    help="comma-separated collectives to run, from "
                    + ", ".join(BENCH_COLLECTIVES))
@@ -259,7 +265,8 @@ def main(argv=None) -> int:
                            f"--world-size 2, or --backend local --world-size 2")
     if args.backend == "socket" and not under_launcher():
         try:
-            return launch(argv, 2 if args.world_size is None else args.world_size)
+            return launch(argv, 2 if args.world_size is None else args.world_size,
+                          args.bind_to)
         except ValueError as exc:
             return _refuse(f"--backend socket: {exc}")
     if args.backend == "nccl" and not (under_mpi() or under_launcher()):
@@ -287,7 +294,7 @@ def run_groups(args, config: Config, groups) -> int:
         make_bench = lambda g: GpuBench(g, cupy, options)    # noqa: E731
         host = group.bench_host
         gpu_meta = describe_gpus(group, cupy, host) if leader else {}
-    ranks_here, cores = host_load(group)          # a collective call under MPI
+    ranks_here, cores, bound = host_load(group)   # a collective call (not for local)
     crowded = oversubscription_warning(ranks_here, cores, args.backend)
     if args.calibrate:
         fitted = calibrate_groups(groups, args.calibrate, args.timeout)
@@ -297,7 +304,8 @@ def run_groups(args, config: Config, groups) -> int:
     meta = report.metadata(groups, config)
     meta.update(gpu_meta)
     meta.update(executor=describe_executor(group, parse_dtype(config.dtype), max(config.sizes)),
-                ranks_on_host=ranks_here, cores_on_host=cores, oversubscribed=crowded is not None)
+                ranks_on_host=ranks_here, cores_on_host=cores, bound=bound,
+                oversubscribed=crowded is not None)
     if leader:
         _print_header(args, config, meta, group, crowded, gpu)
     if gpu and args.probe:
@@ -359,8 +367,9 @@ def _print_header(args, config, meta, group, crowded, gpu):
               f"host sync {meta['host_sync']}", flush=True)
     print(comment(f"executor: {meta['executor']}"), flush=True)
     ranks_here, cores = meta["ranks_on_host"], meta["cores_on_host"]
+    bound = ", each bound to one core" if meta.get("bound") else ""
     print(f"# host: {ranks_here} rank{'s' if ranks_here != 1 else ''} of this job on "
-          f"{cores} usable core{'s' if cores != 1 else ''}", flush=True)
+          f"{cores} usable core{'s' if cores != 1 else ''}{bound}", flush=True)
     if crowded:
         print(comment(crowded), flush=True)
     if args.backend == "mpi" and size == 1 and not under_mpi():

@@ -105,24 +105,39 @@ def usable_cores() -> set:
         return set(range(os.cpu_count() or 1))
 
 
-def host_load(group) -> tuple[int, int]:
-    """(ranks of the job on this host, cores they may run on). Under MPI a collective call:
-    every rank of ``group`` calls it; the cores are the union of the affinity of the ranks
-    that share this host (a launcher that binds each rank to one core leaves each rank one,
-    the host still has as many as there are ranks)."""
+def host_load(group) -> tuple[int, int, bool]:
+    """(ranks of the job on this host, cores they may run on, whether each runs on one core).
+    Under MPI and over sockets a collective call: every rank of ``group`` calls it; the cores
+    are the union of the affinity of the ranks that share this host (a launcher that binds
+    each rank to one core leaves each rank one, the host still has as many as there are
+    ranks). Over sockets the union is over every rank of the group (a job on hosts alike: the
+    same core numbers)."""
     transport = group.transport.name
+    mine = sorted(usable_cores())
     if transport == "mpi":
         from mpi4py import MPI
         node = group.transport.comm.Split_type(MPI.COMM_TYPE_SHARED)
         try:
-            masks = node.allgather(sorted(usable_cores()))
-            return node.Get_size(), len(set().union(*map(set, masks)))
+            masks = node.allgather(mine)
+            return (node.Get_size(), len(set().union(*map(set, masks))),
+                    all(len(m) == 1 for m in masks))
         finally:
             node.Free()
     if transport == "socket":
         local = os.environ.get("LOCAL_WORLD_SIZE", "")
-        return (int(local) if local.isdigit() else group.size), len(usable_cores())
-    return group.size, len(usable_cores())        # local: every rank is a thread here
+        ranks = int(local) if local.isdigit() else group.size
+        from ..ops import ReduceOp
+        mask = np.zeros(MASK_CORES + 1, np.int64)     # the last: this rank's count of cores
+        mask[[c for c in mine if c < MASK_CORES]] = 1
+        mask[-1] = len(mine)
+        union = np.zeros_like(mask)
+        group.prepare("all_reduce", input=mask, output=union, op=ReduceOp.MAX,
+                      algorithm="ring")()
+        return ranks, int(union[:-1].sum()), int(union[-1]) == 1
+    return group.size, len(mine), False         # local: every rank is a thread here
+
+
+MASK_CORES = 4096         # the core numbers a socket job's ranks compare (those beyond: not counted)
 
 
 def oversubscription_warning(ranks: int, cores: int, backend: str) -> str | None:

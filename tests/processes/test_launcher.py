@@ -52,6 +52,24 @@ def test_environment_and_prefixes(tmp_path):
         assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
 
 
+def test_bind_to_core_puts_each_worker_on_one_core_of_the_launcher_s(tmp_path):
+    """--bind-to core: local rank i runs on the i-th core the launcher may use (round robin
+    past the last), from before it runs anything; without it every worker may use them all.
+    (On the 2-core VM the bench's ranks bound so moved 18-23 % between rounds, unbound
+    51-54 %: BENCHMARKS.md section 4.)"""
+    script = """
+        import json, os
+        print(json.dumps([int(os.environ["LOCAL_RANK"]), sorted(os.sched_getaffinity(0))]))
+    """
+    mine = sorted(os.sched_getaffinity(0))
+    for flags, expect in ((("--bind-to", "core"), lambda i: [mine[i % len(mine)]]),
+                          ((), lambda i: mine)):
+        proc, _ = launch(tmp_path, script, "--standalone", "--nproc-per-node", "3", *flags)
+        assert proc.returncode == 0, proc.stderr
+        seen = dict(json.loads(line.partition(":")[2]) for line in proc.stdout.splitlines())
+        assert seen == {i: expect(i) for i in range(3)}, (flags, seen)
+
+
 def test_failure_stops_the_others_and_propagates_the_code(tmp_path):
     script = """
         import os, sys, time
