@@ -2,7 +2,8 @@
 
 torchrun's flags and environment: ``--nproc-per-node``, ``--nnodes``, ``--node-rank``,
 ``--master-addr``, ``--master-port``, ``--standalone`` (one node, loopback, a free port), and
-``-m module`` in place of a script. Each worker gets RANK, LOCAL_RANK, WORLD_SIZE,
+``-m module`` in place of a script; and, as mpiexec's, ``--bind-to core`` (each worker on one
+core of those the launcher may use). Each worker gets RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and COLLECTIVES_SECRET: yours if set,
 else a fresh random secret per job on one node. With several nodes and no COLLECTIVES_SECRET
 the launcher says so and every process uses this user's secret file (``collectives.auth``),
