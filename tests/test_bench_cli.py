@@ -136,15 +136,15 @@ def test_mpi_header_names_the_executor_and_counts_the_ranks_on_this_host():
 @pinnable
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity")
                     else True, reason="binding 2 ranks to cores needs 2 cores")
-def test_socket_ranks_run_by_hand_are_bound_to_cores_unless_told_not_to():
-    """--backend socket run by hand binds each process to one core (collectives.run
-    --bind-to core: rows moved a third as much between rounds on the 2-core VM), the header
-    says so and counts the cores of all ranks together (each has one, the job two);
-    --bind-to none leaves them where the OS puts them."""
+def test_socket_ranks_run_by_hand_are_bound_to_cores_when_asked():
+    """--backend socket run by hand with --bind-to core binds each process to one core
+    (collectives.run --bind-to core: our rows moved a third as much between rounds on the
+    2-core VM), the header says so and counts the cores of all ranks together (each has one,
+    the job two); by default (none) they run where the OS puts them."""
     cores = len(os.sched_getaffinity(0))
     bound = "# host: 2 ranks of this job on 2 usable cores, each bound to one core"
     free = f"# host: 2 ranks of this job on {cores} usable cores\n"
-    for flags, want in (((), bound), (("--bind-to", "none"), free)):
+    for flags, want in ((("--bind-to", "core"), bound), ((), free)):
         result = run([sys.executable, BENCH, "--backend", "socket", "--world-size", "2",
                       "--algorithms", "ring", *TINY, *flags])
         assert result.returncode == 0, result.stdout + result.stderr

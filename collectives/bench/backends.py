@@ -75,7 +75,7 @@ def default_backend() -> str:
         "process, for checking schedules)")
 
 
-def launch(argv, world_size: int, bind_to: str = "core") -> int:
+def launch(argv, world_size: int, bind_to: str = "none") -> int:
     """Run the bench as ``world_size`` local processes through ``collectives.run`` (each
     bound to one core with ``bind_to`` "core"); pass rank 0's output through without the
     launcher's prefix; return the job's exit code."""

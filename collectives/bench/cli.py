@@ -57,11 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ranks for --backend local (required there), and processes that "
                    "--backend socket (default 2) or nccl (default: one per visible GPU) "
                    "launches when not started by a launcher")
-    p.add_argument("--bind-to", choices=("core", "none"), default="core",
-                   help="--backend socket run by hand: each process on one core (core, the "
-                   "default: on the 2-core VM rows moved 18-23 %% between rounds bound, "
-                   "51-54 %% not) or wherever the OS puts them (none); under mpiexec or a "
-                   "launcher, theirs decides (mpiexec --bind-to core, collectives.run "
+    p.add_argument("--bind-to", choices=("none", "core"), default="none",
+                   help="--backend socket run by hand: each process on one core (core: on "
+                   "the 2-core VM our rows moved 18-28 %% between rounds bound, 51-54 %% "
+                   "not, and ran 1.5-2x faster, where gloo, whose threads then share the "
+                   "core, ran 1.3x slower with 2 ranks: ratios to gloo differ from unbound "
+                   "runs) or wherever the OS puts them (none, as torchrun); under mpiexec or "
+                   "a launcher, theirs decides (mpiexec --bind-to core, collectives.run "
                    "--bind-to core)")
     p.add_argument("--collectives", default=",".join(BENCH_COLLECTIVES),
                    help="comma-separated collectives to run, from "
