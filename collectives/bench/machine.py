@@ -105,6 +105,9 @@ def usable_cores() -> set:
         return set(range(os.cpu_count() or 1))
 
 
+MASK_CORES = 4096         # the core numbers a socket job's ranks compare (those beyond: not counted)
+
+
 def host_load(group) -> tuple[int, int, bool]:
     """(ranks of the job on this host, cores they may run on, whether each runs on one core).
     Under MPI and over sockets a collective call: every rank of ``group`` calls it; the cores
@@ -136,8 +139,6 @@ def host_load(group) -> tuple[int, int, bool]:
         return ranks, int(union[:-1].sum()), int(union[-1]) == 1
     return group.size, len(mine), False         # local: every rank is a thread here
 
-
-MASK_CORES = 4096         # the core numbers a socket job's ranks compare (those beyond: not counted)
 
 
 def oversubscription_warning(ranks: int, cores: int, backend: str) -> str | None:

@@ -321,15 +321,11 @@ class PeerMemory:
         if known is not None:
             return known
         h = self.find(start, nbytes)
-        if h is None:
-            place = 0
-        else:
-            heap = self.heaps[h]
-            if heap.buffer_id is not None:
-                if _Driver.buffer_id(start) != heap.buffer_id:
-                    return 0    # freed and allocated again since it was registered: staged
-                return ((h + 1) << HEAP_SHIFT) | (start - heap.ptr)
-            place = ((h + 1) << HEAP_SHIFT) | (start - heap.ptr)
+        heap = None if h is None else self.heaps[h]
+        place = 0 if heap is None else ((h + 1) << HEAP_SHIFT) | (start - heap.ptr)
+        if heap is not None and heap.buffer_id is not None:     # registered: asked each time
+            # freed and allocated again since it was registered: staged
+            return place if _Driver.buffer_id(start) == heap.buffer_id else 0
         if len(self.places) >= 4096:
             self.places.clear()
         self.places[(start, nbytes)] = place
