@@ -196,11 +196,28 @@ def arrive(store, rank: int, world_size: int, timeout: float | None) -> None:
         raise ValueError(_mismatch(rank, world_size, *map(int, fields)))
     if what == "timeout":
         missing = [int(r) for r in fields[0].split(",") if r] if fields else []
+        _told(store, ns, rank, world_size - len(missing))
         limit = "the init timeout" if timeout is None else f"{timeout:.3g} s"
         raise CollectiveTimeout(
             f"init_process_group on rank {rank}: ranks {debug.ranks_text(missing)} did not "
             f"arrive at the rendezvous within {limit} ({world_size - len(missing)} of "
             f"{world_size} ranks did)")
+
+
+def _told(store, ns, rank, present) -> None:
+    """The timeout outcome read by every rank that arrived before any leaves with it. Rank
+    0's process may hold the store server, and its exit closes it: a rank that was between
+    two of its requests then met a closed store (StoreError) instead of the outcome. So each
+    other rank says it read it, and rank 0 waits for them, at most as long as they would
+    have followed it (_FOLLOW_SECONDS); a store that fails meanwhile changes nothing."""
+    try:
+        if rank != 0:
+            if store.add(f"{ns}/told", 1) == present - 1:
+                store.set(f"{ns}/all_told", "1")
+        elif present > 1:
+            _get(store, f"{ns}/all_told", _FOLLOW_SECONDS)
+    except StoreError:
+        pass
 
 
 def _mismatch(rank, world_size, a, size_a, b, size_b) -> str:

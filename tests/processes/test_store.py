@@ -202,3 +202,51 @@ def test_file_and_explicit_store_rendezvous(tmp_path):
     assert rendezvous(None, 1, 2, store=explicit) == (explicit, 1, 2)
     with pytest.raises(ValueError, match="rank and world_size"):
         rendezvous(None, store=explicit)
+
+
+def _rank_0_of_three(port, report):
+    """Rank 0 of a rendezvous of 3 in a process of its own, holding the store server; it
+    leaves as soon as its call returns, which takes the server away."""
+    from collectives import rendezvous as rdzv
+    server = TCPStore("127.0.0.1", port, world_size=1, is_master=True, timeout=10,
+                      secret="s3")
+    try:
+        rdzv.arrive(server, 0, 3, 0.5)
+        report.send("joined")
+    except Exception as exc:              # noqa: BLE001 (what rank 0 raised)
+        report.send(f"{type(exc).__name__}: {exc}")
+    os._exit(0)
+
+
+def test_a_timed_out_rendezvous_is_read_by_every_rank_before_rank_0_s_store_closes(monkeypatch):
+    """A rank that never arrives: rank 0 (whose process holds the store server) times out
+    first and leaves, which closes the server. Another rank between two of its requests met
+    the closed store and raised StoreError instead of CollectiveTimeout naming the missing
+    rank (CI, `test_a_rank_that_never_arrives_is_named_while_waiting_and_at_the_timeout`).
+    Rank 0 now waits until the others have read the outcome. Here rank 1 polls with gaps, so
+    it is between requests when rank 0 gives up."""
+    from collectives import rendezvous as rdzv
+    from collectives.errors import CollectiveTimeout
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    mine, theirs = CTX.Pipe()
+    child = CTX.Process(target=_rank_0_of_three, args=(port, theirs))
+    child.start()
+    real_get = rdzv._get
+
+    def polling_get(store, key, seconds):
+        found = real_get(store, key, min(seconds, 0.02) if seconds is not None else 0.02)
+        if found is None:
+            time.sleep(0.3)               # between two requests
+        return found
+    monkeypatch.setattr(rdzv, "_get", polling_get)
+    client = TCPStore("127.0.0.1", port, world_size=1, timeout=10, secret="s3")
+    with pytest.raises(CollectiveTimeout, match=r"ranks \[2\] did not arrive"):
+        rdzv.arrive(client, 1, 3, 0.6)
+    client.close()
+    assert mine.poll(10), "rank 0 said nothing"
+    said = mine.recv()
+    child.join(10)
+    assert said.startswith("CollectiveTimeout") and "ranks [2] did not arrive" in said, said
