@@ -171,7 +171,8 @@ def arrive(store, rank: int, world_size: int, timeout: float | None) -> None:
     if store.add(f"{ns}/arrived", 1) == world_size:
         store.compare_set(outcome, b"", b"ok")
     # Rank 0 (whose process holds the store server, where there is one) times out first and
-    # tells the others through the store, before its exit takes the server away.
+    # tells the others through the store, and leaves once they have read it (_told): its
+    # exit takes the server away.
     waiting = debug.Waiting(debug.logger(LOGGER), timeout,
                             grace=0.0 if rank == 0 else _FOLLOW_SECONDS)
     missing = None
