@@ -33,26 +33,7 @@ from collectives.bench.nccl import nccl_group  # noqa: E402
 from collectives.bench.symmetric import SymmetricMemory  # noqa: E402
 from collectives.bench.timing import timed  # noqa: E402
 from collectives.ops import ReduceOp  # noqa: E402
-
-
-def cupy_graph(cupy, stream, call, iters=20, reps=5):
-    """Seconds per call of ``iters`` calls captured in one CuPy graph (p50 of ``reps``)."""
-    with stream:
-        for _ in range(3):
-            call()
-        stream.synchronize()
-        stream.begin_capture()
-        for _ in range(iters):
-            call()
-        graph = stream.end_capture()
-        samples = []
-        for _ in range(reps + 1):
-            start = stream.record()
-            graph.launch(stream)
-            end = stream.record()
-            end.synchronize()
-            samples.append(cupy.cuda.get_elapsed_time(start, end) / 1e3 / iters)
-    return float(np.median(samples[1:]))
+from peer_check import graph_time  # noqa: E402  (tools/, beside this file)
 
 
 def torch_graph(torch, call, iters=20, reps=5):
@@ -146,7 +127,8 @@ def main():
                 host.barrier()
                 issue = host.max(issue_seconds(call, stream.synchronize))
             try:
-                graphed = host.max(cupy_graph(cupy, stream, call))
+                with stream:
+                    graphed = host.max(graph_time(cupy, stream, call, 20, 5))
             except Exception as exc:      # noqa: BLE001
                 say(f"  {label}: graph failed: {type(exc).__name__}: {exc}")
                 graphed = host.max(float("nan"))

@@ -152,8 +152,12 @@ class Program(NamedTuple):
     inbox: int                # elements of one inbox half (the largest of any rank)
     line_inbox: int           # elements of one half of the inbox of messages in lines
     direct: bool = False      # eager messages into output land there directly (``_direct``)
-    staging: bool = False     # some rank's output is staged where it is not symmetric (alike
-                              # on every rank: what the executor's size limit looks at)
+
+    @property
+    def staging(self) -> bool:
+        """Some rank's plan stages its output (where that output is not symmetric): alike on
+        every rank, what the executor's size limit looks at."""
+        return self.scratch_at > 0
 
 
 def plans_of(plan: Plan) -> list:
@@ -501,7 +505,7 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
     outputs = [_staged_output(other, eager) for other in plans]
     return Program(table, out_staged, outputs[rank], plan.scratch, tuple(sent), tuple(received),
                    largest, busiest, max(outputs), max(other.scratch for other in plans),
-                   max(inboxes), max(line_inboxes), direct, any(outputs))
+                   max(inboxes), max(line_inboxes), direct)
 
 
 def _may_land_directly(region, step) -> bool:

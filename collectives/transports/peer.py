@@ -386,7 +386,7 @@ class PeerMemory:
                             runtime.ipcCloseMemHandle(q)
                         if heap.owned:
                             runtime.free(heap.ptr)
-                self.heaps = []
+                self.heaps, self.places = [], {}
                 self.data_ptr = self.inbox_ptr = self.lines_ptr = 0
                 self.peer_data, self.peer_inbox, self.peer_lines = [], [], []
                 for ptr in self._opened:
