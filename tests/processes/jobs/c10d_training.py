@@ -124,8 +124,16 @@ def main():
     result = {v: train(v, rank) for v in variants}
     result["fsdp2"] = train_fsdp2(rank)
     torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+    dist.barrier()                  # no rank tears down while another still has work in flight
     dist.destroy_process_group()
-    print(f"TRAINED rank {rank}")
+    print(f"TRAINED rank {rank}", flush=True)
+    if backend == "gloo":
+        # gloo, the reference here, at times aborts in the interpreter's teardown after a clean
+        # destroy ("terminate called without an active exception", SIGABRT: once in CI, none
+        # in 30 runs here; a thread of its own left joinable as Python finalizes, as in
+        # pytorch/pytorch#190489). Its results are saved and said: leave without the teardown.
+        # Our backend's jobs exit normally, so its teardown stays tested.
+        os._exit(0)
 
 
 if __name__ == "__main__":
