@@ -11,7 +11,8 @@ two-shot, each timed two ways in one run on the GPUs of one host.
   call costs the host, the bound of back to back where it exceeds the device's time.
 
 Rows: NCCL's own all_reduce; ours (``direct``, ``two_shot``) with the output staged and with it
-in symmetric memory (``:symm``); SymmetricMemory's ``one_shot`` (``one_shot_all_reduce_out``
+in symmetric memory (``:symm``), and two_shot in place on symmetric memory
+(``two_shot:symm_in_place``, one pass); SymmetricMemory's ``one_shot`` (``one_shot_all_reduce_out``
 into a buffer made once, so that capture allocates nothing) and ``two_shot`` (in place), on
 buffers from ``symm_mem.empty``. The columns say which of the two costs sets each row's
 time: where back to back is far above graph, the host (or the launches) is the bound.
@@ -119,6 +120,9 @@ def main():
             for label, out in ((algorithm, d_out), (f"{algorithm}:symm", symm)):
                 rows.append((label, lambda a=algorithm, o=out: group.prepare(
                     "all_reduce", input=d_in, output=o, algorithm=a, op=ReduceOp.SUM)()))
+        symm[...] = d_in        # in place on it, as SymmetricMemory's two-shot (one pass)
+        rows.append(("two_shot:symm_in_place", lambda: group.prepare(
+            "all_reduce", input=symm, output=symm, algorithm="two_shot", op=ReduceOp.SUM)()))
         cells = []
         for label, call in rows:
             host.barrier()

@@ -12,8 +12,10 @@ NCCL send/recv executor over the same transport, where the group runs peer memor
 transfers alone, the bound a send/recv schedule cannot beat); ``<alg>:symm`` (all_reduce,
 all_gather, all_to_all on peer memory), the schedule with its output in the group's
 symmetric memory (``group.symmetric_empty``: peers write it directly, no staging), as
-SymmetricMemory's rows run on symmetric buffers; ``<alg>:graph`` (sizes up to
-``--graph-max``), the call captured once as a CUDA graph and replayed; ``ring:seg=N``
+SymmetricMemory's rows run on symmetric buffers; ``two_shot:symm_in_place``, all_reduce
+in place on such a buffer as SymmetricMemory's two-shot runs (one pass:
+``two_shot_in_place``); ``<alg>:graph`` (sizes up to ``--graph-max``), the call captured once
+as a CUDA graph and replayed; ``ring:seg=N``
 (``--segments``), the pipelined send/recv executor; and for all_reduce, when torch can run
 it here, torch's SymmetricMemory ``symm_mem:one_shot`` and ``symm_mem:two_shot``
 (``SymmetricMemory``; every reason it cannot is one printed line, and the run goes on).
@@ -216,6 +218,8 @@ class GpuBench:
                         getattr(group.transport, "peer_executor", None) is not None:
                     out.append(entry(f"{name}:symm", group, name, chosen=name,
                                      output=self._symmetric(expect)))
+                    if collective == "all_reduce" and name == "two_shot":
+                        out.append(self._in_place(name, d_in, expect))
             out.append(self._ceiling(collective, name, count, dtype, d_in, d_out))
         for name in plain if nbytes <= self.graph_max else ():
             out.append(entry(f"{name}:graph", group, name, chosen=name,
@@ -236,6 +240,25 @@ class GpuBench:
             size = max(nbytes, 4 * (heap.nbytes if heap is not None else 1 << 20))
             heap = _HEAPS[group] = group.symmetric_empty(size, "uint8")
         return heap[:nbytes].view(like.dtype)
+
+    def _in_place(self, name, d_in, expect) -> Entry:
+        """``<alg>:symm_in_place``: the all_reduce in place on a buffer in symmetric memory,
+        as SymmetricMemory's two-shot row runs (two_shot then runs as one pass,
+        ``two_shot_in_place``). Each call feeds on the last one's result, so only the first
+        call after a refill is checked."""
+        group, buf = self.group, self._symmetric(expect)
+
+        def call():
+            group.prepare("all_reduce", input=buf, output=buf, algorithm=name)()
+
+        def refill():
+            buf[...] = d_in
+
+        def wrong():
+            self.clock.settle()
+            return int((buf != expect).sum())
+        return Entry(f"{name}:symm_in_place", call, chosen=name, poison=refill, wrong=wrong,
+                     check_last=False, env={executor.ENV_GRAPH: "0"})
 
     def _ceiling(self, collective, name, count, dtype, d_in, d_out) -> Entry:
         group = self.group

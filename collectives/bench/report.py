@@ -107,8 +107,10 @@ def summarize(records: list[dict]) -> dict:
                         None)
             tied = [r["algorithm"] for r in ours if top and r is not top and
                     not _beyond(r["time_p50_us"], top["time_p50_us"], margin)]
-            # ours again with the output in symmetric memory (bench.nccl's <alg>:symm rows)
-            symmetric = max((r for r in at if r["algorithm"].endswith(":symm")),
+            # ours again with the output in symmetric memory (bench.nccl's <alg>:symm rows,
+            # and two_shot:symm_in_place)
+            symmetric = max((r for r in at if r["algorithm"].partition(":")[2]
+                             in ("symm", "symm_in_place")),
                             key=lambda r: r["busbw_gbs"], default=None)
             best.append({"size": size, "best": top["algorithm"] if top else None,
                          "tied": tied,

@@ -135,6 +135,14 @@ class _Entry:
         self.values[15].value = int(DEFAULT_TIMEOUT * 1e9)
         self.staged = program.output_staged
 
+    def in_place(self, plan, dtype, op, fences):
+        """Run as ``two_shot_in_place`` instead of the program: its "program" is the
+        element count; the same parameters, blocks and memory otherwise."""
+        import cupy
+        self.code = cupy.asarray(np.array([plan.args[0]], np.int64))
+        self.values[0].value = self.code.data.ptr
+        self.function = cuda_peer.in_place_kernel(op, dtype, fences, plan.size).kernel.ptr
+
     def place(self, memory):
         """Set the values that come from the group's memory (which moves when it grows)."""
         values = self.values
@@ -146,6 +154,13 @@ class _Entry:
         values[18].value = memory.peer_lines_array.data.ptr
         values[19].value = memory.lines_half
         self.layout = memory.layout
+
+
+def in_place(plan) -> bool:
+    """Whether ``plan``, called in place on symmetric memory, runs as ``two_shot_in_place``
+    (decided alike on every rank: the plan's collective, algorithm and world size)."""
+    return plan.collective == "all_reduce" and plan.algorithm == "two_shot" and \
+        2 <= plan.size <= cuda_peer.IN_PLACE_MAX_WORLD
 
 
 class _Elsewhere:
@@ -185,12 +200,14 @@ class PeerExecutor:
         self.fences = int(settings.PEER_FENCES())
         self.most = settings.PEER_MAX_BYTES()
         self.direct = settings.PEER_DIRECT()
+        self.in_place = settings.PEER_IN_PLACE()
         # What every rank must share: each shapes the programs or their blocks, so a rank
         # that differs would corrupt a call or wait for words no block writes. The group
         # compares them with its decision table's sources when it is made.
         self.agreed = {s.name: s() for s in (
             settings.PEER_EAGER_BYTES, settings.PEER_LINE_BYTES, settings.PEER_DIRECT,
-            settings.PEER_MAX_BYTES, settings.PEER_BLOCKS, settings.PEER_BLOCK_BYTES)}
+            settings.PEER_MAX_BYTES, settings.PEER_BLOCKS, settings.PEER_BLOCK_BYTES,
+            settings.PEER_IN_PLACE)}
         self.failed = None
         self._entries = {}
         transport.before_close(lambda: memory.close(abort_peers=transport._aborted))
@@ -266,6 +283,8 @@ class PeerExecutor:
             if self.most and entry.program.largest * dtype.itemsize > self.most and \
                     entry.program.staging:
                 entry = elsewhere   # every rank alike: both are over every rank's plan
+            elif symmetric and not seeded and self.in_place and in_place(plan):
+                entry.in_place(plan, dtype, op, self.fences)    # this rank's buffer: in place
         if len(self._entries) > 4096:
             self._entries.clear()
         self._entries[key] = (plan, entry)     # the plan kept: its id is not reused meanwhile
@@ -314,6 +333,11 @@ class PeerExecutor:
         if kind == 1:
             error = CollectiveTimeout(f"{where}: timed out on the GPU waiting for rank "
                                       f"{peer}{at}; every rank of the group stopped")
+        elif kind == 4:
+            error = TransportError(f"{where}: rank {peer} did not run this all_reduce as this "
+                                   f"rank did, in place on a buffer in the group's symmetric "
+                                   f"memory (two_shot, COLLECTIVES_PEER_IN_PLACE): every rank "
+                                   f"must call it so, or none; every rank stopped")
         elif kind == 3:
             error = TransportError(f"{where}: the group's peer memory is closed (the group "
                                    f"was destroyed or aborted)")

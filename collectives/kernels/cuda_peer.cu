@@ -169,14 +169,71 @@ __device__ bool grid_barrier(const Ctx& c, int step, int* stop) {
     return !*stop;
 }
 
+/* The call's start, on thread 0: its deadline, its number, and whether an earlier call
+   failed (loaded together: one memory latency). After a failure this call does nothing and
+   says so (the host raises at the next call or synchronize, naming the rank). */
+__device__ __forceinline__ void start_call(const u64* flags, int* error, u64 timeout_ns,
+                                           u64* deadline, u64* call, int* stop) {
+    const u64 aborted = relaxed(flags + ABORT_WORD), number = flags[CALL_WORD];
+    *deadline = now() + timeout_ns;
+    *stop = aborted != 0;
+    if (aborted && atomicCAS(error, 0, 2) == 0) {
+        error[1] = -1;
+        error[2] = (int)aborted - 1;
+        __threadfence_system();
+    }
+    *call = number;
+}
+
+/* Once a period, the line inbox half of the next call zeroed (pushed.scrubs: a line left a
+   period ago would carry this period's flag), all of it before this call's first epoch lets
+   a sender write that half again. Every kernel that takes a call number does it. */
+__device__ __forceinline__ void scrub_lines(const Ctx& c, char* lines, u64 lines_half,
+                                            u64 call, int* stop) {
+    if (call % LINE_PERIOD < LINE_PERIOD - 2 || *stop) return;
+    u64* half = (u64*)(lines + ((call + 1) & 1) * lines_half);
+    for (u64 w = (u64)blockIdx.x * blockDim.x + threadIdx.x; w < lines_half / 8;
+         w += (u64)gridDim.x * blockDim.x)
+        half[w] = 0;
+    __threadfence_system();
+    grid_barrier(c, -1, stop);
+}
+
+/* The call's end: the last block to finish moves the message tallies (``sends``, ``recvs``
+   this call's, added per peer) and the call number on; the others have read them for the
+   last time, and the next kernel on this stream starts after all of them. No block waits
+   for another. */
+__device__ __forceinline__ void end_call(u64* flags, u64 call, const u64* sent,
+                                         const u64* received, const u64* sends,
+                                         const u64* recvs, int size, int* last_out) {
+    if (threadIdx.x == 0) {
+        if (gridDim.x > 1) __threadfence();
+        *last_out = gridDim.x == 1 || atomicAdd(flags + EXIT_WORD, 1ULL) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!*last_out) return;
+    if (threadIdx.x < size) {
+        flags[SENT_WORDS + threadIdx.x] = sent[threadIdx.x] + sends[threadIdx.x];
+        flags[RECEIVED_WORDS + threadIdx.x] = received[threadIdx.x] + recvs[threadIdx.x];
+    }
+    if (threadIdx.x == 0) {
+        flags[EXIT_WORD] = 0;
+        flags[CALL_WORD] = call + 1;
+    }
+}
+
 /* Where a peer's output receives land this call: its staging memory, or its symmetric output
    as its epoch (seen before any push to it) says. */
+__device__ __forceinline__ char* symmetric_at(u64 place, const u64* peer_heaps, int peer,
+                                             int size) {
+    const u64 heap = (place >> HEAP_SHIFT) - 1;
+    return (char*)peer_heaps[heap * size + peer] + (place & ((1ULL << HEAP_SHIFT) - 1));
+}
 __device__ __forceinline__ char* output_of(const u64* flags, const u64* peer_data,
                                           const u64* peer_heaps, int peer, int size) {
     const u64 place = relaxed(flags + PLACE_WORDS + peer);
     if (place == 0) return (char*)peer_data[peer];
-    const u64 heap = (place >> HEAP_SHIFT) - 1;
-    return (char*)peer_heaps[heap * size + peer] + (place & ((1ULL << HEAP_SHIFT) - 1));
+    return symmetric_at(place, peer_heaps, peer, size);
 }
 
 /* The end of the batch that starts at instruction i: the instructions after it of the same
@@ -583,33 +640,12 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
         synced[threadIdx.x] = false;
         direct_of[threadIdx.x] = -1;
     }
-    if (threadIdx.x == 0) {     /* loaded together: one memory latency */
-        const u64 aborted = relaxed(flags + ABORT_WORD), number = flags[CALL_WORD];
-        deadline = now() + timeout_ns;
-        stop = aborted != 0;    /* an earlier call failed: do nothing, and say so (the host
-                                   raises at the next call or synchronize, naming the rank) */
-        if (aborted && atomicCAS(error, 0, 2) == 0) {
-            error[1] = -1;
-            error[2] = (int)aborted - 1;
-            __threadfence_system();
-        }
-        call_number = number;
-    }
+    if (threadIdx.x == 0) start_call(flags, error, timeout_ns, &deadline, &call_number, &stop);
     __syncthreads();
     Ctx c = {flags, peer_flags, error, rank, size, deadline};
     const u64 call = call_number;
     MARK_CALL(call, 1)
-    /* Once a period, the line inbox half of the next call zeroed (pushed.scrubs: a line
-       left a period ago would carry this period's flag), all of it before this call's
-       first epoch lets a sender write that half again. */
-    if (call % LINE_PERIOD >= LINE_PERIOD - 2 && !stop) {
-        u64* half = (u64*)((char*)peer_lines[rank] + ((call + 1) & 1) * lines_half);
-        for (u64 w = (u64)blockIdx.x * blockDim.x + threadIdx.x; w < lines_half / 8;
-             w += (u64)gridDim.x * blockDim.x)
-            half[w] = 0;
-        __threadfence_system();
-        grid_barrier(c, -1, &stop);
-    }
+    scrub_lines(c, (char*)peer_lines[rank], lines_half, call, &stop);
     /* the buffers a row names (pushed.INPUT ...); the last, this call's half of the eager
        inbox, only as a REDUCE_N operand */
     char* bases[5] = {in, out, scratch, caller_out,
@@ -914,20 +950,143 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
 #endif
     MARK_CALL(call, 2)
     if (stop) return;
-    if (threadIdx.x == 0) {
-        if (gridDim.x > 1) __threadfence();
-        last_out = gridDim.x == 1 || atomicAdd(flags + EXIT_WORD, 1ULL) == gridDim.x - 1;
+    end_call(flags, call, sent, received, sends, recvs, size, &last_out);
+    if (last_out) { MARK_EXIT(call) }
+}
+
+#ifdef WORLD
+/* two_shot all_reduce in place on symmetric memory (``cuda_peer.in_place_kernel``, one build
+   per world size WORLD): where every rank's buffer lies in memory every peer has mapped, each
+   rank reads its block of the vector where it lies on every peer, reduces it in rank order
+   and stores the result back on every peer, in one pass; the program's two steps of pushes
+   into inboxes, and its middle wait, are gone. The world size fixed at build time lets each
+   thread keep all its peers' loads in flight at once with few registers (the thirteenth
+   session's reads in place inside the interpreter were slower: BENCHMARKS.md §6).
+
+   The same words as the interpreter's, so the two alternate on one group: the call's number
+   and epochs; one message each way per peer (the tallies move on by one, the delivered
+   words of this kernel's blocks carry it). Order: a rank reads a peer's buffer after that
+   peer's epoch of this call (its input is in place: its stream reached the call) and says
+   so, with its stores, in the delivered word of its block; a rank leaves after the same
+   block of every peer has (its block of the vector read and written everywhere). Every
+   rank must run this kernel for the call: each says so (MODE) before its epoch, and a rank
+   whose peer did not (its buffer not symmetric, or the call out of place) fails the call on
+   every rank with kind 4 before it touches any peer's memory.
+
+   Parameters as run_program's (one launch path on the host); ``code_at``: the element
+   count; ``caller_out``: this rank's buffer at ``place``. */
+#define IN_PLACE_UNROLL 2
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+two_shot_in_place(const i64* code_at, int n, const i64* tallies, char* in, char* out,
+                  char* scratch, char* caller_out, const u64* peer_data_at,
+                  const u64* peer_flags_at, u64 scratch_at, u64* flags, int* error, int rank,
+                  int size, int itemsize, u64 timeout_ns, const u64* peer_inbox_at,
+                  u64 inbox_half, const u64* peer_lines_at, u64 lines_half, u64 place,
+                  const u64* peer_heaps) {
+    __shared__ int stop, last_out;
+    __shared__ u64 deadline, call_number;
+    __shared__ i64 count;
+    __shared__ u64 peer_flags[WORLD], sent[WORLD], received[WORLD], ones[WORLD];
+    __shared__ S* base[WORLD];
+    const int t = threadIdx.x;
+    if (t < WORLD) {
+        peer_flags[t] = peer_flags_at[t];
+        ones[t] = t != rank;
+    }
+    if (t == 0) count = code_at[0];
+    /* reads only what no kernel writes up to here (programmatic dependent launch) */
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    if (t < WORLD) {
+        sent[t] = flags[SENT_WORDS + t];
+        received[t] = flags[RECEIVED_WORDS + t];
+    }
+    if (t == 0) start_call(flags, error, timeout_ns, &deadline, &call_number, &stop);
+    __syncthreads();
+    Ctx c = {flags, peer_flags, error, rank, WORLD, deadline};
+    const u64 call = call_number;
+    scrub_lines(c, (char*)peer_lines_at[rank], lines_half, call, &stop);
+    const u64 epoch = (call + 1) << STEP_BITS;
+    if (blockIdx.x == 0 && t < WORLD && !stop) {
+        u64* theirs = (u64*)peer_flags[t];
+        asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(theirs + PLACE_WORDS + rank),
+                     "l"(place) : "memory");
+        asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(theirs + MODE_WORDS + rank),
+                     "l"(call + 1) : "memory");
+        release(theirs + SEEN_WORDS + rank, epoch);
+    }
+    if (t < WORLD && !stop) {
+        if (t == rank) {
+            base[t] = (S*)caller_out;
+        } else if (!wait_for(c, flags + SEEN_WORDS + t, epoch, 0, t)) {
+            stop = 1;
+        } else if (relaxed(flags + MODE_WORDS + t) != call + 1) {
+            fail(c, 4, 0, t);
+            stop = 1;
+        } else {
+            base[t] = (S*)symmetric_at(relaxed(flags + PLACE_WORDS + t), peer_heaps, t, WORLD);
+        }
     }
     __syncthreads();
-    if (last_out) {
-        if (threadIdx.x < size) {
-            flags[SENT_WORDS + threadIdx.x] = sent[threadIdx.x] + sends[threadIdx.x];
-            flags[RECEIVED_WORDS + threadIdx.x] = received[threadIdx.x] + recvs[threadIdx.x];
+    if (!stop) {
+        /* this rank's block of the vector: 16-byte units shared out alike on every rank */
+        const i64 units = (count + VEC - 1) / VEC;
+        i64 lo = units * rank / WORLD * VEC, hi = units * (rank + 1) / WORLD * VEC;
+        if (lo > count) lo = count;
+        if (hi > count) hi = count;
+        bool aligned = true;
+#pragma unroll
+        for (int q = 0; q < WORLD; q++) aligned = aligned && (((u64)(base[q] + lo)) & 15) == 0;
+        const i64 stride = (i64)gridDim.x * blockDim.x;
+        i64 done = lo;
+        if (aligned) {
+            const i64 v = (hi - lo) / VEC;
+            for (i64 i = (i64)blockIdx.x * blockDim.x + t; i < v;
+                 i += IN_PLACE_UNROLL * stride) {
+                uint4 x[IN_PLACE_UNROLL][WORLD];
+#pragma unroll
+                for (int u = 0; u < IN_PLACE_UNROLL; u++)
+#pragma unroll
+                    for (int q = 0; q < WORLD; q++)
+                        if (i + u * stride < v)
+                            x[u][q] = __ldcg((const uint4*)(base[q] + lo) + i + u * stride);
+#pragma unroll
+                for (int u = 0; u < IN_PLACE_UNROLL; u++) {
+                    if (i + u * stride >= v) break;
+#pragma unroll
+                    for (int q = 1; q < WORLD; q++) fold_vector(&x[u][0], &x[u][q]);
+#pragma unroll
+                    for (int q = 0; q < WORLD; q++)
+                        ((uint4*)(base[q] + lo))[i + u * stride] = x[u][0];
+                }
+            }
+            done = lo + v * VEC;
         }
-        if (threadIdx.x == 0) {
-            flags[EXIT_WORD] = 0;
-            flags[CALL_WORD] = call + 1;
+        for (i64 e = done + (i64)blockIdx.x * blockDim.x + t; e < hi; e += stride) {
+            S acc = base[0][e];
+#pragma unroll
+            for (int q = 1; q < WORLD; q++) acc = combine(acc, base[q][e]);
+#pragma unroll
+            for (int q = 0; q < WORLD; q++) base[q][e] = acc;
         }
-        MARK_EXIT(call)
     }
+    /* this block's part read and written on every peer: said to each; then the same block
+       of every peer said so */
+    __syncthreads();
+    if (t < WORLD && t != rank && !stop) {
+        release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS + blockIdx.x,
+                sent[t] + 1);
+        if (!wait_for(c, flags + DELIVERED_WORDS + (u64)t * MAX_BLOCKS + blockIdx.x,
+                      received[t] + 1, 1, t))
+            stop = 1;
+    }
+    __syncthreads();
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    if (stop) return;
+    end_call(flags, call, sent, received, ones, ones, WORLD, &last_out);
 }
+#endif

@@ -48,7 +48,10 @@ PLACE_WORDS = DELIVERED_WORDS + MAX_RANKS * MAX_BLOCKS
 # [peer]: the call number + 1 of the peer's latest call that takes eager messages into its
 # symmetric output directly (pushed._direct), written by the peer before its first epoch
 DIRECT_WORDS = PLACE_WORDS + MAX_RANKS
-FLAG_BYTES = (DIRECT_WORDS + MAX_RANKS) * 8
+# [peer]: the call number + 1 of the peer's latest call run by ``two_shot_in_place``, written
+# by the peer before its epoch of that call
+MODE_WORDS = DIRECT_WORDS + MAX_RANKS
+FLAG_BYTES = (MODE_WORDS + MAX_RANKS) * 8
 MAX_HEAPS = 16            # symmetric allocations per group
 HEAP_SHIFT = 48
 
@@ -106,7 +109,8 @@ def source(op, dtype, fences: int = 0, trace: bool = False) -> str:
                   ABORT_WORD=ABORT_WORD, GENERATION_WORD=GENERATION_WORD, EXIT_WORD=EXIT_WORD,
                   SENT_WORDS=SENT_WORDS, RECEIVED_WORDS=RECEIVED_WORDS, SEEN_WORDS=SEEN_WORDS,
                   DELIVERED_WORDS=DELIVERED_WORDS, MAX_BLOCKS=MAX_BLOCKS, MAX_RANKS=MAX_RANKS,
-                  PLACE_WORDS=PLACE_WORDS, DIRECT_WORDS=DIRECT_WORDS, HEAP_SHIFT=HEAP_SHIFT,
+                  PLACE_WORDS=PLACE_WORDS, DIRECT_WORDS=DIRECT_WORDS, MODE_WORDS=MODE_WORDS,
+                  HEAP_SHIFT=HEAP_SHIFT,
                   WIDTH=pushed.WIDTH, FOLD=pushed.FOLD, LINE_PEER_BITS=pushed.LINE_PEER_BITS,
                   BUFFER_BITS=pushed.BUFFER_BITS, STEP_BITS=pushed.STEP_BITS,
                   LINE_PERIOD=f"{pushed.LINE_PERIOD}ULL", OUTPUT=pushed.OUTPUT,
@@ -131,3 +135,20 @@ def program_kernel(op, dtype, fences: int = 0):
     import cupy
     module = cupy.RawModule(code=source(op, dtype, fences), options=("-std=c++14",))
     return module.get_function("run_program")
+
+
+IN_PLACE_MAX_WORLD = 8     # each thread holds a 16-byte load of every rank's block at once
+
+
+@functools.lru_cache(maxsize=None)
+def in_place_kernel(op, dtype, fences: int, world: int):
+    """The compiled ``two_shot_in_place`` for ``op`` on ``dtype`` and ``world`` ranks: the
+    two_shot all_reduce where every rank's buffer lies in symmetric memory (NVRTC, cached
+    per process)."""
+    import cupy
+    if not 2 <= world <= IN_PLACE_MAX_WORLD:
+        raise ValueError(f"two_shot_in_place is built for 2 to {IN_PLACE_MAX_WORLD} ranks, "
+                         f"not {world}")
+    code = f"#define WORLD {world}\n" + source(op, dtype, fences)
+    module = cupy.RawModule(code=code, options=("-std=c++14",))
+    return module.get_function("two_shot_in_place")

@@ -3,7 +3,9 @@
 2^32, where the old 32-bit flag became 0 and unwritten lines passed for this call's), calls
 captured in a CUDA graph and replayed with new input, calls on two
 streams without synchronization between them, and a rank that never arrives (the others stop
-at the call's timeout naming it, the group fails everywhere, no kernel keeps spinning).
+at the call's timeout naming it, the group fails everywhere, no kernel keeps spinning);
+and ``in_place_worker.py`` on 2 and 4 GPUs: two_shot all_reduce in place on symmetric memory
+(``two_shot_in_place``).
 
     python -m pytest -m gpu tests/gpu/test_peer.py      # on a machine with >= 2 GPUs
 """
@@ -21,3 +23,14 @@ def test_line_wrap_graphs_two_streams_and_a_rank_that_never_arrives():
         pytest.skip(f"needs 2 GPUs, {gpu_count()} visible")
     outcome = launch(os.path.join(HERE, "peer_worker.py"), 2, [], "peer")
     check_results(2, *outcome, min_runs=30)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_two_shot_in_place_on_symmetric_memory(world_size):
+    """``in_place_worker.py``: two_shot all_reduce in place on symmetric memory runs as one
+    pass, bitwise as the program; alternates with program calls; replays in a graph; a rank
+    that calls otherwise fails the call on every rank at once."""
+    if gpu_count() < world_size:
+        pytest.skip(f"needs {world_size} GPUs, {gpu_count()} visible")
+    outcome = launch(os.path.join(HERE, "in_place_worker.py"), world_size, [], "in_place")
+    check_results(world_size, *outcome, min_runs=100)

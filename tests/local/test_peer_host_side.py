@@ -109,6 +109,7 @@ def test_calls_above_the_size_limit_leave_peer_memory_only_where_a_plan_stages_o
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
     executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 4, 0
     executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
+    executor.in_place = True
     n = 64 << 20                                  # 256 MiB of float32 over 4 ranks
     cases = {"reduce_scatter": build_plan("reduce_scatter", "direct", 0, 4, (n // 4,) * 4),
              "all_gather": build_plan("all_gather", "direct", 0, 4, (n // 4,) * 4),
@@ -122,6 +123,51 @@ def test_calls_above_the_size_limit_leave_peer_memory_only_where_a_plan_stages_o
             entry = executor._entry(plan, dtype, None, (name, most, symmetric), False,
                                     symmetric)
             assert (type(entry) is Entry) == (name in stays), (name, most, symmetric)
+
+
+def test_two_shot_in_place_on_symmetric_memory_runs_as_one_pass_and_nothing_else_does(
+        monkeypatch):
+    """``two_shot_in_place`` replaces the program only for a two_shot all_reduce called in place
+    (not seeded) on symmetric memory, from 2 to 8 ranks, below the size limit where the plan
+    would stage (above it every rank leaves peer memory alike, whatever its buffer), and not
+    with COLLECTIVES_PEER_IN_PLACE=0."""
+    class Entry:                     # the executor's entry without a GPU: which kernel it runs
+        def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded,
+                     symmetric=False, direct=False):
+            self.program = peer_executor.pushed.lower(plan, eager // dtype.itemsize,
+                                                      lines // dtype.itemsize, seeded,
+                                                      symmetric, direct)
+            self.kernel = "run_program"
+
+        def in_place(self, plan, dtype, op, fences):
+            self.kernel = "two_shot_in_place"
+    monkeypatch.setattr(peer_executor, "_Entry", Entry)
+    executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
+    executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 4, 0
+    executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
+    executor.most, executor.in_place = 32 << 20, True
+    dtype = np.dtype(np.float32)
+
+    def kernel(plan, seeded, symmetric):
+        entry = executor._entry(plan, dtype, None, object(), seeded, symmetric)
+        return getattr(entry, "kernel", "nccl send/recv")
+
+    two_shot = build_plan("all_reduce", "two_shot", 1, 4, 1 << 20)
+    assert kernel(two_shot, False, True) == "two_shot_in_place"
+    assert kernel(two_shot, True, True) == "run_program"          # out of place
+    assert kernel(two_shot, False, False) == "run_program"        # not symmetric
+    for other in (build_plan("all_reduce", "ring", 1, 4, 1 << 20),
+                  build_plan("all_reduce", "direct", 1, 4, 1 << 20),
+                  build_plan("reduce_scatter", "direct", 1, 4, (1 << 18,) * 4)):
+        assert kernel(other, False, True) == "run_program", other.algorithm
+    assert kernel(build_plan("all_reduce", "two_shot", 0, 8, 4096), False, True) == \
+        "two_shot_in_place"
+    assert kernel(build_plan("all_reduce", "two_shot", 0, 9, 4096), False, True) == \
+        "run_program"                                             # past the kernel's build
+    assert kernel(build_plan("all_reduce", "two_shot", 0, 4, 64 << 20), False, True) == \
+        "nccl send/recv"                                          # above the limit
+    executor.in_place = False
+    assert kernel(two_shot, False, True) == "run_program"
 
 
 def test_each_call_sets_its_buffers_the_memory_only_when_it_moved_and_its_deadline(monkeypatch):

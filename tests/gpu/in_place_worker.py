@@ -1,0 +1,215 @@
+"""One rank of the checks of ``two_shot_in_place`` (``test_peer.py``), under ``mpiexec -n N``:
+two_shot all_reduce called in place on a buffer in the group's symmetric memory on every
+rank, which runs as one pass over the peers' buffers instead of the program.
+
+1. Results: every dtype and op below, counts from 1 to past a block per SM, the buffer at
+   the heap's start and one element in (16-byte loads, then element by element), each
+   bitwise equal to the same call on an ordinary array (the program, the same rank order)
+   and, for integers, to numpy. Each call is checked to have run in place: the peers' MODE
+   words name this rank's latest call.
+2. Alternation: in-place calls between program calls of the same group (two_shot out of
+   place, ring in place on the same symmetric buffer, direct into an ordinary array), as
+   message tallies and call numbers must survive; every result checked.
+3. A CUDA graph: the in-place call captured once, replayed with new contents each time.
+4. A rank that calls otherwise (rank 0 in place on symmetric memory, the others on ordinary
+   arrays): every rank's call fails at once, rank 0's naming the rank that called
+   otherwise, the others' naming rank 0; no rank's buffer changed; no kernel left spinning.
+   The group is failed after it, so it comes last.
+
+Prints ``RESULT {...}`` per rank (``gpu_jobs.check_results``).
+"""
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+from collectives.bench.nccl import nccl_group  # noqa: E402
+from collectives.errors import CollectiveTimeout, TransportError  # noqa: E402
+from collectives.kernels import cuda_peer  # noqa: E402
+
+COUNTS = (1, 3, 7, 1000, 4099, (1 << 20) + 5, 3 << 20)
+CASES = (("float32", "sum"), ("float32", "max"), ("float16", "sum"), ("int32", "sum"),
+         ("int32", "product"), ("int64", "min"))
+
+
+def contents(seed, rank, count, dtype):
+    """Rank ``rank``'s data of case ``seed``: small integers (exact in every dtype here),
+    random fractions for floating point sums (where the order of the sum shows)."""
+    rng = np.random.default_rng(1000 * seed + rank)
+    if np.dtype(dtype).kind == "f":
+        return rng.standard_normal(count).astype(dtype)
+    return rng.integers(-3, 4, count).astype(dtype)
+
+
+def reference(parts, op):
+    """numpy's result for integers, in rank order."""
+    acc = parts[0].copy()
+    for x in parts[1:]:
+        acc = {"sum": np.add, "max": np.maximum, "min": np.minimum,
+               "product": np.multiply}[op](acc, x)
+    return acc
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pid-dir", default="")
+    ap.add_argument("--deadline", type=float, default=200.0)
+    args = ap.parse_args()
+    faulthandler.dump_traceback_later(args.deadline, exit=True)
+    group, cupy = nccl_group(timeout=60.0)
+    rank, p = group.rank, group.size
+    if args.pid_dir:
+        with open(os.path.join(args.pid_dir, f"pid.{rank}"), "w") as f:
+            f.write(str(os.getpid()))
+    failures, runs = [], 0
+    executor = getattr(group.transport, "peer_executor", None)
+    if executor is None:
+        failures.append(f"the group does not run on peer memory: "
+                        f"{getattr(group.transport, 'peer_path', '?')}")
+        print("RESULT " + json.dumps({"rank": rank, "size": p, "runs": 0,
+                                      "failures": failures, "failed": 1}), flush=True)
+        return
+    memory = executor.memory
+
+    def words(start, n):
+        out = np.zeros(n, np.uint64)
+        cupy.cuda.runtime.memcpy(out.ctypes.data, memory.flags_ptr + 8 * start, 8 * n, 2)
+        return out
+
+    def ran_in_place():
+        """Whether this rank's latest call ran in place: every peer wrote its MODE word
+        with that call's number + 1, which is this rank's next call number."""
+        cupy.cuda.Device().synchronize()
+        call = int(words(cuda_peer.CALL_WORD, 1)[0])
+        mode = words(cuda_peer.MODE_WORDS, p)
+        return all(int(mode[q]) == call for q in range(p) if q != rank)
+
+    def check(label, got, want):
+        nonlocal runs
+        runs += 1
+        got = cupy.asnumpy(got)
+        if got.tobytes() != np.ascontiguousarray(want).tobytes():
+            bad = int((got != want).sum())
+            failures.append(f"{label}: {bad} of {want.size} elements differ")
+
+    heap = group.symmetric_empty(8 * ((3 << 20) + 8), "uint8")
+
+    def in_heap(dtype, count, offset):
+        return heap[:(count + offset) * np.dtype(dtype).itemsize].view(dtype)[offset:]
+
+    # 1. results, bitwise against the program on an ordinary array
+    for seed, (dtype, op) in enumerate(CASES):
+        for count in COUNTS:
+            for offset in (0, 1):
+                if count > (1 << 20) and offset:
+                    continue
+                parts = [contents(seed, r, count, dtype) for r in range(p)]
+                label = f"{dtype} {op} {count} elements at +{offset}"
+                plain = cupy.asarray(parts[rank])
+                group.prepare("all_reduce", input=plain, output=plain, op=op,
+                              algorithm="two_shot")()
+                if ran_in_place():
+                    failures.append(f"{label}: the ordinary array ran in place")
+                buf = in_heap(dtype, count, offset)
+                buf.set(parts[rank])
+                group.prepare("all_reduce", input=buf, output=buf, op=op,
+                              algorithm="two_shot")()
+                if not ran_in_place():
+                    failures.append(f"{label}: the symmetric buffer did not run in place")
+                check(f"{label}: in place against the program", buf, cupy.asnumpy(plain))
+                if np.dtype(dtype).kind == "i":
+                    check(f"{label}: against numpy", buf, reference(parts, op))
+
+    # 2. in-place calls between program calls
+    count = (1 << 18) + 3
+    for round_ in range(3):
+        parts = [contents(50 + round_, r, count, "float32") for r in range(p)]
+        want = reference(parts, "sum")
+        buf = in_heap("float32", count, 0)
+        buf.set(parts[rank])
+        group.prepare("all_reduce", input=buf, output=buf, algorithm="two_shot")()
+        first = cupy.asnumpy(buf)
+        out = cupy.zeros(count, cupy.float32)
+        group.prepare("all_reduce", input=cupy.asarray(parts[rank]), output=out,
+                      algorithm="two_shot")()
+        check(f"round {round_}: two_shot out of place after in place", out, first)
+        buf.set(parts[rank])
+        group.prepare("all_reduce", input=buf, output=buf, algorithm="ring")()
+        if ran_in_place():
+            failures.append(f"round {round_}: ring ran in place")
+        ints = [contents(60 + round_, r, 4099, "int32") for r in range(p)]
+        d = cupy.asarray(ints[rank])
+        group.prepare("all_reduce", input=d, output=d, algorithm="direct")()
+        check(f"round {round_}: direct after", d, reference(ints, "sum"))
+        buf.set(parts[rank])
+        group.prepare("all_reduce", input=buf, output=buf, algorithm="two_shot")()
+        check(f"round {round_}: in place again", buf, first)
+        runs += int(np.allclose(first, want, rtol=1e-4, atol=1e-4))
+
+    # 3. captured in a CUDA graph, replayed with new contents
+    stream = cupy.cuda.Stream(non_blocking=True)
+    count = 70001
+    buf = in_heap("int32", count, 0)
+    with stream:
+        def call():
+            group.prepare("all_reduce", input=buf, output=buf, algorithm="two_shot")()
+        for _ in range(2):
+            call()
+        stream.synchronize()
+        stream.begin_capture()
+        call()
+        graph = stream.end_capture()
+        for replay in range(4):
+            parts = [contents(70 + replay, r, count, "int32") for r in range(p)]
+            buf.set(parts[rank], stream=stream)
+            graph.launch(stream)
+            stream.synchronize()
+            check(f"graph replay {replay}", buf, reference(parts, "sum"))
+
+    # 4. rank 0 in place on symmetric memory, the others on ordinary arrays
+    group.transport.synchronize(30.0)
+    group.bench_host.barrier()
+    count = 1 << 16
+    mine = contents(90, rank, count, "float32")
+    buf = in_heap("float32", count, 0) if rank == 0 else cupy.asarray(mine)
+    buf.set(mine)
+    try:
+        group.prepare("all_reduce", input=buf, output=buf, algorithm="two_shot")()
+        group.transport.synchronize(30.0)
+        group.prepare("all_reduce", input=buf, output=buf, algorithm="two_shot")()
+        failures.append("a rank called otherwise, yet the group went on")
+    except (TransportError, CollectiveTimeout) as exc:
+        runs += 1
+        text = str(exc)
+        if isinstance(exc, CollectiveTimeout):
+            failures.append(f"the mismatch waited for the timeout: {text}")
+        elif rank == 0 and "did not run this all_reduce as this rank did" not in text:
+            failures.append(f"rank 0's error does not say a peer called otherwise: {text}")
+        elif rank != 0 and "rank 0" not in text:
+            failures.append(f"rank {rank}'s error does not name rank 0: {text}")
+    try:
+        cupy.cuda.Device().synchronize()    # no kernel left spinning
+        runs += 1
+    except Exception as exc:      # noqa: BLE001
+        failures.append(f"the device did not drain: {type(exc).__name__}: {exc}")
+    check("the buffer of a failed call", buf, mine)
+    print("RESULT " + json.dumps({"rank": rank, "size": p, "runs": runs,
+                                  "failures": [f[:200] for f in failures[:8]],
+                                  "failed": len(failures)}), flush=True)
+    # The group failed on purpose (4.), so it is not closed (as peer_worker.py leaves).
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.COMM_WORLD.Barrier()
+        mpi.Finalize()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
