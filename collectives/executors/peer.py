@@ -156,11 +156,13 @@ class _Entry:
         self.layout = memory.layout
 
 
-def in_place(plan) -> bool:
-    """Whether ``plan``, called in place on symmetric memory, runs as ``two_shot_in_place``
-    (decided alike on every rank: the plan's collective, algorithm and world size)."""
+def in_place(plan, dtype, most: int) -> bool:
+    """Whether ``plan``, called in place on symmetric memory, runs as ``two_shot_in_place``:
+    a two_shot all_reduce of at most ``most`` bytes (COLLECTIVES_PEER_IN_PLACE_BYTES) on 2 to
+    8 ranks, decided alike on every rank (what it looks at is alike on every rank)."""
     return plan.collective == "all_reduce" and plan.algorithm == "two_shot" and \
-        2 <= plan.size <= cuda_peer.IN_PLACE_MAX_WORLD
+        2 <= plan.size <= cuda_peer.IN_PLACE_MAX_WORLD and \
+        plan.args[0] * dtype.itemsize <= most
 
 
 class _Elsewhere:
@@ -200,14 +202,14 @@ class PeerExecutor:
         self.fences = int(settings.PEER_FENCES())
         self.most = settings.PEER_MAX_BYTES()
         self.direct = settings.PEER_DIRECT()
-        self.in_place = settings.PEER_IN_PLACE()
+        self.in_place = settings.PEER_IN_PLACE_BYTES()
         # What every rank must share: each shapes the programs or their blocks, so a rank
         # that differs would corrupt a call or wait for words no block writes. The group
         # compares them with its decision table's sources when it is made.
         self.agreed = {s.name: s() for s in (
             settings.PEER_EAGER_BYTES, settings.PEER_LINE_BYTES, settings.PEER_DIRECT,
             settings.PEER_MAX_BYTES, settings.PEER_BLOCKS, settings.PEER_BLOCK_BYTES,
-            settings.PEER_IN_PLACE)}
+            settings.PEER_IN_PLACE_BYTES)}
         self.failed = None
         self._entries = {}
         transport.before_close(lambda: memory.close(abort_peers=transport._aborted))
@@ -283,7 +285,7 @@ class PeerExecutor:
             if self.most and entry.program.largest * dtype.itemsize > self.most and \
                     entry.program.staging:
                 entry = elsewhere   # every rank alike: both are over every rank's plan
-            elif symmetric and not seeded and self.in_place and in_place(plan):
+            elif symmetric and not seeded and in_place(plan, dtype, self.in_place):
                 entry.in_place(plan, dtype, op, self.fences)    # this rank's buffer: in place
         if len(self._entries) > 4096:
             self._entries.clear()
@@ -336,8 +338,8 @@ class PeerExecutor:
         elif kind == 4:
             error = TransportError(f"{where}: rank {peer} did not run this all_reduce as this "
                                    f"rank did, in place on a buffer in the group's symmetric "
-                                   f"memory (two_shot, COLLECTIVES_PEER_IN_PLACE): every rank "
-                                   f"must call it so, or none; every rank stopped")
+                                   f"memory (two_shot, COLLECTIVES_PEER_IN_PLACE_BYTES): every "
+                                   f"rank must call it so, or none; every rank stopped")
         elif kind == 3:
             error = TransportError(f"{where}: the group's peer memory is closed (the group "
                                    f"was destroyed or aborted)")

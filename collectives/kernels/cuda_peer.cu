@@ -91,6 +91,17 @@ __device__ __forceinline__ u64 relaxed(const u64* p) {
     return v;
 }
 
+/* This call stops because rank ``aborted`` - 1 gave up: recorded (kind 2) unless an error is
+   already, so that the host raises at this call's synchronize, not one call later (a wait
+   that saw the abort and stopped without a word left the call's output unfinished and
+   nothing to say so). */
+__device__ void stopped_by(const Ctx& c, u64 aborted, int step) {
+    if (atomicCAS(c.error, 0, 2) == 0) {
+        c.error[1] = step; c.error[2] = (int)aborted - 1;
+        __threadfence_system();
+    }
+}
+
 /* Spin until *p >= target. False when this call must stop (timeout here, or abort).
    ``ordered``: what the writer released before the flag is read after it (an acquire); a
    wait that only gates this rank's writes (an inbox half free again) polls relaxed, which
@@ -100,14 +111,8 @@ __device__ bool wait_for(const Ctx& c, const u64* p, u64 target, int step, int p
     unsigned polls = 0;
     while ((ordered ? acquire(p) : relaxed(p)) < target) {
         if ((++polls & 255) == 0) {
-            u64 aborted = acquire(c.flags + ABORT_WORD);
-            if (aborted) {
-                if (atomicCAS(c.error, 0, 2) == 0) {
-                    c.error[1] = step; c.error[2] = (int)aborted - 1;
-                    __threadfence_system();
-                }
-                return false;
-            }
+            const u64 aborted = acquire(c.flags + ABORT_WORD);
+            if (aborted) { stopped_by(c, aborted, step); return false; }
             if (now() > c.deadline) { fail(c, 1, step, peer); return false; }
         }
     }
@@ -127,7 +132,8 @@ __device__ __forceinline__ bool line_ready(const Ctx& c, const u64* p, u64* v, u
     unsigned polls = 0;
     while ((unsigned)(*v >> 32) != flag) {
         if ((++polls & 255) == 0) {
-            if (relaxed(c.flags + ABORT_WORD)) return false;
+            const u64 aborted = relaxed(c.flags + ABORT_WORD);
+            if (aborted) { stopped_by(c, aborted, step); return false; }
             if (now() > c.deadline) { fail(c, 1, step, peer); return false; }
         }
         *v = relaxed(p);
@@ -159,7 +165,8 @@ __device__ bool grid_barrier(const Ctx& c, int step, int* stop) {
             unsigned polls = 0;
             while (acquire_gpu(generation) == seen) {
                 if ((++polls & 255) == 0) {
-                    if (acquire(c.flags + ABORT_WORD)) { *stop = 1; break; }
+                    const u64 aborted = acquire(c.flags + ABORT_WORD);
+                    if (aborted) { stopped_by(c, aborted, step); *stop = 1; break; }
                     if (now() > c.deadline) { fail(c, 1, step, c.rank); *stop = 1; break; }
                 }
             }

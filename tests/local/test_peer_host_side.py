@@ -109,7 +109,7 @@ def test_calls_above_the_size_limit_leave_peer_memory_only_where_a_plan_stages_o
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
     executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 4, 0
     executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
-    executor.in_place = True
+    executor.in_place = 8 << 20
     n = 64 << 20                                  # 256 MiB of float32 over 4 ranks
     cases = {"reduce_scatter": build_plan("reduce_scatter", "direct", 0, 4, (n // 4,) * 4),
              "all_gather": build_plan("all_gather", "direct", 0, 4, (n // 4,) * 4),
@@ -128,9 +128,9 @@ def test_calls_above_the_size_limit_leave_peer_memory_only_where_a_plan_stages_o
 def test_two_shot_in_place_on_symmetric_memory_runs_as_one_pass_and_nothing_else_does(
         monkeypatch):
     """``two_shot_in_place`` replaces the program only for a two_shot all_reduce called in place
-    (not seeded) on symmetric memory, from 2 to 8 ranks, below the size limit where the plan
-    would stage (above it every rank leaves peer memory alike, whatever its buffer), and not
-    with COLLECTIVES_PEER_IN_PLACE=0."""
+    (not seeded) on symmetric memory, from 2 to 8 ranks, up to COLLECTIVES_PEER_IN_PLACE_BYTES
+    (0: never); above the size limit where the plan would stage every rank leaves peer memory
+    alike, whatever its buffer."""
     class Entry:                     # the executor's entry without a GPU: which kernel it runs
         def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded,
                      symmetric=False, direct=False):
@@ -145,7 +145,7 @@ def test_two_shot_in_place_on_symmetric_memory_runs_as_one_pass_and_nothing_else
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
     executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 4, 0
     executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
-    executor.most, executor.in_place = 32 << 20, True
+    executor.most, executor.in_place = 32 << 20, 8 << 20
     dtype = np.dtype(np.float32)
 
     def kernel(plan, seeded, symmetric):
@@ -164,9 +164,13 @@ def test_two_shot_in_place_on_symmetric_memory_runs_as_one_pass_and_nothing_else
         "two_shot_in_place"
     assert kernel(build_plan("all_reduce", "two_shot", 0, 9, 4096), False, True) == \
         "run_program"                                             # past the kernel's build
+    assert kernel(build_plan("all_reduce", "two_shot", 0, 4, 2 << 20), False, True) == \
+        "two_shot_in_place"                                       # 8 MiB of float32
+    assert kernel(build_plan("all_reduce", "two_shot", 0, 4, (2 << 20) + 1), False, True) == \
+        "run_program"                                             # past it
     assert kernel(build_plan("all_reduce", "two_shot", 0, 4, 64 << 20), False, True) == \
-        "nccl send/recv"                                          # above the limit
-    executor.in_place = False
+        "nccl send/recv"                                          # above the staging limit
+    executor.in_place = 0
     assert kernel(two_shot, False, True) == "run_program"
 
 
