@@ -206,6 +206,13 @@ def staged(plan: Plan, eager: int = 0) -> bool:
 
 
 STEP_BITS = 24    # an epoch is (call + 1) << STEP_BITS | step
+# the epoch of a call run as two_shot_in_place: below every epoch of that call's programs (a
+# rendezvous send of a peer that runs the program is never let into this rank's buffer),
+# above every epoch of the call before (no plan has this many steps)
+def in_place_epoch(call: int) -> int:
+    return ((call + 1) << STEP_BITS) - 1
+
+
 LINE_PERIOD = 1 << 31     # flagged lines carry the call number modulo this, plus one
 
 
@@ -231,11 +238,12 @@ def scrubs(call: int, period: int = LINE_PERIOD):
 def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
     rank, size = plan.rank, plan.size
     longest = max(len(other.steps) for other in plans)
-    if longest >= 1 << STEP_BITS:
-        # the step would spill into the call number and order one call's steps wrongly
+    if longest >= (1 << STEP_BITS) - 1:
+        # the step would spill into the call number and order one call's steps wrongly (the
+        # last value is in_place_epoch's)
         raise ValueError(f"{plan.collective} ({plan.algorithm}) on rank {rank}: a plan of "
                          f"{longest} steps does not fit the peer-memory epoch "
-                         f"(at most {(1 << STEP_BITS) - 1} steps)")
+                         f"(at most {(1 << STEP_BITS) - 2} steps)")
     for other in plans:
         for step in other.steps:
             for r in step.recvs:

@@ -973,8 +973,9 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
    The same words as the interpreter's, so the two alternate on one group: the call's number
    and epochs; one message each way per peer (the tallies move on by one, the delivered
    words of this kernel's blocks carry it). Order: a rank reads a peer's buffer after that
-   peer's epoch of this call (its input is in place: its stream reached the call) and says
-   so, with its stores, in the delivered word of its block; a rank leaves after the same
+   peer's epoch of this call (its input is in place: its stream reached the call; the epoch
+   pushed.in_place_epoch, which no program's send takes for its receiver's) and says so,
+   with its stores, in the delivered word of its block; a rank leaves after the same
    block of every peer has (its block of the vector read and written everywhere). Every
    rank must run this kernel for the call: each says so (MODE) before its epoch, and a rank
    whose peer did not (its buffer not symmetric, or the call out of place) fails the call on
@@ -1015,7 +1016,10 @@ two_shot_in_place(const i64* code_at, int n, const i64* tallies, char* in, char*
     Ctx c = {flags, peer_flags, error, rank, WORLD, deadline};
     const u64 call = call_number;
     scrub_lines(c, (char*)peer_lines_at[rank], lines_half, call, &stop);
-    const u64 epoch = (call + 1) << STEP_BITS;
+    /* pushed.in_place_epoch: a peer running the program for this call passes this wait (and
+       fails the MODE check) while its rendezvous sends, which wait for this rank's epoch of
+       their receive's step, stay out of this rank's buffer */
+    const u64 epoch = ((call + 1) << STEP_BITS) - 1;
     if (blockIdx.x == 0 && t < WORLD && !stop) {
         u64* theirs = (u64*)peer_flags[t];
         asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(theirs + PLACE_WORDS + rank),

@@ -12,6 +12,7 @@ named, as the GPU kernel's timeout does.
 from __future__ import annotations
 
 import random
+from typing import NamedTuple
 
 import numpy as np
 
@@ -26,6 +27,21 @@ class Stuck(RuntimeError):
     def __init__(self, rank, step, peer, what):
         super().__init__(f"rank {rank} step {step + 1}: still waiting for rank {peer} ({what})")
         self.rank, self.step, self.peer = rank, step, peer
+
+
+class InPlace(NamedTuple):
+    """A call's input where the call is made in place: the contents its caller put in the
+    output buffer before the call (copied in at the call's start, as the caller's stream
+    does before the kernel)."""
+    contents: np.ndarray
+
+
+class CalledOtherwise(RuntimeError):
+    """A rank running a call in place (``two_shot_in_place``) found a peer that did not."""
+
+    def __init__(self, rank, peer):
+        super().__init__(f"rank {rank}: rank {peer} did not run this all_reduce in place")
+        self.rank, self.peer = rank, peer
 
 
 class Group:
@@ -57,16 +73,26 @@ class Group:
         # every worker of such a rank says so before its first send (the kernel's EPOCH);
         # False: only the first, as the kernel did before (a test shows what that breaks)
         self.every_worker_says = True
+        # per rank: the call number + 1 of its latest call run in place (the kernel's MODE
+        # word, written before its epoch); and the in-place protocol's two waits, which a
+        # test turns off one at a time to show what each protects
+        self.mode = [0] * size
+        self.finished = [[] for _ in range(size)]     # per rank: in-place results, in order
+        self.in_place_waits = {"epochs": True, "delivered": True}
 
     def run(self, calls, reduce=np.add, *, piece=3, deadline=100000, absent=(), eager=0,
-            lines=0, seeded=False, symmetric=(), direct=False):
+            lines=0, seeded=False, symmetric=(), direct=False, in_place=()):
         """Several calls, each a list ``[(plan, input, output)]`` of one entry per rank
         (arrays float64 or None). A rank starts its next call when it has finished the
         previous one, whatever the others do (as kernels on one stream). Ranks in ``absent``
         never start (a dead rank). ``seeded``: all_reduce and broadcast calls that pass an
         input run the program that reads it instead of copying it into output first. Ranks in
         ``symmetric`` pass outputs their peers write directly (symmetric memory); ``direct``:
-        eager messages too where the receiver takes them so (``pushed.lower(direct=)``)."""
+        eager messages too where the receiver takes them so (``pushed.lower(direct=)``).
+        A call made in place may pass ``InPlace(contents)`` as its input: the contents are
+        copied into its output at the call's start (as the caller's stream does before the
+        kernel); ranks in ``in_place`` run such two_shot all_reduces as
+        ``two_shot_in_place`` does (their outputs symmetric), the others the program."""
         barriers = [[0] * self.workers for _ in range(self.size)]
         running = []
         for rank in range(self.size):
@@ -76,7 +102,7 @@ class Group:
             for w in range(self.workers):
                 running.append(self._worker(rank, w, mine, reduce, piece, barriers, deadline,
                                             eager, lines, seeded, rank in symmetric,
-                                            direct))
+                                            direct, rank in in_place))
         while running:
             worker = self.random.choice(running)
             try:
@@ -95,20 +121,94 @@ class Group:
             yield
 
     def _worker(self, rank, w, calls, reduce, piece, barriers, deadline, eager, lines,
-                seeded, symmetric, direct):
+                seeded, symmetric, direct, in_place):
         for plan, input, output in calls:
-            program = pushed.lower(plan, eager, lines, seeded and input is not None and
-                                   plan.collective in ("all_reduce", "broadcast"), symmetric,
-                                   direct)
-            yield from self._call(rank, w, program, input, output, reduce, piece, barriers,
-                                  deadline)
+            if isinstance(input, InPlace):        # what the caller's stream put there first
+                if w == 0:
+                    output[:] = input.contents
+                yield from self._barrier(rank, w, barriers, -1, deadline)
+                input = None
+            if in_place and input is None and plan.collective == "all_reduce" and \
+                    plan.algorithm == "two_shot":
+                yield from self._in_place(rank, w, plan.args[0], output, reduce, piece,
+                                          deadline)
+                sends = recvs = [int(q != rank) for q in range(self.size)]
+                finished = output
+            else:
+                program = pushed.lower(plan, eager, lines, seeded and input is not None and
+                                       plan.collective in ("all_reduce", "broadcast"),
+                                       symmetric, direct)
+                yield from self._call(rank, w, program, input, output, reduce, piece,
+                                      barriers, deadline)
+                sends, recvs = program.sends, program.recvs
+                finished = None
             # the kernel's end: bookkeeping once every worker is done, before the next call
             yield from self._barrier(rank, w, barriers, -1, deadline)
             if w == 0:
-                self.sent[rank] += program.sends
-                self.received[rank] += program.recvs
+                self.sent[rank] += sends
+                self.received[rank] += recvs
                 self.calls[rank] += 1
+                if finished is not None:      # what the caller reads once the call is done
+                    self.finished[rank].append(finished.copy())
             yield from self._barrier(rank, w, barriers, -1, deadline)
+
+    def _in_place(self, rank, w, count, buffer, reduce, piece, deadline):
+        """``two_shot_in_place`` (kernels/cuda_peer.cu) on worker ``w`` of ``rank``: its
+        MODE word and epoch; then, once every peer's epoch of this call is there and says the
+        peer runs in place too, this worker's share of the rank's block read on every rank,
+        reduced in rank order and written back on every rank, piece by piece; then its
+        delivered word to every peer, and a wait for the same worker of every peer."""
+        call, size = self.calls[rank], self.size
+        epoch = pushed.in_place_epoch(call)
+
+        def wait(ready, peer, what):
+            waited = 0
+            while not ready():
+                waited += 1
+                if waited > deadline:
+                    raise Stuck(rank, 0, peer, what)
+                yield
+
+        if w == 0:
+            self.landing[rank] = buffer
+            self.mode[rank] = call + 1
+            self.epoch[rank] = epoch
+        buffers = [None] * size
+        for q in range(size):
+            if q == rank:
+                buffers[q] = buffer
+                continue
+            if self.in_place_waits["epochs"]:
+                yield from wait(lambda: self.epoch[q] >= epoch, q, "its epoch")
+                if self.mode[q] != call + 1:
+                    raise CalledOtherwise(rank, q)
+            buffers[q] = self.landing[q]
+        # this rank's block in 16-byte units (alike on every rank), this worker's share
+        units = -(-count // self.align)
+        lo = min(count, units * rank // size * self.align)
+        hi = min(count, units * (rank + 1) // size * self.align)
+        a0, b0 = pushed.share(hi - lo, w, self.workers, self.align)
+        for a in range(lo + a0, lo + b0, piece):
+            b = min(lo + b0, a + piece)
+            values = []
+            for q in range(size):               # every load of the piece, then the stores
+                values.append(buffers[q][a:b].copy())
+                yield
+            acc = values[0]
+            for value in values[1:]:
+                acc = reduce(acc, value)
+            for q in range(size):
+                buffers[q][a:b] = acc
+                yield
+        for q in range(size):
+            if q != rank:
+                self.delivered[q, rank, w] = self.sent[rank, q] + 1
+        if self.in_place_waits["delivered"]:
+            for q in range(size):
+                if q != rank:
+                    target = self.received[rank, q] + 1
+                    yield from wait(lambda: self.delivered[rank, q, w] >= target, q,
+                                    "its block")
 
     def _call(self, rank, w, program, input, output, reduce, piece, barriers, deadline):
         workers = self.workers

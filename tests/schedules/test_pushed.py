@@ -10,7 +10,7 @@ from collectives.algorithms.schedule import (Matrix, Plan, Recv, Reduce, Region,
                                              buffer_sizes, build_plan, plan_args)
 from collectives.algorithms.transforms import read_input_first
 
-from peer_model import Group, Stuck
+from peer_model import CalledOtherwise, Group, InPlace, Stuck
 
 CASES = [(c, a) for c, algos in capabilities().items() for a in algos]
 
@@ -477,10 +477,17 @@ def test_share_covers_every_element_once():
 
 
 def test_a_plan_too_long_for_the_epoch_is_refused(monkeypatch):
-    monkeypatch.setattr(pushed, "STEP_BITS", 2)        # 4 steps at most, instead of 2**24
+    monkeypatch.setattr(pushed, "STEP_BITS", 2)        # 2 steps at most, instead of 2**24 - 2
     plan = build_plan("all_reduce", "ring", 0, 4, 64)  # 6 steps
     with pytest.raises(ValueError, match="does not fit the peer-memory epoch"):
         pushed.lower(plan)
+    # 3 steps: the last step value is the in-place kernel's epoch (below every epoch of the
+    # call's programs), so no program may use it
+    plan = build_plan("all_reduce", "recursive_doubling", 0, 8, 64)
+    assert len(plan.steps) == 3
+    with pytest.raises(ValueError, match="does not fit the peer-memory epoch"):
+        pushed.lower(plan)
+    assert pushed.in_place_epoch(5) == (6 << 2) - 1
 
 
 def test_a_chain_of_reductions_runs_as_one_pass():
@@ -664,3 +671,102 @@ def test_a_send_after_a_message_from_its_receiver_takes_its_word_without_waiting
     first: the sender then writes into the inbox of a rank that takes it from its output.)"""
     assert _direct_two_shot_runs(True) == 20
     assert _direct_two_shot_runs(False) < 20
+
+
+# -- two_shot_in_place (kernels/cuda_peer.cu): the call in place on symmetric memory --------
+
+
+def _in_place_calls(p, counts, seed):
+    """Calls alternating the in-place kernel with programs of the same group: two_shot in
+    place (each on a symmetric buffer of its own, poisoned), two_shot out of place into an
+    ordinary output, ring in place. (calls, [(kind, want, outputs)])."""
+    rng = np.random.default_rng(seed)
+    calls, checks = [], []
+    for i, n in enumerate(counts):
+        data = [rng.integers(-50, 50, n).astype(np.float64) for _ in range(p)]
+        want = np.sum(data, axis=0)
+        plans = [build_plan("all_reduce", "two_shot", r, p, n) for r in range(p)]
+        if i % 3 == 0:
+            buffers = [np.full(n, np.nan) for _ in range(p)]
+            calls.append([(plans[r], InPlace(data[r]), buffers[r]) for r in range(p)])
+            checks.append(("in place", want, None))
+        elif i % 3 == 1:
+            outs = [np.full(n, -7.0) for _ in range(p)]
+            calls.append([(plans[r], data[r], outs[r]) for r in range(p)])
+            checks.append(("two_shot out of place", want, outs))
+        else:
+            outs = [d.copy() for d in data]
+            calls.append([(build_plan("all_reduce", "ring", r, p, n), None, outs[r])
+                          for r in range(p)])
+            checks.append(("ring in place", want, outs))
+    return calls, checks
+
+
+def _run_in_place(p, counts, seed, workers=3, waits=None):
+    group = Group(p, workers=workers, seed=seed, align=4)
+    if waits:
+        group.in_place_waits.update(waits)
+    calls, checks = _in_place_calls(p, counts, seed)
+    group.run(calls, symmetric=set(range(p)), in_place=set(range(p)), seeded=True,
+              eager=4, lines=2, direct=True)
+    wrong = []
+    for r in range(p):
+        finished = iter(group.finished[r])
+        for i, (kind, want, outs) in enumerate(checks):
+            got = next(finished) if outs is None else outs[r]
+            if not np.array_equal(got, want):
+                wrong.append(f"call {i} ({kind}) rank {r}")
+    return wrong
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+def test_two_shot_in_place_alternates_with_programs(p):
+    """Every rank's buffer holds the sum after each in-place call, under random interleavings
+    of workers and ranks, with program calls (eager and lines, out of place and in place)
+    between them that reuse the same words: tallies, call numbers and epochs agree."""
+    for seed in range(6):
+        assert _run_in_place(p, (1, 37, 5, 1000, 3, 64, p - 1 or 1), seed) == [], seed
+
+
+@pytest.mark.parametrize("wait", ["epochs", "delivered"])
+def test_two_shot_in_place_needs_both_of_its_waits(wait):
+    """Without the wait for each peer's epoch a rank reads a peer's buffer before the peer's
+    contents are there; without the wait for every peer's delivered word a rank's call ends
+    (its caller reads the buffer) while peers are still writing their blocks into it. Each
+    gives wrong results in some interleaving (or reads the buffer of the call before)."""
+    wrong = []
+    for seed in range(12):
+        try:
+            wrong += _run_in_place(3, (200, 1, 1, 200), seed, waits={wait: False})
+        except ValueError as exc:       # read a peer's buffer of the call before (its size)
+            wrong.append(f"seed {seed}: {exc}")
+    assert wrong
+
+
+@pytest.mark.parametrize("theirs", ["two_shot in place", "all_gather"])
+def test_a_rank_that_runs_the_program_is_named_before_the_buffer_changes(theirs):
+    """Rank 0 runs the call in place; ranks 1 and 2 run a program: the same all_reduce on
+    buffers that are not symmetric, or (calls that do not match) an all_gather whose
+    rendezvous sends land in rank 0's output in their first step. Rank 0 stops at the first
+    peer's epoch, naming it, before it reads or writes anything, and the peers' sends wait
+    for an epoch of rank 0 that the in-place kernel never gives (``pushed.in_place_epoch``;
+    with ``(call + 1) << STEP_BITS`` the all_gather wrote into rank 0's buffer in 7 of these
+    40 interleavings), so rank 0's buffer keeps its contents."""
+    n = 63
+    data = [np.arange(n, dtype=np.float64) + 100 * r for r in range(3)]
+    for seed in range(40):
+        group = Group(3, workers=2, seed=seed)
+        buffers = [np.full(n, np.nan) for _ in range(3)]
+        calls = [[(build_plan("all_reduce", "two_shot", 0, 3, n), InPlace(data[0]),
+                   buffers[0])]]
+        for r in (1, 2):
+            if theirs == "all_gather":
+                calls[0].append((build_plan("all_gather", "direct", r, 3, (n // 3,) * 3),
+                                 data[r][:n // 3], buffers[r]))
+            else:
+                calls[0].append((build_plan("all_reduce", "two_shot", r, 3, n),
+                                 InPlace(data[r]), buffers[r]))
+        with pytest.raises(CalledOtherwise) as raised:
+            group.run(calls, symmetric={0}, in_place={0}, eager=0)   # rendezvous pushes
+        assert raised.value.rank == 0 and raised.value.peer in (1, 2)
+        np.testing.assert_array_equal(buffers[0], data[0])
