@@ -19,7 +19,12 @@ global timer against the call's deadline. The first wait that times out records 
 peer) in the group's error words (host memory mapped into the device, so the host reads them
 without synchronizing) and raises the abort word of every rank, so the others stop at once
 and report which rank gave up; a kernel that starts after an abort records it too and does
-nothing. No kernel is left spinning. Error kinds: 1 timed out, 2 a peer aborted.
+nothing. No kernel is left spinning. Error kinds: 1 timed out, 2 a peer aborted, 4 a peer did
+not run ``two_shot_in_place`` where this rank did (3: the memory closed, set by the host).
+
+``two_shot_in_place`` (built per world size, ``in_place_kernel``) runs one plan without the
+program: two_shot all_reduce in place on symmetric memory, in one pass over the peers'
+buffers (the .cu file says how it keeps to the interpreter's words).
 
 Reductions in the dtype's own arithmetic (float16 and bfloat16 in float32 with one rounding,
 as the other executors), the expressions of ``kernels.cuda``; AVG is SUM here (the group
