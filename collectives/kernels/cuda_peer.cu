@@ -95,9 +95,9 @@ __device__ __forceinline__ u64 relaxed(const u64* p) {
    already, so that the host raises at this call's synchronize, not one call later (a wait
    that saw the abort and stopped without a word left the call's output unfinished and
    nothing to say so). */
-__device__ void stopped_by(const Ctx& c, u64 aborted, int step) {
-    if (atomicCAS(c.error, 0, 2) == 0) {
-        c.error[1] = step; c.error[2] = (int)aborted - 1;
+__device__ void stopped_by(int* error, u64 aborted, int step) {
+    if (atomicCAS(error, 0, 2) == 0) {
+        error[1] = step; error[2] = (int)aborted - 1;
         __threadfence_system();
     }
 }
@@ -112,7 +112,7 @@ __device__ bool wait_for(const Ctx& c, const u64* p, u64 target, int step, int p
     while ((ordered ? acquire(p) : relaxed(p)) < target) {
         if ((++polls & 255) == 0) {
             const u64 aborted = acquire(c.flags + ABORT_WORD);
-            if (aborted) { stopped_by(c, aborted, step); return false; }
+            if (aborted) { stopped_by(c.error, aborted, step); return false; }
             if (now() > c.deadline) { fail(c, 1, step, peer); return false; }
         }
     }
@@ -133,7 +133,7 @@ __device__ __forceinline__ bool line_ready(const Ctx& c, const u64* p, u64* v, u
     while ((unsigned)(*v >> 32) != flag) {
         if ((++polls & 255) == 0) {
             const u64 aborted = relaxed(c.flags + ABORT_WORD);
-            if (aborted) { stopped_by(c, aborted, step); return false; }
+            if (aborted) { stopped_by(c.error, aborted, step); return false; }
             if (now() > c.deadline) { fail(c, 1, step, peer); return false; }
         }
         *v = relaxed(p);
@@ -166,7 +166,7 @@ __device__ bool grid_barrier(const Ctx& c, int step, int* stop) {
             while (acquire_gpu(generation) == seen) {
                 if ((++polls & 255) == 0) {
                     const u64 aborted = acquire(c.flags + ABORT_WORD);
-                    if (aborted) { stopped_by(c, aborted, step); *stop = 1; break; }
+                    if (aborted) { stopped_by(c.error, aborted, step); *stop = 1; break; }
                     if (now() > c.deadline) { fail(c, 1, step, c.rank); *stop = 1; break; }
                 }
             }
@@ -184,11 +184,7 @@ __device__ __forceinline__ void start_call(const u64* flags, int* error, u64 tim
     const u64 aborted = relaxed(flags + ABORT_WORD), number = flags[CALL_WORD];
     *deadline = now() + timeout_ns;
     *stop = aborted != 0;
-    if (aborted && atomicCAS(error, 0, 2) == 0) {
-        error[1] = -1;
-        error[2] = (int)aborted - 1;
-        __threadfence_system();
-    }
+    if (aborted) stopped_by(error, aborted, -1);
     *call = number;
 }
 
@@ -229,13 +225,15 @@ __device__ __forceinline__ void end_call(u64* flags, u64 call, const u64* sent,
     }
 }
 
-/* Where a peer's output receives land this call: its staging memory, or its symmetric output
-   as its epoch (seen before any push to it) says. */
+/* The address of ``place`` ((heap + 1) << HEAP_SHIFT | byte offset) in the peer's memory. */
 __device__ __forceinline__ char* symmetric_at(u64 place, const u64* peer_heaps, int peer,
                                              int size) {
     const u64 heap = (place >> HEAP_SHIFT) - 1;
     return (char*)peer_heaps[heap * size + peer] + (place & ((1ULL << HEAP_SHIFT) - 1));
 }
+
+/* Where a peer's output receives land this call: its staging memory, or its symmetric output
+   as its epoch (seen before any push to it) says. */
 __device__ __forceinline__ char* output_of(const u64* flags, const u64* peer_data,
                                           const u64* peer_heaps, int peer, int size) {
     const u64 place = relaxed(flags + PLACE_WORDS + peer);
