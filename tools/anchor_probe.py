@@ -34,7 +34,7 @@ from collectives.bench.nccl import nccl_group  # noqa: E402
 from collectives.bench.symmetric import SymmetricMemory  # noqa: E402
 from collectives.bench.timing import timed  # noqa: E402
 from collectives.ops import ReduceOp  # noqa: E402
-from peer_check import graph_time  # noqa: E402  (tools/, beside this file)
+from peer_check import slowest_graph_time  # noqa: E402  (tools/, beside this file)
 
 
 def torch_graph(torch, call, iters=20, reps=5):
@@ -130,12 +130,7 @@ def main():
                 eager = host.max(timed(cupy, call, args.iters, 5))
                 host.barrier()
                 issue = host.max(issue_seconds(call, stream.synchronize))
-            try:
-                with stream:
-                    graphed = host.max(graph_time(cupy, stream, call, 20, 5))
-            except Exception as exc:      # noqa: BLE001
-                say(f"  {label}: graph failed: {type(exc).__name__}: {exc}")
-                graphed = host.max(float("nan"))
+            graphed = slowest_graph_time(cupy, stream, call, host, say, label)
             cells.append(f"{label} {eager * 1e6:.1f}/{graphed * 1e6:.1f}/{issue * 1e6:.1f}")
         if sm is not None:
             buf = sm.symm_mem.empty(count, dtype=torch.float32,

@@ -89,6 +89,17 @@ def graph_time(cupy, stream, call, iters, reps):
     return replay_seconds(cupy, stream, capture(stream, call, iters), iters, reps)
 
 
+def slowest_graph_time(cupy, stream, call, host, say, label, iters=20, reps=5):
+    """``graph_time`` on ``stream``, the slowest rank's (collective over ``host``), or NaN
+    where capturing failed on this rank (said as ``label``'s)."""
+    try:
+        with stream:
+            return host.max(graph_time(cupy, stream, call, iters, reps))
+    except Exception as exc:      # noqa: BLE001
+        say(f"  {label}: graph failed: {type(exc).__name__}: {exc}")
+        return host.max(float("nan"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="4K,64K,256K,1M,4M,16M")
@@ -222,12 +233,7 @@ def main():
             for label, algorithm, out in timed_rows:
                 def call(algorithm=algorithm, out=out):
                     group.prepare(collective, input=d_in, output=out, algorithm=algorithm)()
-                try:
-                    with stream:
-                        t = host.max(graph_time(cupy, stream, call, 20, 5))
-                except Exception as exc:      # noqa: BLE001
-                    say(f"  {collective} {label}: graph failed: {type(exc).__name__}: {exc}")
-                    t = host.max(float("nan"))
+                t = slowest_graph_time(cupy, stream, call, host, say, f"{collective} {label}")
                 base = t if algorithm == "native" else base
                 cells.append(f"{label} {t * 1e6:.1f}/{base / t:.2f}")
             say(f"  {collective:15} {nbytes:>10}: " + "  ".join(cells), flush=True)

@@ -21,18 +21,10 @@ Prints ``RESULT {...}`` per rank (``gpu_jobs.check_results``).
 """
 from __future__ import annotations
 
-import argparse
-import faulthandler
-import json
-import os
-import sys
-
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-
-from collectives.bench.nccl import nccl_group  # noqa: E402
-from collectives.errors import CollectiveTimeout, TransportError  # noqa: E402
+from peer_job import Tally, leave_failed_group, start  # beside this file: puts the checkout
+from collectives.errors import CollectiveTimeout, TransportError  # noqa: E402  on the path
 from collectives.kernels import cuda_peer  # noqa: E402
 
 COUNTS = (1, 3, 7, 1000, 4099, (1 << 20) + 5, 3 << 20)
@@ -59,23 +51,15 @@ def reference(parts, op):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--pid-dir", default="")
-    ap.add_argument("--deadline", type=float, default=200.0)
-    args = ap.parse_args()
-    faulthandler.dump_traceback_later(args.deadline, exit=True)
-    group, cupy = nccl_group(timeout=60.0)
+    group, cupy, _ = start()
     rank, p = group.rank, group.size
-    if args.pid_dir:
-        with open(os.path.join(args.pid_dir, f"pid.{rank}"), "w") as f:
-            f.write(str(os.getpid()))
-    failures, runs = [], 0
+    tally = Tally(cupy, rank, p)
+    failures = tally.failures
     executor = getattr(group.transport, "peer_executor", None)
     if executor is None:
         failures.append(f"the group does not run on peer memory: "
                         f"{getattr(group.transport, 'peer_path', '?')}")
-        print("RESULT " + json.dumps({"rank": rank, "size": p, "runs": 0,
-                                      "failures": failures, "failed": 1}), flush=True)
+        tally.report()
         return
     memory = executor.memory
 
@@ -93,12 +77,7 @@ def main():
         return all(int(mode[q]) == call for q in range(p) if q != rank)
 
     def check(label, got, want):
-        nonlocal runs
-        runs += 1
-        got = cupy.asnumpy(got)
-        if got.tobytes() != np.ascontiguousarray(want).tobytes():
-            bad = int((got != want).sum())
-            failures.append(f"{label}: {bad} of {want.size} elements differ")
+        tally.check(label, got, want, bitwise=True)
 
     heap = group.symmetric_empty(8 * ((3 << 20) + 8), "uint8")
 
@@ -155,7 +134,7 @@ def main():
         buf.set(parts[rank])
         group.prepare("all_reduce", input=buf, output=buf, algorithm="two_shot")()
         check(f"round {round_}: in place again", buf, first)
-        runs += 1
+        tally.runs += 1
         if not np.allclose(first, want, rtol=1e-4, atol=1e-4):
             failures.append(f"round {round_}: in place far from numpy's sum")
 
@@ -192,7 +171,7 @@ def main():
         group.prepare("all_reduce", input=buf, output=buf, algorithm="two_shot")()
         failures.append("a rank called otherwise, yet the group went on")
     except (TransportError, CollectiveTimeout) as exc:
-        runs += 1
+        tally.runs += 1
         text = str(exc)
         if isinstance(exc, CollectiveTimeout):
             failures.append(f"the mismatch waited for the timeout: {text}")
@@ -200,21 +179,10 @@ def main():
             failures.append(f"rank 0's error does not say a peer called otherwise: {text}")
         elif rank != 0 and "rank 0" not in text:
             failures.append(f"rank {rank}'s error does not name rank 0: {text}")
-    try:
-        cupy.cuda.Device().synchronize()    # no kernel left spinning
-        runs += 1
-    except Exception as exc:      # noqa: BLE001
-        failures.append(f"the device did not drain: {type(exc).__name__}: {exc}")
+    tally.drained()
     check("the buffer of a failed call", buf, mine)
-    print("RESULT " + json.dumps({"rank": rank, "size": p, "runs": runs,
-                                  "failures": [f[:200] for f in failures[:8]],
-                                  "failed": len(failures)}), flush=True)
-    # The group failed on purpose (4.), so it is not closed (as peer_worker.py leaves).
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.COMM_WORLD.Barrier()
-        mpi.Finalize()
-    os._exit(0)
+    tally.report()
+    leave_failed_group()              # the group failed on purpose (4.)
 
 
 if __name__ == "__main__":

@@ -28,18 +28,10 @@ Prints ``RESULT {...}`` per rank (``gpu_jobs.check_results``).
 """
 from __future__ import annotations
 
-import argparse
-import faulthandler
-import json
-import os
-import sys
-
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-
-from collectives.bench.nccl import nccl_group  # noqa: E402
-from collectives.errors import CollectiveTimeout, TransportError  # noqa: E402
+from peer_job import Tally, leave_failed_group, start  # beside this file: puts the checkout
+from collectives.errors import CollectiveTimeout, TransportError  # noqa: E402  on the path
 
 
 def inputs(call, p, count):
@@ -49,30 +41,14 @@ def inputs(call, p, count):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--pid-dir", default="")
-    ap.add_argument("--deadline", type=float, default=200.0)
-    ap.add_argument("--job", default="")
-    args = ap.parse_args()
-    faulthandler.dump_traceback_later(args.deadline, exit=True)
-    group, cupy = nccl_group(timeout=60.0)
+    group, cupy, _ = start()
     rank, p = group.rank, group.size
-    if args.pid_dir:
-        with open(os.path.join(args.pid_dir, f"pid.{rank}"), "w") as f:
-            f.write(str(os.getpid()))
-    failures, runs = [], 0
+    tally = Tally(cupy, rank, p)
+    failures, check = tally.failures, tally.check
     executor = getattr(group.transport, "peer_executor", None)
     if executor is None:
         failures.append(f"the group does not run on peer memory: "
                         f"{getattr(group.transport, 'peer_path', '?')}")
-
-    def check(label, got, want):
-        nonlocal runs
-        runs += 1
-        got = cupy.asnumpy(got)
-        if not np.array_equal(got, want):
-            bad = int((got != want).sum())
-            failures.append(f"{label}: {bad} of {want.size} elements differ")
 
     # 0. across the flagged lines' wrap (first: no earlier call has written the inboxes)
     if executor is not None:
@@ -200,7 +176,7 @@ def main():
             group.prepare("all_reduce", input=d, output=d, algorithm="ring")()
             failures.append("rank 1 never came, yet the group went on")
         except CollectiveTimeout as exc:
-            runs += 1
+            tally.runs += 1
             if "rank 1" not in str(exc):
                 failures.append(f"the timeout does not name rank 1: {exc}")
         except Exception as exc:      # noqa: BLE001
@@ -212,24 +188,12 @@ def main():
             group.transport.synchronize(30.0)
             failures.append("the group went on after rank 0 gave up")
         except (TransportError, CollectiveTimeout) as exc:
-            runs += 1
+            tally.runs += 1
             if "rank 0" not in str(exc):
                 failures.append(f"rank 1's error does not name rank 0: {exc}")
-    try:
-        cupy.cuda.Device().synchronize()    # no kernel left spinning
-        runs += 1
-    except Exception as exc:      # noqa: BLE001
-        failures.append(f"the device did not drain: {type(exc).__name__}: {exc}")
-    print("RESULT " + json.dumps({"rank": rank, "size": p, "runs": runs,
-                                  "failures": [f[:200] for f in failures[:8]],
-                                  "failed": len(failures)}), flush=True)
-    # The group failed on purpose (3.), so it is not closed; leaving without MPI_Finalize
-    # would be an "improper exit" that makes Open MPI kill the other rank before its RESULT.
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.COMM_WORLD.Barrier()
-        mpi.Finalize()
-    os._exit(0)
+    tally.drained()
+    tally.report()
+    leave_failed_group()              # the group failed on purpose (3.)
 
 
 if __name__ == "__main__":
