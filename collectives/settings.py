@@ -77,6 +77,16 @@ def byte_size(text: str) -> int:
     return int(amount)
 
 
+def byte_size_or_auto(text: str) -> int | str:
+    """``auto`` (the package decides, see the setting) or a number of bytes (``byte_size``)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return byte_size(text)
+    except ValueError:
+        raise ValueError("expected auto or a number of bytes (e.g. 4096, 64K, 8M, 1G)") from None
+
+
 def integer(minimum: int | None = None) -> Callable[[str], int]:
     """A whole number, at least ``minimum`` where one is given."""
     def parse(text: str) -> int:
@@ -232,7 +242,7 @@ PEER_LINE_BYTES = declare("COLLECTIVES_PEER_LINE_BYTES", byte_size, 256 << 10, G
 PEER_BLOCKS = declare("COLLECTIVES_PEER_BLOCKS", integer(1), 128, GROUP, "Most thread blocks the peer-memory kernel runs a plan on (one per COLLECTIVES_PEER_BLOCK_BYTES that one rank sends in one step)", kind="integer >= 1")
 PEER_MAX_BYTES = declare("COLLECTIVES_PEER_MAX_BYTES", byte_size, 32 << 20, GROUP, "Calls whose largest message is bigger go over NCCL send/recv instead of peer memory where some rank's plan stages its output through the staging memory (as it does without symmetric memory); plans that stage nothing (reduce_scatter) stay on peer memory (0: no limit)", kind=_BYTES)
 PEER_DIRECT = declare("COLLECTIVES_PEER_DIRECT", flag, True, GROUP, "0: eager peer-memory messages always land in the receiver's inbox and are copied out; 1: after a call's first step they land straight in a receiver's symmetric output where nothing of the call touches it first (two_shot all_reduce on 4 GPUs with a symmetric output: 16 MiB 4 % faster, 4 MiB 1.5 %; the ring 1.5 % slower at 4 MiB, its senders waiting once per call for the receiver to start it); every rank alike", kind="0 or 1")
-PEER_IN_PLACE_BYTES = declare("COLLECTIVES_PEER_IN_PLACE_BYTES", byte_size, 8 << 20, GROUP, "A two_shot all_reduce of up to this many bytes called in place on a buffer in the group's symmetric memory (or a registered one) on every rank runs as one pass: each rank reads its block on every peer, reduces it and writes it back there, instead of the program's two steps of pushes (4 x H100: 4 MiB 30.4 against 34.6 µs, 1 MiB 14.8 against 16.2; from 16 MiB, where reads over NVLink are slower than pushes, 4-8 % slower); 0: never; every rank alike (a rank whose peers called otherwise fails the call on all)", kind=_BYTES)
+PEER_IN_PLACE_BYTES = declare("COLLECTIVES_PEER_IN_PLACE_BYTES", byte_size_or_auto, "auto", GROUP, "A two_shot all_reduce of up to this many bytes called in place on a buffer in the group's symmetric memory (or a registered one) on every rank runs as one pass: each rank reads its block on every peer, reduces it and writes it back there, instead of the program's two steps of pushes; auto: 64M on 2 ranks, 8M on more, where reads were measured faster than pushes (2 x H100: 16 MiB 58.8 against 72.3 µs, 64 MiB 209 against 239; 4 x H100: 4 MiB 30.4 against 34.6, but from 16 MiB 1-9 % slower); 0: never; every rank alike (a rank whose peers called otherwise fails the call on all)", kind="bytes or auto")
 PEER_OVERLAP = declare("COLLECTIVES_PEER_OVERLAP", flag, True, GROUP, "1: the compiled repeat path launches each peer-memory kernel so that it may start while the previous kernel on its stream finishes (programmatic dependent launch; it waits for that kernel before reading what it wrote); 0: after it ends", kind="0 or 1")
 PEER_LANE = declare("COLLECTIVES_PEER_LANE", flag, True, GROUP, "1: a repeated peer-memory call (a shape seen before, plain arrays) is launched by the compiled repeat path (executors/_peer_lane.pyx, where it is built) instead of the Python one; 0: the Python path always", kind="0 or 1")
 NCCL_P2P_CHUNKSIZE = declare("COLLECTIVES_NCCL_P2P_CHUNKSIZE", byte_size, 65536, GROUP, "NCCL_P2P_NVL_CHUNKSIZE set before the first communicator unless already set (0: NCCL's default)", kind=_BYTES)
@@ -250,7 +260,7 @@ def get(name: str):
 
 
 def _show(value, kind: str = "") -> str:
-    if kind == _BYTES and isinstance(value, int) and not isinstance(value, bool) and value:
+    if kind.startswith(_BYTES) and isinstance(value, int) and not isinstance(value, bool) and value:
         for suffix, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
             if value % scale == 0:
                 return f"{value // scale}{suffix}"

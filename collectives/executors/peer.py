@@ -43,7 +43,8 @@ A plan that stages nothing stays here at every size: reduce_scatter at 256 MiB /
 One plan runs as a kernel of its own instead of the program: a two_shot all_reduce called in
 place on symmetric (or registered) memory, up to COLLECTIVES_PEER_IN_PLACE_BYTES
 (``two_shot_in_place``: one pass of reads from every peer's buffer and writes back to all,
-on the interpreter's words; 4 x H100, 4 MiB 30.4 against 34.6 µs, BENCHMARKS.md §6). Which
+on the interpreter's words; 4 x H100, 4 MiB 30.4 against 34.6 µs; 2 x H100, 16 MiB 58.8
+against 72.3, BENCHMARKS.md §6; by default 64 MiB on 2 ranks, 8 MiB on more). Which
 kernel a rank runs depends on its own buffer, so the kernel checks that every peer runs it
 too (error kind 4 otherwise).
 
@@ -163,6 +164,22 @@ class _Entry:
         self.layout = memory.layout
 
 
+# COLLECTIVES_PEER_IN_PLACE_BYTES=auto, by world size: up to where one pass of reads from
+# every peer was measured faster than the program's pushes (BENCHMARKS.md §6). On 2 ranks
+# each rank reads half the vector from its one peer: 16 MiB 58.8 against 72.3 µs, 64 MiB 209
+# against 239 (2 x H100; above 64 MiB a 2-rank two_shot's message passes
+# COLLECTIVES_PEER_MAX_BYTES and the call leaves peer memory). On 4 ranks reads fall behind
+# from 16 MiB (90.9 against 89.6 µs; 64 MiB 334 against 306).
+IN_PLACE_AUTO_BYTES = {2: 64 << 20}
+IN_PLACE_BYTES = 8 << 20
+
+
+def in_place_limit(setting, world: int) -> int:
+    """The bytes up to which two_shot runs in place on ``world`` ranks: the setting's value,
+    or for ``auto`` the measured limit of this world size."""
+    return IN_PLACE_AUTO_BYTES.get(world, IN_PLACE_BYTES) if setting == "auto" else setting
+
+
 def in_place(plan, dtype, most: int) -> bool:
     """Whether ``plan``, called in place on symmetric memory, runs as ``two_shot_in_place``:
     a two_shot all_reduce of at most ``most`` bytes (COLLECTIVES_PEER_IN_PLACE_BYTES) on 2 to
@@ -209,7 +226,7 @@ class PeerExecutor:
         self.fences = int(settings.PEER_FENCES())
         self.most = settings.PEER_MAX_BYTES()
         self.direct = settings.PEER_DIRECT()
-        self.in_place = settings.PEER_IN_PLACE_BYTES()
+        self.in_place = in_place_limit(settings.PEER_IN_PLACE_BYTES(), transport.size)
         # What every rank must share: each shapes the programs or their blocks, so a rank
         # that differs would corrupt a call or wait for words no block writes. The group
         # compares them with its decision table's sources when it is made.

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from collectives import settings
 from collectives.algorithms.schedule import build_plan
 from collectives.algorithms.transforms import read_input_first
 from collectives.executors import peer as peer_executor
@@ -453,3 +454,19 @@ def test_a_symmetric_allocation_a_peer_could_not_map_is_given_up_on_every_rank(m
         rig.mem.symmetric(4096)
     assert rig.closed == rig.opened and len(rig.runtime.freed) == 1
     assert rig.mem.heaps == [None]
+
+
+def test_in_place_limit_auto_is_the_measured_limit_of_the_world_size_and_a_value_wins():
+    """COLLECTIVES_PEER_IN_PLACE_BYTES=auto (the default) gives 64 MiB on 2 ranks, where one
+    pass of reads beat the program's pushes at 16 and 64 MiB, and 8 MiB on more; a value set
+    applies to every world size; what the variable may say is checked when it is read."""
+    limit = peer_executor.in_place_limit
+    assert settings.PEER_IN_PLACE_BYTES.default == "auto"
+    assert limit("auto", 2) == 64 << 20
+    assert [limit("auto", n) for n in range(3, 9)] == [8 << 20] * 6
+    assert limit(0, 2) == 0 and limit(16 << 20, 4) == 16 << 20
+    assert settings.PEER_IN_PLACE_BYTES.parse("AUTO") == "auto"
+    assert settings.PEER_IN_PLACE_BYTES.parse("32M") == 32 << 20
+    with pytest.raises(ValueError, match="COLLECTIVES_PEER_IN_PLACE_BYTES='fast': expected "
+                                         "auto or a number of bytes"):
+        settings.PEER_IN_PLACE_BYTES.parse("fast")
