@@ -349,3 +349,25 @@ def test_auto_table_held_out_removes_the_luck_of_the_best():
     assert abs(math.exp(np.mean(held)) - 1.0) < 0.03
     row = {n: {"round_p50_us": [1.0, 2.0, 3.0]} for n in ("a", "auto")}
     assert tables._held_out(row) is None               # fewer than 4 rounds
+
+
+def test_summary_gives_symmetric_memorys_best_over_ours_where_the_run_has_its_rows():
+    """The anchor of the GPU rows: torch SymmetricMemory's faster all_reduce row over our
+    fastest, with or without symmetric memory (two_shot:symm_in_place counts as ours); no
+    line where the run has no SymmetricMemory rows."""
+    from collectives.bench import format_summary, summarize
+
+    def row(algorithm, size, us):
+        return {"collective": "all_reduce", "algorithm": algorithm, "size": size,
+                "time_p50_us": us, "busbw_gbs": size / us, "ratio_to_native": None,
+                "chosen": algorithm.partition(":")[0]}
+    records = [row("direct", 4096, 10.0), row("direct:symm", 4096, 9.0),
+               row("symm_mem:one_shot", 4096, 12.0), row("symm_mem:two_shot", 4096, 9.9),
+               row("two_shot", 1 << 22, 36.0), row("two_shot:symm_in_place", 1 << 22, 31.0),
+               row("symm_mem:two_shot", 1 << 22, 31.0)]
+    best = summarize(records)["all_reduce"]["best"]
+    assert [b["anchor"] for b in best] == [pytest.approx(9.9 / 9.0), pytest.approx(1.0)]
+    assert "SymmetricMemory's best / ours (above 1: ours faster): 4K: 1.10; 4M: 1.00" in \
+        format_summary(summarize(records))
+    plain = [r for r in records if not r["algorithm"].startswith("symm_mem")]
+    assert "SymmetricMemory" not in format_summary(summarize(plain))

@@ -112,6 +112,12 @@ def summarize(records: list[dict]) -> dict:
             symmetric = max((r for r in at if r["algorithm"].partition(":")[2]
                              in ("symm", "symm_in_place")),
                             key=lambda r: r["busbw_gbs"], default=None)
+            # torch's SymmetricMemory all_reduce rows (bench.nccl's symm_mem:one_shot and
+            # :two_shot): its best over ours, with or without symmetric memory (the anchor)
+            anchor = min((r["time_p50_us"] for r in at
+                          if r["algorithm"].startswith("symm_mem:")), default=None)
+            fastest = min((r["time_p50_us"] for r in ([top] if top else []) +
+                           ([symmetric] if symmetric else [])), default=None)
             best.append({"size": size, "best": top["algorithm"] if top else None,
                          "tied": tied,
                          "busbw_gbs": top["busbw_gbs"] if top else None,
@@ -126,7 +132,8 @@ def summarize(records: list[dict]) -> dict:
                          if pick else None,
                          "symmetric": None if symmetric is None else {
                              "best": symmetric["algorithm"].partition(":")[0],
-                             "ratio_to_native": symmetric.get("ratio_to_native")}})
+                             "ratio_to_native": symmetric.get("ratio_to_native")},
+                         "anchor": anchor / fastest if anchor and fastest else None})
         crossings = {}
         by = {(r["algorithm"], r["size"]): r["time_p50_us"] for r in rows}
         sizes = sorted({r["size"] for r in rows})
@@ -205,6 +212,10 @@ def format_summary(summary: dict) -> str:
                 f"{format_size(size)}: {s['best']}"
                 + ("" if s["ratio_to_native"] is None else f" {s['ratio_to_native']:.2f}x")
                 for size, s in symmetric))
+        anchors = [b for b in info["best"] if b.get("anchor") is not None]
+        if anchors:
+            lines.append("#    SymmetricMemory's best / ours (above 1: ours faster): " + "; ".join(
+                f"{format_size(b['size'])}: {b['anchor']:.2f}" for b in anchors))
         autos = [b for b in info["best"] if b.get("auto_vs_best") is not None]
         if autos:
             worst = max(b["auto_vs_best"] for b in autos)
