@@ -185,6 +185,10 @@ def _old_gpu_row(r):
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        sys.exit(print(__doc__))
+    if not sys.argv[1:] or sys.argv[1:] == ["--auto"]:
+        sys.exit(__doc__)
     if sys.argv[1:2] == ["--auto"]:
         print("\n\n".join(auto_table(p) for p in sys.argv[2:]))
     else:
