@@ -30,7 +30,7 @@ bad = 0
 for dtype in (np.float32, np.float16, np.float64, np.int8, np.int32):
     for op in (ReduceOp.SUM, ReduceOp.MAX, None):
         for trace in (False, True):
-            for world in (None, 2, 4, 8):   # two_shot_in_place is built per world size
+            for world in (None, 2, 4, 8):   # the kernels of a fixed world size (#ifdef WORLD)
                 head = "" if world is None else f"#define WORLD {world}\n"
                 rc, log = compile_source(head + cuda_peer.source(op, dtype, 0, trace))
                 if rc or "warning" in log:

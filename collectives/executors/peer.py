@@ -46,7 +46,10 @@ place on symmetric (or registered) memory, up to COLLECTIVES_PEER_IN_PLACE_BYTES
 on the interpreter's words; 4 x H100, 4 MiB 30.4 against 34.6 µs; 2 x H100, 16 MiB 58.8
 against 72.3, BENCHMARKS.md §6; by default 64 MiB on 2 ranks, 8 MiB on more). Which
 kernel a rank runs depends on its own buffer, so the kernel checks that every peer runs it
-too (error kind 4 otherwise).
+too (error kind 4 otherwise). Another: a direct reduce_scatter of large blocks
+(COLLECTIVES_PEER_PIPELINE_BYTES), where the program's pass that reduces the received blocks
+follows its pushes: ``pipelined_reduce_scatter`` runs them beside each other, some thread
+blocks pushing chunk after chunk while the others reduce each chunk as it arrives.
 
 Errors: a kernel that timed out or saw a peer abort leaves (kind, step, peer) in the error
 words; the next call on this group, and ``synchronize``, raise CollectiveTimeout or
@@ -151,6 +154,21 @@ class _Entry:
         self.values[0].value = self.code.data.ptr
         self.function = cuda_peer.in_place_kernel(op, dtype, fences, plan.size).kernel.ptr
 
+    def pipelined(self, plan, dtype, op, fences):
+        """Run as ``pipelined_reduce_scatter`` instead of the program: its "program" is (count
+        per rank, chunks, pushers); the program's blocks, parameters and staging (its
+        scratch slots, one per peer, are where the pushes land)."""
+        import cupy
+        count = plan.args[0][plan.rank]
+        chunks = int(min(PIPELINE_MAX_CHUNKS, max(
+            1, count * dtype.itemsize // PIPELINE_CHUNK_BYTES)))
+        pushers = max(1, self.blocks * PIPELINE_PUSHERS // 4)
+        self.code = cupy.asarray(np.array([count, chunks, pushers], np.int64))
+        self.values[0].value = self.code.data.ptr
+        self.staging = max(self.staging, _align(
+            self.scratch_at + (plan.size - 1) * count * dtype.itemsize))
+        self.function = cuda_peer.pipelined_kernel(op, dtype, fences, plan.size).kernel.ptr
+
     def place(self, memory):
         """Set the values that come from the group's memory (which moves when it grows)."""
         values = self.values
@@ -187,6 +205,26 @@ def in_place(plan, dtype, most: int) -> bool:
     return plan.collective == "all_reduce" and plan.algorithm == "two_shot" and \
         2 <= plan.size <= cuda_peer.IN_PLACE_MAX_WORLD and \
         plan.args[0] * dtype.itemsize <= most
+
+
+# pipelined_reduce_scatter: each rank's block cut into chunks of this many bytes (at most
+# PIPELINE_MAX_CHUNKS of them); of the program's thread blocks, PIPELINE_PUSHERS quarters
+# push and the rest reduce
+PIPELINE_CHUNK_BYTES = 4 << 20
+PIPELINE_MAX_CHUNKS = 64
+PIPELINE_PUSHERS = 3
+
+
+def pipelined(plan, dtype, least: int, blocks: int) -> bool:
+    """Whether ``plan`` runs as ``pipelined_reduce_scatter``: a direct reduce_scatter on 2 to
+    8 ranks whose every rank's block has the same count, of at least ``least`` bytes
+    (COLLECTIVES_PEER_PIPELINE_BYTES; 0: never), with thread blocks to split into pushers and
+    reducers; decided alike on every rank (what it looks at is alike on every rank)."""
+    if plan.collective != "reduce_scatter" or plan.algorithm != "direct" or not least or \
+            not 2 <= plan.size <= cuda_peer.IN_PLACE_MAX_WORLD or blocks < 2:
+        return False
+    counts = plan.args[0]
+    return len(set(counts)) == 1 and counts[0] * dtype.itemsize >= least
 
 
 class _Elsewhere:
@@ -227,13 +265,14 @@ class PeerExecutor:
         self.most = settings.PEER_MAX_BYTES()
         self.direct = settings.PEER_DIRECT()
         self.in_place = in_place_limit(settings.PEER_IN_PLACE_BYTES(), transport.size)
+        self.pipeline = settings.PEER_PIPELINE_BYTES()
         # What every rank must share: each shapes the programs or their blocks, so a rank
         # that differs would corrupt a call or wait for words no block writes. The group
         # compares them with its decision table's sources when it is made.
         self.agreed = {s.name: s() for s in (
             settings.PEER_EAGER_BYTES, settings.PEER_LINE_BYTES, settings.PEER_DIRECT,
             settings.PEER_MAX_BYTES, settings.PEER_BLOCKS, settings.PEER_BLOCK_BYTES,
-            settings.PEER_IN_PLACE_BYTES)}
+            settings.PEER_IN_PLACE_BYTES, settings.PEER_PIPELINE_BYTES)}
         self.failed = None
         self._entries = {}
         transport.before_close(lambda: memory.close(abort_peers=transport._aborted))
@@ -311,6 +350,8 @@ class PeerExecutor:
                 entry = elsewhere   # every rank alike: both are over every rank's plan
             elif symmetric and not seeded and in_place(plan, dtype, self.in_place):
                 entry.in_place(plan, dtype, op, self.fences)    # this rank's buffer: in place
+            elif self.pipeline and pipelined(plan, dtype, self.pipeline, entry.blocks):
+                entry.pipelined(plan, dtype, op, self.fences)
         if len(self._entries) > 4096:
             self._entries.clear()
         self._entries[key] = (plan, entry)     # the plan kept: its id is not reused meanwhile

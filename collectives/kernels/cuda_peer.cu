@@ -1098,4 +1098,156 @@ two_shot_in_place(const i64* code_at, int n, const i64* tallies, char* in, char*
     if (stop) return;
     end_call(flags, call, sent, received, ones, ones, WORLD, &last_out);
 }
+/* direct reduce_scatter of large blocks with its pushes and reductions overlapped
+   (``cuda_peer.pipelined_kernel``, one build per world size WORLD). The program sends every
+   block of the input to its rank, waits, then reduces the p copies of its own block: the
+   pass over this GPU's memory (433 µs of a 1 GiB call on 4 x H100) follows the pushes over
+   NVLink (2340 µs) instead of running beside them (BENCHMARKS.md §6). Here each rank's
+   block is cut into ``chunks`` alike on every rank; thread blocks [0, pushers) push chunk
+   after chunk of every peer's block into that peer's scratch slot for this rank, each a
+   share of every chunk, then say in its delivered word for the peer how many chunks it has
+   pushed; the other blocks reduce chunk k, each a share, as soon as every pusher of every
+   peer has said it pushed k, in rank order as the program does (bitwise its result).
+
+   The interpreter's words, so the two alternate on one group: the call's number and epoch
+   (pushed.in_place_epoch), ``chunks`` messages each way per peer (message k of pusher j in
+   delivered word j; the tallies move on by ``chunks``). A rank pushes into a peer's scratch
+   after that peer's epoch of this call (it finished its previous call, whose reductions read
+   the slot). The slots are the program's (direct.reduce_scatter: peers in rank order, this
+   rank skipped), so the staging memory is the program's.
+
+   Parameters as run_program's; ``code_at``: count (elements of each rank's block), chunks,
+   pushers. */
+extern "C" __global__ void __launch_bounds__(THREADS)
+pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in, char* out,
+                         char* scratch, char* caller_out, const u64* peer_data_at,
+                         const u64* peer_flags_at, u64 scratch_at, u64* flags, int* error,
+                         int rank, int size, int itemsize, u64 timeout_ns,
+                         const u64* peer_inbox_at, u64 inbox_half, const u64* peer_lines_at,
+                         u64 lines_half, u64 place, const u64* peer_heaps) {
+    __shared__ int stop, last_out;
+    __shared__ u64 deadline, call_number;
+    __shared__ i64 count, chunks, pushers;
+    __shared__ u64 peer_flags[WORLD], peer_data[WORLD], sent[WORLD], received[WORLD];
+    __shared__ u64 tally[WORLD];
+    const int t = threadIdx.x;
+    if (t < WORLD) {
+        peer_flags[t] = peer_flags_at[t];
+        peer_data[t] = peer_data_at[t];
+    }
+    if (t == 0) {
+        count = code_at[0];
+        chunks = code_at[1];
+        pushers = code_at[2];
+    }
+    /* reads only what no kernel writes up to here (programmatic dependent launch) */
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    if (t < WORLD) {
+        sent[t] = flags[SENT_WORDS + t];
+        received[t] = flags[RECEIVED_WORDS + t];
+    }
+    if (t == 0) start_call(flags, error, timeout_ns, &deadline, &call_number, &stop);
+    __syncthreads();
+    if (t < WORLD) tally[t] = t != rank ? (u64)chunks : 0;
+    Ctx c = {flags, peer_flags, error, rank, WORLD, deadline};
+    const u64 call = call_number;
+    scrub_lines(c, (char*)peer_lines_at[rank], lines_half, call, &stop);
+    const u64 epoch = ((call + 1) << STEP_BITS) - 1;
+    if (blockIdx.x == 0 && t < WORLD && !stop)
+        release((u64*)peer_flags[t] + SEEN_WORDS + rank, epoch);
+    /* chunk k of a rank's block: 16-byte units [units k / chunks, units (k + 1) / chunks),
+       shared out among ``of`` blocks alike on every rank; this block (``me``) takes its part */
+    const i64 units = (count + VEC - 1) / VEC;
+#define CHUNK_SHARE(k, me, of, lo, hi) do { \
+        const i64 c0_ = units * (k) / chunks, c1_ = units * ((k) + 1) / chunks; \
+        lo = (c0_ + (c1_ - c0_) * (me) / (of)) * VEC; \
+        hi = (c0_ + (c1_ - c0_) * ((me) + 1) / (of)) * VEC; \
+        if (lo > count) lo = count; \
+        if (hi > count) hi = count; \
+    } while (0)
+    if (blockIdx.x < pushers) {
+        /* every peer's epoch of this call: its previous call no longer reads its slots */
+        if (t < WORLD && t != rank && !stop &&
+            !wait_for(c, flags + SEEN_WORDS + t, epoch, 0, t))
+            stop = 1;
+        __syncthreads();
+        for (i64 k = 0; k < chunks && !stop; k++) {
+            i64 lo, hi;
+            CHUNK_SHARE(k, (i64)blockIdx.x, pushers, lo, hi);
+            for (int s = 1; s < WORLD && hi > lo; s++) {
+                const int q = (rank + s) % WORLD;
+                const i64 slot = rank < q ? rank : rank - 1;
+                copy_bytes((char*)peer_data[q] + scratch_at + (slot * count + lo) * itemsize,
+                           in + ((i64)q * count + lo) * itemsize, (hi - lo) * itemsize);
+            }
+            __syncthreads();    /* the block's stores, then one release per peer */
+            if (t < WORLD && t != rank)
+                release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS
+                        + blockIdx.x, sent[t] + (u64)k + 1);
+        }
+    } else {
+        const i64 me = blockIdx.x - pushers, reducers = gridDim.x - pushers;
+        const S* base[WORLD];
+#pragma unroll
+        for (int q = 0; q < WORLD; q++)
+            base[q] = q == rank ? (const S*)in + (i64)rank * count
+                                : (const S*)scratch + (q < rank ? q : q - 1) * count;
+        S* dst = (S*)out;
+        for (i64 k = 0; k < chunks && !stop; k++) {
+            /* chunk k from every pusher of every peer */
+            for (i64 w = t; w < (WORLD - 1) * pushers; w += blockDim.x) {
+                const int i = (int)(w / pushers), q = i < rank ? i : i + 1;
+                const u64* word = flags + DELIVERED_WORDS + (u64)q * MAX_BLOCKS + w % pushers;
+                if (!wait_for(c, word, received[q] + (u64)k + 1, 1, q)) {
+                    stop = 1;
+                    break;
+                }
+            }
+            __syncthreads();
+            if (stop) break;
+            i64 lo, hi;
+            CHUNK_SHARE(k, me, reducers, lo, hi);
+            bool aligned = (((u64)(dst + lo)) & 15) == 0;
+#pragma unroll
+            for (int q = 0; q < WORLD; q++) aligned = aligned && (((u64)(base[q] + lo)) & 15) == 0;
+            i64 done = lo;
+            if (aligned && hi > lo) {
+                const i64 v = (hi - lo) / VEC, nt = blockDim.x;
+                for (i64 i = t; i < v; i += IN_PLACE_UNROLL * nt) {
+                    uint4 x[IN_PLACE_UNROLL][WORLD];
+#pragma unroll
+                    for (int u = 0; u < IN_PLACE_UNROLL; u++)
+#pragma unroll
+                        for (int q = 0; q < WORLD; q++)
+                            if (i + u * nt < v)
+                                x[u][q] = __ldcg((const uint4*)(base[q] + lo) + i + u * nt);
+#pragma unroll
+                    for (int u = 0; u < IN_PLACE_UNROLL; u++) {
+                        if (i + u * nt >= v) break;
+#pragma unroll
+                        for (int q = 1; q < WORLD; q++) fold_vector(&x[u][0], &x[u][q]);
+                        ((uint4*)(dst + lo))[i + u * nt] = x[u][0];
+                    }
+                }
+                done = lo + v * VEC;
+            }
+            for (i64 e = done + t; e < hi; e += blockDim.x) {
+                S acc = base[0][e];
+#pragma unroll
+                for (int q = 1; q < WORLD; q++) acc = combine(acc, base[q][e]);
+                dst[e] = acc;
+            }
+            __syncthreads();    /* every thread done with chunk k before the next wait */
+        }
+    }
+#undef CHUNK_SHARE
+    __syncthreads();
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    if (stop) return;
+    end_call(flags, call, sent, received, tally, tally, WORLD, &last_out);
+}
 #endif

@@ -146,14 +146,27 @@ IN_PLACE_MAX_WORLD = 8     # each thread holds a 16-byte load of every rank's bl
 
 
 @functools.lru_cache(maxsize=None)
-def in_place_kernel(op, dtype, fences: int, world: int):
-    """The compiled ``two_shot_in_place`` for ``op`` on ``dtype`` and ``world`` ranks: the
-    two_shot all_reduce where every rank's buffer lies in symmetric memory (NVRTC, cached
-    per process)."""
+def _world_module(op, dtype, fences: int, world: int):
+    """The kernels built for ``world`` ranks (``#ifdef WORLD`` in the source: loops over the
+    ranks unrolled, so a thread keeps a load of every rank's data in flight in few
+    registers), compiled once per (op, dtype, fences, world) with NVRTC."""
     import cupy
     if not 2 <= world <= IN_PLACE_MAX_WORLD:
-        raise ValueError(f"two_shot_in_place is built for 2 to {IN_PLACE_MAX_WORLD} ranks, "
-                         f"not {world}")
+        raise ValueError(f"the peer kernels of a fixed world size are built for 2 to "
+                         f"{IN_PLACE_MAX_WORLD} ranks, not {world}")
     code = f"#define WORLD {world}\n" + source(op, dtype, fences)
-    module = cupy.RawModule(code=code, options=("-std=c++14",))
-    return module.get_function("two_shot_in_place")
+    return cupy.RawModule(code=code, options=("-std=c++14",))
+
+
+@functools.lru_cache(maxsize=None)
+def in_place_kernel(op, dtype, fences: int, world: int):
+    """The compiled ``two_shot_in_place`` for ``op`` on ``dtype`` and ``world`` ranks: the
+    two_shot all_reduce where every rank's buffer lies in symmetric memory."""
+    return _world_module(op, dtype, fences, world).get_function("two_shot_in_place")
+
+
+@functools.lru_cache(maxsize=None)
+def pipelined_kernel(op, dtype, fences: int, world: int):
+    """The compiled ``pipelined_reduce_scatter`` for ``op`` on ``dtype`` and ``world``
+    ranks: a direct reduce_scatter whose pushes and reductions overlap."""
+    return _world_module(op, dtype, fences, world).get_function("pipelined_reduce_scatter")

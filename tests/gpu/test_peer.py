@@ -4,8 +4,9 @@
 captured in a CUDA graph and replayed with new input, calls on two
 streams without synchronization between them, and a rank that never arrives (the others stop
 at the call's timeout naming it, the group fails everywhere, no kernel keeps spinning);
-and ``in_place_worker.py`` on 2 and 4 GPUs: two_shot all_reduce in place on symmetric memory
-(``two_shot_in_place``).
+``in_place_worker.py`` on 2 and 4 GPUs: two_shot all_reduce in place on symmetric memory
+(``two_shot_in_place``); ``pipelined_worker.py`` on 2 and 4 GPUs: direct reduce_scatter of
+large blocks with pushes and reductions overlapped (``pipelined_reduce_scatter``).
 
     python -m pytest -m gpu tests/gpu/test_peer.py      # on a machine with >= 2 GPUs
 """
@@ -34,3 +35,14 @@ def test_two_shot_in_place_on_symmetric_memory(world_size):
         pytest.skip(f"needs {world_size} GPUs, {gpu_count()} visible")
     outcome = launch(os.path.join(HERE, "in_place_worker.py"), world_size, [], "in_place")
     check_results(world_size, *outcome, min_runs=100)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_pipelined_reduce_scatter(world_size):
+    """``pipelined_worker.py``: a direct reduce_scatter of large blocks runs with its pushes
+    and reductions overlapped, bitwise as numpy in rank order; alternates with program calls;
+    replays in a graph; a rank that never arrives ends the call on every other rank."""
+    if gpu_count() < world_size:
+        pytest.skip(f"needs {world_size} GPUs, {gpu_count()} visible")
+    outcome = launch(os.path.join(HERE, "pipelined_worker.py"), world_size, [], "pipelined")
+    check_results(world_size, *outcome, min_runs=50)

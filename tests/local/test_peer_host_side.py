@@ -110,7 +110,7 @@ def test_calls_above_the_size_limit_leave_peer_memory_only_where_a_plan_stages_o
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
     executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 4, 0
     executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
-    executor.in_place = 8 << 20
+    executor.in_place, executor.pipeline = 8 << 20, 0
     n = 64 << 20                                  # 256 MiB of float32 over 4 ranks
     cases = {"reduce_scatter": build_plan("reduce_scatter", "direct", 0, 4, (n // 4,) * 4),
              "all_gather": build_plan("all_gather", "direct", 0, 4, (n // 4,) * 4),
@@ -146,7 +146,7 @@ def test_two_shot_in_place_on_symmetric_memory_runs_as_one_pass_and_nothing_else
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
     executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 4, 0
     executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
-    executor.most, executor.in_place = 32 << 20, 8 << 20
+    executor.most, executor.in_place, executor.pipeline = 32 << 20, 8 << 20, 0
     dtype = np.dtype(np.float32)
 
     def kernel(plan, seeded, symmetric):
@@ -470,3 +470,55 @@ def test_in_place_limit_auto_is_the_measured_limit_of_the_world_size_and_a_value
     with pytest.raises(ValueError, match="COLLECTIVES_PEER_IN_PLACE_BYTES='fast': expected "
                                          "auto or a number of bytes"):
         settings.PEER_IN_PLACE_BYTES.parse("fast")
+
+
+def test_direct_reduce_scatter_of_large_even_blocks_runs_pipelined_and_nothing_else_does(
+        monkeypatch):
+    """``pipelined_reduce_scatter`` replaces the program for a direct reduce_scatter on 2 to 8
+    ranks whose blocks are alike and at least COLLECTIVES_PEER_PIPELINE_BYTES (0: never),
+    with at least two thread blocks to split; other plans, uneven blocks, smaller blocks and
+    9 ranks keep the program. The kernel's staging covers its pushes: one scratch slot of a
+    block per peer."""
+    class Entry:                     # the executor's entry without a GPU: which kernel it runs
+        def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded,
+                     symmetric=False, direct=False):
+            self.program = peer_executor.pushed.lower(plan, eager // dtype.itemsize,
+                                                      lines // dtype.itemsize, seeded,
+                                                      symmetric, direct)
+            self.kernel, self.blocks = "run_program", limit
+
+        def pipelined(self, plan, dtype, op, fences):
+            self.kernel = "pipelined_reduce_scatter"
+
+        def in_place(self, plan, dtype, op, fences):
+            self.kernel = "two_shot_in_place"
+    monkeypatch.setattr(peer_executor, "_Entry", Entry)
+    executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
+    executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 128, 0
+    executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
+    executor.most, executor.in_place, executor.pipeline = 32 << 20, 8 << 20, 16 << 20
+    dtype = np.dtype(np.float32)
+
+    def kernel(plan):
+        return executor._entry(plan, dtype, None, object(), False, False).kernel
+
+    big = 4 << 20                                                 # 16 MiB of float32
+    assert kernel(build_plan("reduce_scatter", "direct", 1, 4, (big,) * 4)) == \
+        "pipelined_reduce_scatter"
+    assert kernel(build_plan("reduce_scatter", "direct", 0, 2, (big,) * 2)) == \
+        "pipelined_reduce_scatter"
+    assert kernel(build_plan("reduce_scatter", "direct", 7, 8, (big,) * 8)) == \
+        "pipelined_reduce_scatter"
+    assert kernel(build_plan("reduce_scatter", "direct", 0, 9, (big,) * 9)) == "run_program"
+    assert kernel(build_plan("reduce_scatter", "direct", 1, 4, (big - 1,) * 4)) == \
+        "run_program"                                             # below the threshold
+    assert kernel(build_plan("reduce_scatter", "direct", 1, 4, (big, big, big, big + 4))) == \
+        "run_program"                                             # uneven blocks
+    for algorithm in ("ring", "recursive_doubling"):
+        assert kernel(build_plan("reduce_scatter", algorithm, 1, 4, (big,) * 4)) == \
+            "run_program", algorithm
+    assert kernel(build_plan("all_reduce", "direct", 1, 4, 4 * big)) == "run_program"
+    executor.pipeline = 0
+    assert kernel(build_plan("reduce_scatter", "direct", 1, 4, (big,) * 4)) == "run_program"
+    assert not peer_executor.pipelined(build_plan("reduce_scatter", "direct", 1, 4, (big,) * 4),
+                                       dtype, 16 << 20, 1)      # one block: nothing to split

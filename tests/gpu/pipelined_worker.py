@@ -1,0 +1,178 @@
+"""One rank of the checks of ``pipelined_reduce_scatter`` (``test_peer.py``), under
+``mpiexec -n N``: a direct reduce_scatter of large blocks, which runs with some thread blocks
+pushing chunk after chunk while the others reduce each chunk as it arrives.
+
+The group is made with COLLECTIVES_PEER_PIPELINE_BYTES=4K and chunks of 64 KiB (both alike
+on every rank), so that calls of a few MiB cut into many chunks and many shares.
+
+1. Results: every dtype and op below, counts per rank from 1 to past 64 chunks, bitwise
+   equal to numpy's reduction in rank order (the program's order: direct.reduce_scatter);
+   each call checked to have run as ``pipelined_reduce_scatter`` from the threshold on and
+   as the program below it.
+2. Alternation: pipelined calls between program calls of the same group (reduce_scatter
+   below the threshold, all_reduce two_shot, all_gather direct), as message tallies, epochs
+   and call numbers must survive; every result checked.
+3. A CUDA graph: the pipelined call captured once, replayed with new input each time.
+4. Large: 64 MiB per rank's block with the default chunk size.
+5. A rank that never arrives (rank 0 skips the call): every other rank's call ends at its
+   timeout naming rank 0; its output not written (no chunk came from every peer); no kernel
+   left spinning. The group is failed after it, so it comes last.
+
+Prints ``RESULT {...}`` per rank (``gpu_jobs.check_results``).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+os.environ["COLLECTIVES_PEER_PIPELINE_BYTES"] = "4K"
+from peer_job import Tally, leave_failed_group, start  # noqa: E402  beside this file
+from collectives.errors import CollectiveTimeout, TransportError  # noqa: E402
+from collectives.executors import peer as peer_executor  # noqa: E402
+from collectives.kernels import cuda_peer  # noqa: E402
+
+COUNTS = (1, 3, 1000, 1025, 4099, (1 << 18) + 5, (1 << 20) + 3)
+CASES = (("float32", "sum"), ("float32", "max"), ("float16", "sum"), ("int32", "sum"),
+         ("int32", "product"), ("int64", "min"))
+OPS = {"sum": np.add, "max": np.maximum, "min": np.minimum, "product": np.multiply}
+
+
+def contents(seed, rank, count, dtype):
+    """Rank ``rank``'s input of case ``seed`` (count elements per rank's block): random
+    fractions for floating point (where the order of the sum shows), small integers else."""
+    rng = np.random.default_rng(1000 * seed + rank)
+    if np.dtype(dtype).kind == "f":
+        return rng.standard_normal(count).astype(dtype)
+    return rng.integers(-3, 4, count).astype(dtype)
+
+
+def reference(inputs, rank, count, op):
+    """Block ``rank`` of every rank's input reduced in rank order, as numpy computes it."""
+    block = slice(rank * count, (rank + 1) * count)
+    acc = inputs[0][block].copy()
+    for x in inputs[1:]:
+        acc = OPS[op](acc, x[block])
+    return acc
+
+
+def main():
+    peer_executor.PIPELINE_CHUNK_BYTES = 64 << 10
+    group, cupy, _ = start()
+    rank, p = group.rank, group.size
+    tally = Tally(cupy, rank, p)
+    failures = tally.failures
+    executor = getattr(group.transport, "peer_executor", None)
+    if executor is None:
+        failures.append(f"the group does not run on peer memory: "
+                        f"{getattr(group.transport, 'peer_path', '?')}")
+        tally.report()
+        return
+
+    def reduce_scatter(inputs, count, dtype, op, algorithm="direct"):
+        out = cupy.zeros(count, dtype)
+        group.prepare("reduce_scatter", input=cupy.asarray(inputs[rank]), output=out, op=op,
+                      algorithm=algorithm)()
+        return out
+
+    def ran(count, dtype, op):
+        """Whether the latest reduce_scatter of ``count`` elements ran pipelined."""
+        pipelined = cuda_peer.pipelined_kernel(op, np.dtype(dtype), executor.fences,
+                                               p).kernel.ptr
+        return any(entry.function == pipelined and entry.code.size == 3 and
+                   int(entry.code[0]) == count for _, entry in executor._entries.values()
+                   if hasattr(entry, "function"))
+
+    def case(seed, count, dtype, op, label, expect=None):
+        inputs = [contents(seed, r, count * p, dtype) for r in range(p)]
+        out = reduce_scatter(inputs, count, dtype, op)
+        tally.check(label, out, reference(inputs, rank, count, op), bitwise=True)
+        if expect is not None and ran(count, dtype, op) != expect:
+            failures.append(f"{label}: ran {'as the program' if expect else 'pipelined'}")
+
+    # 1. results, bitwise against numpy in rank order
+    for seed, (dtype, op) in enumerate(CASES):
+        for count in COUNTS:
+            expect = count * np.dtype(dtype).itemsize >= executor.pipeline
+            case(seed, count, dtype, op, f"{dtype} {op} {count} per rank", expect)
+
+    # 2. pipelined calls between program calls
+    for round_ in range(3):
+        case(20 + round_, (1 << 16) + 1, "float32", "sum", f"round {round_}: pipelined", True)
+        case(30 + round_, 100, "float32", "sum", f"round {round_}: the program", False)
+        ints = [contents(40 + round_, r, 4099, "int32") for r in range(p)]
+        d = cupy.asarray(ints[rank])
+        group.prepare("all_reduce", input=d, output=d, algorithm="two_shot")()
+        want = ints[0].copy()
+        for x in ints[1:]:
+            want += x
+        tally.check(f"round {round_}: two_shot all_reduce after", d, want)
+        out = cupy.zeros(4099 * p, cupy.int32)
+        group.prepare("all_gather", input=cupy.asarray(ints[rank]), output=out,
+                      algorithm="direct")()
+        tally.check(f"round {round_}: direct all_gather after", out, np.concatenate(ints))
+        case(50 + round_, (1 << 16) + 1, "float32", "sum", f"round {round_}: pipelined again",
+             True)
+
+    # 3. captured in a CUDA graph, replayed with new input
+    stream = cupy.cuda.Stream(non_blocking=True)
+    count = 70001
+    src = cupy.zeros(count * p, cupy.int32)
+    out = cupy.zeros(count, cupy.int32)
+    with stream:
+        def call():
+            group.prepare("reduce_scatter", input=src, output=out, algorithm="direct")()
+        for _ in range(2):
+            call()
+        stream.synchronize()
+        stream.begin_capture()
+        call()
+        graph = stream.end_capture()
+        for replay in range(4):
+            inputs = [contents(70 + replay, r, count * p, "int32") for r in range(p)]
+            src.set(inputs[rank], stream=stream)
+            graph.launch(stream)
+            stream.synchronize()
+            tally.check(f"graph replay {replay}", out, reference(inputs, rank, count, "sum"))
+    if not ran(count, "int32", "sum"):
+        failures.append("the graph's call did not run pipelined")
+
+    # 4. large, the default chunk size
+    peer_executor.PIPELINE_CHUNK_BYTES = 4 << 20
+    count = 16 << 20
+    inputs = [np.arange(count * p, dtype=np.float32) % 1024 + r for r in range(p)]
+    case_out = reduce_scatter(inputs, count, "float32", "sum")
+    tally.check("64 MiB per rank", case_out, reference(inputs, rank, count, "sum"), bitwise=True)
+
+    # 5. rank 0 never arrives
+    group.transport.synchronize(30.0)
+    group.bench_host.barrier()
+    count = 1 << 16
+    out = cupy.full(count, -1.0, cupy.float32)
+    timed_out = 0
+    if rank != 0:
+        try:
+            group.prepare("reduce_scatter", input=cupy.ones(count * p, cupy.float32),
+                          output=out, algorithm="direct", timeout=3.0)()
+            group.transport.synchronize(30.0)
+            failures.append("rank 0 never called, yet the call returned")
+        except CollectiveTimeout as exc:     # this rank's wait for rank 0 ran out
+            tally.runs += 1
+            timed_out = 1
+            if "rank 0" not in str(exc):
+                failures.append(f"the timeout does not name rank 0: {exc}")
+        except TransportError as exc:        # another rank's ran out first and said so
+            tally.runs += 1
+            if "gave up" not in str(exc):
+                failures.append(f"expected a peer that gave up: {exc}")
+        tally.drained()
+        if (cupy.asnumpy(out) != -1.0).any():
+            failures.append("output was written though rank 0 never sent its part")
+    if group.bench_host.sum(timed_out) < 1:
+        failures.append("no rank's call timed out waiting for rank 0")
+    tally.report()
+    leave_failed_group()              # the group failed on purpose (5.)
+
+
+if __name__ == "__main__":
+    main()
