@@ -1176,12 +1176,19 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
         for (i64 k = 0; k < chunks && !stop; k++) {
             i64 lo, hi;
             CHUNK_SHARE(k, (i64)blockIdx.x, pushers, lo, hi);
-            for (int s = 1; s < WORLD && hi > lo; s++) {
+            /* every peer's share at once, one warp group each (copy_batch) */
+            char* dst[WORLD - 1];
+            const char* src[WORLD - 1];
+            i64 bytes[WORLD - 1];
+#pragma unroll
+            for (int s = 1; s < WORLD; s++) {
                 const int q = (rank + s) % WORLD;
                 const i64 slot = rank < q ? rank : rank - 1;
-                copy_bytes((char*)peer_data[q] + scratch_at + (slot * count + lo) * itemsize,
-                           in + ((i64)q * count + lo) * itemsize, (hi - lo) * itemsize);
+                dst[s - 1] = (char*)peer_data[q] + scratch_at + (slot * count + lo) * itemsize;
+                src[s - 1] = in + ((i64)q * count + lo) * itemsize;
+                bytes[s - 1] = (hi - lo) * itemsize;
             }
+            copy_batch(dst, src, bytes, WORLD - 1);
             __syncthreads();    /* the block's stores, then one release per peer */
             if (t < WORLD && t != rank)
                 release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS
