@@ -79,9 +79,11 @@ class Group:
         self.mode = [0] * size
         self.finished = [[] for _ in range(size)]     # per rank: in-place results, in order
         self.in_place_waits = {"epochs": True, "delivered": True}
+        # ``pipelined_reduce_scatter``'s two waits, turned off one at a time by a test
+        self.pipelined_waits = {"epochs": True, "chunks": True}
 
     def run(self, calls, reduce=np.add, *, piece=3, deadline=100000, absent=(), eager=0,
-            lines=0, seeded=False, symmetric=(), direct=False, in_place=()):
+            lines=0, seeded=False, symmetric=(), direct=False, in_place=(), pipelined=None):
         """Several calls, each a list ``[(plan, input, output)]`` of one entry per rank
         (arrays float64 or None). A rank starts its next call when it has finished the
         previous one, whatever the others do (as kernels on one stream). Ranks in ``absent``
@@ -92,7 +94,10 @@ class Group:
         A call made in place may pass ``InPlace(contents)`` as its input: the contents are
         copied into its output at the call's start (as the caller's stream does before the
         kernel); ranks in ``in_place`` run such two_shot all_reduces as
-        ``two_shot_in_place`` does (their outputs symmetric), the others the program."""
+        ``two_shot_in_place`` does (their outputs symmetric), the others the program.
+        ``pipelined`` (chunks, pushers): every rank runs direct reduce_scatters as
+        ``pipelined_reduce_scatter`` does, its first ``pushers`` workers pushing and the
+        others reducing."""
         barriers = [[0] * self.workers for _ in range(self.size)]
         running = []
         for rank in range(self.size):
@@ -102,7 +107,7 @@ class Group:
             for w in range(self.workers):
                 running.append(self._worker(rank, w, mine, reduce, piece, barriers, deadline,
                                             eager, lines, seeded, rank in symmetric,
-                                            direct, rank in in_place))
+                                            direct, rank in in_place, pipelined))
         while running:
             worker = self.random.choice(running)
             try:
@@ -121,7 +126,7 @@ class Group:
             yield
 
     def _worker(self, rank, w, calls, reduce, piece, barriers, deadline, eager, lines,
-                seeded, symmetric, direct, in_place):
+                seeded, symmetric, direct, in_place, pipelined):
         for plan, input, output in calls:
             if isinstance(input, InPlace):        # what the caller's stream put there first
                 if w == 0:
@@ -134,6 +139,13 @@ class Group:
                                           deadline)
                 sends = recvs = [int(q != rank) for q in range(self.size)]
                 finished = output
+            elif pipelined and plan.collective == "reduce_scatter" and \
+                    plan.algorithm == "direct":
+                chunks, pushers = pipelined
+                yield from self._pipelined(rank, w, plan.args[0][rank], input, output, reduce,
+                                           piece, deadline, chunks, pushers)
+                sends = recvs = [chunks * (q != rank) for q in range(self.size)]
+                finished = None
             else:
                 program = pushed.lower(plan, eager, lines, seeded and input is not None and
                                        plan.collective in ("all_reduce", "broadcast"),
@@ -209,6 +221,77 @@ class Group:
                     target = self.received[rank, q] + 1
                     yield from wait(lambda: self.delivered[rank, q, w] >= target, q,
                                     "its block")
+
+    def _pipelined(self, rank, w, count, input, output, reduce, piece, deadline, chunks,
+                   pushers):
+        """``pipelined_reduce_scatter`` (kernels/cuda_peer.cu) on worker ``w`` of ``rank``:
+        worker 0's epoch; a pusher (w < pushers) waits for every peer's epoch of this call,
+        then pushes its share of chunk after chunk of every peer's block into that peer's
+        scratch slot for this rank (direct.reduce_scatter's: peers in rank order, itself
+        skipped), its delivered word to each peer numbering the chunks pushed; a reducer
+        waits for chunk k from every pusher of every peer, then reduces its share of it in
+        rank order into output."""
+        call, size = self.calls[rank], self.size
+        epoch = pushed.in_place_epoch(call)
+
+        def wait(ready, step, peer, what):
+            waited = 0
+            while not ready():
+                waited += 1
+                if waited > deadline:
+                    raise Stuck(rank, step, peer, what)
+                yield
+
+        def chunk_share(k, me, of):            # 16-byte units alike on every rank
+            units = -(-count // self.align)
+            c0, c1 = units * k // chunks, units * (k + 1) // chunks
+            lo = min(count, (c0 + (c1 - c0) * me // of) * self.align)
+            hi = min(count, (c0 + (c1 - c0) * (me + 1) // of) * self.align)
+            return lo, hi
+
+        if w == 0:
+            self.epoch[rank] = epoch
+        if w < pushers:
+            for q in range(size):
+                if q != rank and self.pipelined_waits["epochs"]:
+                    yield from wait(lambda: self.epoch[q] >= epoch, 0, q, "its epoch")
+            for k in range(chunks):
+                lo, hi = chunk_share(k, w, pushers)
+                for s in range(1, size):
+                    q = (rank + s) % size
+                    slot = rank if rank < q else rank - 1
+                    theirs = self.scratch[q]
+                    for a in range(lo, hi, piece):
+                        b = min(hi, a + piece)
+                        theirs[slot * count + a:slot * count + b] = \
+                            input[q * count + a:q * count + b]
+                        yield
+                for q in range(size):
+                    if q != rank:
+                        self.delivered[q, rank, w] = self.sent[rank, q] + k + 1
+            return
+        scratch = self.scratch[rank]
+        blocks = [input[rank * count:(rank + 1) * count] if q == rank else
+                  scratch[(q if q < rank else q - 1) * count:][:count] for q in range(size)]
+        for k in range(chunks):
+            if self.pipelined_waits["chunks"]:
+                for q in range(size):
+                    for j in range(pushers if q != rank else 0):
+                        target = self.received[rank, q] + k + 1
+                        yield from wait(lambda: self.delivered[rank, q, j] >= target, 1, q,
+                                        "its chunk")
+            lo, hi = chunk_share(k, w - pushers, self.workers - pushers)
+            for a in range(lo, hi, piece):
+                b = min(hi, a + piece)
+                values = []
+                for q in range(size):
+                    values.append(blocks[q][a:b].copy())
+                    yield
+                acc = values[0]
+                for value in values[1:]:
+                    acc = reduce(acc, value)
+                output[a:b] = acc
+                yield
 
     def _call(self, rank, w, program, input, output, reduce, piece, barriers, deadline):
         workers = self.workers

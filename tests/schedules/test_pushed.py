@@ -770,3 +770,76 @@ def test_a_rank_that_runs_the_program_is_named_before_the_buffer_changes(theirs)
             group.run(calls, symmetric={0}, in_place={0}, eager=0)   # rendezvous pushes
         assert raised.value.rank == 0 and raised.value.peer in (1, 2)
         np.testing.assert_array_equal(buffers[0], data[0])
+
+
+# -- pipelined_reduce_scatter (kernels/cuda_peer.cu): pushes and reductions overlapped ------
+
+
+KINDS = ("pipelined", "ring reduce_scatter", "direct all_reduce", "all_gather")
+
+
+def _pipelined_calls(p, counts, seed, kinds=KINDS):
+    """Calls alternating direct reduce_scatters (the pipelined kernel) with programs of the
+    same group that use the same scratch slots and words: ring reduce_scatter, direct
+    all_reduce (its receives reduced out of scratch), direct all_gather.
+    (calls, [(kind, want per rank, outputs)])."""
+    rng = np.random.default_rng(seed)
+    calls, checks = [], []
+    for i, n in enumerate(counts):
+        data = [rng.integers(-50, 50, n * p).astype(np.float64) for _ in range(p)]
+        total = np.sum(data, axis=0)
+        kind = kinds[i % len(kinds)]
+        if kind in ("pipelined", "ring reduce_scatter"):
+            algorithm = "direct" if kind == "pipelined" else "ring"
+            outs = [np.full(n, np.nan) for _ in range(p)]
+            calls.append([(build_plan("reduce_scatter", algorithm, r, p, (n,) * p), data[r],
+                           outs[r]) for r in range(p)])
+            checks.append((kind, [total[r * n:(r + 1) * n] for r in range(p)], outs))
+        elif kind == "direct all_reduce":
+            outs = [np.full(n * p, np.nan) for _ in range(p)]
+            calls.append([(build_plan("all_reduce", "direct", r, p, n * p), data[r], outs[r])
+                          for r in range(p)])
+            checks.append((kind, [total] * p, outs))
+        else:
+            outs = [np.full(n * p, np.nan) for _ in range(p)]
+            calls.append([(build_plan("all_gather", "direct", r, p, (n,) * p),
+                           data[r][:n], outs[r]) for r in range(p)])
+            checks.append((kind, [np.concatenate([d[:n] for d in data])] * p, outs))
+    return calls, checks
+
+
+def _run_pipelined(p, counts, seed, workers=4, chunks=3, pushers=2, waits=None, kinds=KINDS):
+    group = Group(p, workers=workers, seed=seed, align=4, staging=1 << 14)
+    if waits:
+        group.pipelined_waits.update(waits)
+    calls, checks = _pipelined_calls(p, counts, seed, kinds)
+    group.run(calls, seeded=True, eager=4, lines=2, pipelined=(chunks, pushers))
+    return [f"call {i} ({kind}) rank {r}" for i, (kind, want, outs) in enumerate(checks)
+            for r in range(p) if not np.array_equal(outs[r], want[r])]
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_pipelined_reduce_scatter_alternates_with_programs(p):
+    """Every rank's block holds the sum in rank order after each pipelined call, under random
+    interleavings of ranks and workers (pushers and reducers), chunk counts that do and do
+    not divide the blocks, with program calls between them that reuse the scratch slots,
+    tallies, epochs and call numbers, and back to back."""
+    for seed in range(5):
+        for chunks, pushers in ((1, 1), (3, 2), (5, 3)):
+            wrong = _run_pipelined(p, (40, 1, 9, 3, 37, 2, 5, 64), seed, chunks=chunks,
+                                   pushers=pushers)
+            assert wrong == [], (seed, chunks, pushers)
+        assert _run_pipelined(p, (40, 40, 7, 40), seed, kinds=("pipelined",)) == [], seed
+
+
+@pytest.mark.parametrize("wait", ["epochs", "chunks"])
+def test_pipelined_reduce_scatter_needs_both_of_its_waits(wait):
+    """Without the wait for each peer's epoch a pusher writes into a peer's scratch slot while
+    the peer's call before (pipelined too) still reduces out of it; without the wait for
+    every pusher's word a reducer reads a chunk before it is there. Each gives wrong results
+    in some interleaving of back-to-back pipelined calls."""
+    wrong = []
+    for seed in range(12):
+        wrong += _run_pipelined(3, (40, 40, 40, 40), seed, waits={wait: False},
+                                kinds=("pipelined",))
+    assert wrong
