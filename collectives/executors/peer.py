@@ -46,10 +46,12 @@ place on symmetric (or registered) memory, up to COLLECTIVES_PEER_IN_PLACE_BYTES
 on the interpreter's words; 4 x H100, 4 MiB 30.4 against 34.6 µs; 2 x H100, 16 MiB 58.8
 against 72.3, BENCHMARKS.md §6; by default 64 MiB on 2 ranks, 8 MiB on more). Which
 kernel a rank runs depends on its own buffer, so the kernel checks that every peer runs it
-too (error kind 4 otherwise). Another: a direct reduce_scatter of large blocks
-(COLLECTIVES_PEER_PIPELINE_BYTES), where the program's pass that reduces the received blocks
-follows its pushes: ``pipelined_reduce_scatter`` runs them beside each other, some thread
-blocks pushing chunk after chunk while the others reduce each chunk as it arrives.
+too (error kind 4 otherwise). Another, off by default until its GPU tests have passed on 4
+GPUs: a direct reduce_scatter of large blocks (COLLECTIVES_PEER_PIPELINE_BYTES), where the
+program's pass that reduces the received blocks follows its pushes (4 x H100, 1 GiB: pushes
+2338 µs, then the reduction 433, against NCCL's 2503 in all): ``pipelined_reduce_scatter``
+runs them beside each other, some thread blocks pushing chunk after chunk while the others
+reduce each chunk as it arrives (2 x H100: 64 MiB-1 GiB at 1.16-1.25 of NCCL's own).
 
 Errors: a kernel that timed out or saw a peer abort leaves (kind, step, peer) in the error
 words; the next call on this group, and ``synchronize``, raise CollectiveTimeout or
@@ -106,7 +108,7 @@ class _Entry:
     four buffer addresses. ~1 µs of host time, where CuPy's generic launch costs ~7."""
     __slots__ = ("program", "code", "tallies", "function", "blocks", "staging", "scratch_at",
                  "inbox", "lines", "values", "params", "pointers", "layout", "timeout",
-                 "staged")
+                 "staged", "kernel")
 
     def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded,
                  symmetric=False, direct=False):
@@ -117,6 +119,7 @@ class _Entry:
         self.code = cupy.asarray(program.code)
         self.tallies = cupy.asarray(np.array(program.sends + program.recvs, np.int64))
         self.function = cuda_peer.program_kernel(op, dtype, fences).kernel.ptr   # CUfunction
+        self.kernel = "run_program"        # which kernel ``function`` is
         busiest = program.busiest * dtype.itemsize
         self.blocks = int(min(limit, max(1, -(-busiest // settings.PEER_BLOCK_BYTES()))))
         # staging memory, alike on every rank: output, then scratch; the inboxes apart (their
@@ -153,6 +156,7 @@ class _Entry:
         self.code = cupy.asarray(np.array([plan.args[0]], np.int64))
         self.values[0].value = self.code.data.ptr
         self.function = cuda_peer.in_place_kernel(op, dtype, fences, plan.size).kernel.ptr
+        self.kernel = "two_shot_in_place"
 
     def pipelined(self, plan, dtype, op, fences):
         """Run as ``pipelined_reduce_scatter`` instead of the program: its "program" is (count
@@ -168,6 +172,7 @@ class _Entry:
         self.staging = max(self.staging, _align(
             self.scratch_at + (plan.size - 1) * count * dtype.itemsize))
         self.function = cuda_peer.pipelined_kernel(op, dtype, fences, plan.size).kernel.ptr
+        self.kernel = "pipelined_reduce_scatter"
 
     def place(self, memory):
         """Set the values that come from the group's memory (which moves when it grows)."""

@@ -30,7 +30,7 @@ os.environ["COLLECTIVES_PEER_PIPELINE_BYTES"] = "4K"
 from peer_job import Tally, leave_failed_group, start  # noqa: E402  beside this file
 from collectives.errors import CollectiveTimeout, TransportError  # noqa: E402
 from collectives.executors import peer as peer_executor  # noqa: E402
-from collectives.kernels import cuda_peer  # noqa: E402
+from collectives.ops import ReduceOp  # noqa: E402
 
 COUNTS = (1, 3, 1000, 1025, 4099, (1 << 18) + 5, (1 << 20) + 3)
 CASES = (("float32", "sum"), ("float32", "max"), ("float16", "sum"), ("int32", "sum"),
@@ -76,12 +76,16 @@ def main():
         return out
 
     def ran(count, dtype, op):
-        """Whether the latest reduce_scatter of ``count`` elements ran pipelined."""
-        pipelined = cuda_peer.pipelined_kernel(op, np.dtype(dtype), executor.fences,
-                                               p).kernel.ptr
-        return any(entry.function == pipelined and entry.code.size == 3 and
-                   int(entry.code[0]) == count for _, entry in executor._entries.values()
-                   if hasattr(entry, "function"))
+        """Whether the reduce_scatter of ``count`` elements per rank of ``dtype`` and ``op``
+        ran pipelined (the kernel of the executor's entry for its plan)."""
+        kernels = {getattr(entry, "kernel", "nccl send/recv")
+                   for key, (plan, entry) in executor._entries.items()
+                   if plan.collective == "reduce_scatter" and plan.algorithm == "direct" and
+                   plan.args[0][rank] == count and key[1] == np.dtype(dtype) and
+                   key[2] in (op, ReduceOp.parse(op))}
+        if len(kernels) != 1:
+            failures.append(f"{count} {dtype} {op}: entries running {sorted(kernels)}")
+        return kernels == {"pipelined_reduce_scatter"}
 
     def case(seed, count, dtype, op, label, expect=None):
         inputs = [contents(seed, r, count * p, dtype) for r in range(p)]
