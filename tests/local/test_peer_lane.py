@@ -96,7 +96,7 @@ class Rig:
         executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
         executor.failed, executor._entries, executor.memory = None, {}, mem
         executor.limit, executor.eager, executor.lines, executor.fences = 4, 1 << 20, 1 << 16, 0
-        executor.most, executor.direct = 0, False
+        executor.most, executor.direct, executor.in_place, executor.pipeline = 0, False, 0, 0
         executor.transport = SimpleNamespace(rank=0)
         executor.cupy = SimpleNamespace(cuda=SimpleNamespace(
             get_current_stream=lambda: streams.stream))
