@@ -983,6 +983,50 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
    count; ``caller_out``: this rank's buffer at ``place``. */
 #define IN_PLACE_UNROLL 2
 
+/* dst[m][e] = src[0][e] op src[1][e] op ... op src[WORLD - 1][e], left to right, for every m
+   < M and e in [lo, hi), threads tid of nt: where every pointer is 16-byte aligned at lo, each
+   thread holds a 16-byte load of every source at once (IN_PLACE_UNROLL of them) before it
+   combines and stores; otherwise element by element. A destination may be a source (each
+   element is read before it is written, by the same thread). */
+template <int M>
+__device__ __forceinline__ void fold_world(const S* const* src, S* const* dst, i64 lo, i64 hi,
+                                           i64 tid, i64 nt) {
+    bool aligned = true;
+#pragma unroll
+    for (int q = 0; q < WORLD; q++) aligned = aligned && (((u64)(src[q] + lo)) & 15) == 0;
+#pragma unroll
+    for (int m = 0; m < M; m++) aligned = aligned && (((u64)(dst[m] + lo)) & 15) == 0;
+    i64 done = lo;
+    if (aligned && hi > lo) {
+        const i64 v = (hi - lo) / VEC;
+        for (i64 i = tid; i < v; i += IN_PLACE_UNROLL * nt) {
+            uint4 x[IN_PLACE_UNROLL][WORLD];
+#pragma unroll
+            for (int u = 0; u < IN_PLACE_UNROLL; u++)
+#pragma unroll
+                for (int q = 0; q < WORLD; q++)
+                    if (i + u * nt < v)
+                        x[u][q] = __ldcg((const uint4*)(src[q] + lo) + i + u * nt);
+#pragma unroll
+            for (int u = 0; u < IN_PLACE_UNROLL; u++) {
+                if (i + u * nt >= v) break;
+#pragma unroll
+                for (int q = 1; q < WORLD; q++) fold_vector(&x[u][0], &x[u][q]);
+#pragma unroll
+                for (int m = 0; m < M; m++) ((uint4*)(dst[m] + lo))[i + u * nt] = x[u][0];
+            }
+        }
+        done = lo + v * VEC;
+    }
+    for (i64 e = done + tid; e < hi; e += nt) {
+        S acc = src[0][e];
+#pragma unroll
+        for (int q = 1; q < WORLD; q++) acc = combine(acc, src[q][e]);
+#pragma unroll
+        for (int m = 0; m < M; m++) dst[m][e] = acc;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS)
 two_shot_in_place(const i64* code_at, int n, const i64* tallies, char* in, char* out,
                   char* scratch, char* caller_out, const u64* peer_data_at,
@@ -1040,46 +1084,14 @@ two_shot_in_place(const i64* code_at, int n, const i64* tallies, char* in, char*
     }
     __syncthreads();
     if (!stop) {
-        /* this rank's block of the vector: 16-byte units shared out alike on every rank */
+        /* this rank's block of the vector: 16-byte units shared out alike on every rank;
+           reduced and stored back on every rank, the grid's threads each a part */
         const i64 units = (count + VEC - 1) / VEC;
         i64 lo = units * rank / WORLD * VEC, hi = units * (rank + 1) / WORLD * VEC;
         if (lo > count) lo = count;
         if (hi > count) hi = count;
-        bool aligned = true;
-#pragma unroll
-        for (int q = 0; q < WORLD; q++) aligned = aligned && (((u64)(base[q] + lo)) & 15) == 0;
-        const i64 stride = (i64)gridDim.x * blockDim.x;
-        i64 done = lo;
-        if (aligned) {
-            const i64 v = (hi - lo) / VEC;
-            for (i64 i = (i64)blockIdx.x * blockDim.x + t; i < v;
-                 i += IN_PLACE_UNROLL * stride) {
-                uint4 x[IN_PLACE_UNROLL][WORLD];
-#pragma unroll
-                for (int u = 0; u < IN_PLACE_UNROLL; u++)
-#pragma unroll
-                    for (int q = 0; q < WORLD; q++)
-                        if (i + u * stride < v)
-                            x[u][q] = __ldcg((const uint4*)(base[q] + lo) + i + u * stride);
-#pragma unroll
-                for (int u = 0; u < IN_PLACE_UNROLL; u++) {
-                    if (i + u * stride >= v) break;
-#pragma unroll
-                    for (int q = 1; q < WORLD; q++) fold_vector(&x[u][0], &x[u][q]);
-#pragma unroll
-                    for (int q = 0; q < WORLD; q++)
-                        ((uint4*)(base[q] + lo))[i + u * stride] = x[u][0];
-                }
-            }
-            done = lo + v * VEC;
-        }
-        for (i64 e = done + (i64)blockIdx.x * blockDim.x + t; e < hi; e += stride) {
-            S acc = base[0][e];
-#pragma unroll
-            for (int q = 1; q < WORLD; q++) acc = combine(acc, base[q][e]);
-#pragma unroll
-            for (int q = 0; q < WORLD; q++) base[q][e] = acc;
-        }
+        fold_world<WORLD>(base, base, lo, hi, (i64)blockIdx.x * blockDim.x + t,
+                          (i64)gridDim.x * blockDim.x);
     }
     /* this block's part read and written on every peer: said to each; then the same block
        of every peer said so */
@@ -1216,36 +1228,7 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
             if (stop) break;
             i64 lo, hi;
             CHUNK_SHARE(k, me, reducers, lo, hi);
-            bool aligned = (((u64)(dst + lo)) & 15) == 0;
-#pragma unroll
-            for (int q = 0; q < WORLD; q++) aligned = aligned && (((u64)(base[q] + lo)) & 15) == 0;
-            i64 done = lo;
-            if (aligned && hi > lo) {
-                const i64 v = (hi - lo) / VEC, nt = blockDim.x;
-                for (i64 i = t; i < v; i += IN_PLACE_UNROLL * nt) {
-                    uint4 x[IN_PLACE_UNROLL][WORLD];
-#pragma unroll
-                    for (int u = 0; u < IN_PLACE_UNROLL; u++)
-#pragma unroll
-                        for (int q = 0; q < WORLD; q++)
-                            if (i + u * nt < v)
-                                x[u][q] = __ldcg((const uint4*)(base[q] + lo) + i + u * nt);
-#pragma unroll
-                    for (int u = 0; u < IN_PLACE_UNROLL; u++) {
-                        if (i + u * nt >= v) break;
-#pragma unroll
-                        for (int q = 1; q < WORLD; q++) fold_vector(&x[u][0], &x[u][q]);
-                        ((uint4*)(dst + lo))[i + u * nt] = x[u][0];
-                    }
-                }
-                done = lo + v * VEC;
-            }
-            for (i64 e = done + t; e < hi; e += blockDim.x) {
-                S acc = base[0][e];
-#pragma unroll
-                for (int q = 1; q < WORLD; q++) acc = combine(acc, base[q][e]);
-                dst[e] = acc;
-            }
+            fold_world<1>(base, &dst, lo, hi, t, blockDim.x);
             __syncthreads();    /* every thread done with chunk k before the next wait */
         }
     }

@@ -23,22 +23,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from peer_job import Tally, leave_failed_group, start  # beside this file: puts the checkout
-from collectives.errors import CollectiveTimeout, TransportError  # noqa: E402  on the path
+# peer_job, beside this file, puts the checkout on the path
+from peer_job import Tally, contents, leave_failed_group, start
+from collectives.errors import CollectiveTimeout, TransportError  # noqa: E402
 from collectives.kernels import cuda_peer  # noqa: E402
 
 COUNTS = (1, 3, 7, 1000, 4099, (1 << 20) + 5, 3 << 20)
 CASES = (("float32", "sum"), ("float32", "max"), ("float16", "sum"), ("int32", "sum"),
          ("int32", "product"), ("int64", "min"))
-
-
-def contents(seed, rank, count, dtype):
-    """Rank ``rank``'s data of case ``seed``: small integers (exact in every dtype here),
-    random fractions for floating point sums (where the order of the sum shows)."""
-    rng = np.random.default_rng(1000 * seed + rank)
-    if np.dtype(dtype).kind == "f":
-        return rng.standard_normal(count).astype(dtype)
-    return rng.integers(-3, 4, count).astype(dtype)
 
 
 def reference(parts, op):

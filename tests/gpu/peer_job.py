@@ -1,8 +1,8 @@
-"""What the peer-memory workers (``peer_worker.py``, ``in_place_worker.py``) share, each one
-rank under ``mpiexec``: their start (``gpu_jobs.launch``'s arguments, a traceback before the
-job's limit, the pid for killing a hung job, the nccl group), their tally of checks and its
-``RESULT`` line (``gpu_jobs.check_results``), and their exit from a group they failed on
-purpose."""
+"""What the peer-memory workers (``peer_worker.py``, ``in_place_worker.py``,
+``pipelined_worker.py``) share, each one rank under ``mpiexec``: their start
+(``gpu_jobs.launch``'s arguments, a traceback before the job's limit, the pid for killing a
+hung job, the nccl group), their test data, their tally of checks and its ``RESULT`` line
+(``gpu_jobs.check_results``), and their exit from a group they failed on purpose."""
 from __future__ import annotations
 
 import argparse
@@ -33,6 +33,15 @@ def start(timeout: float = 60.0):
         with open(os.path.join(args.pid_dir, f"pid.{group.rank}"), "w") as f:
             f.write(str(os.getpid()))
     return group, cupy, args
+
+
+def contents(seed, rank, count, dtype):
+    """Rank ``rank``'s data of case ``seed``: random fractions for floating point (where the
+    order of a sum shows), small integers otherwise (exact in every dtype the workers use)."""
+    rng = np.random.default_rng(1000 * seed + rank)
+    if np.dtype(dtype).kind == "f":
+        return rng.standard_normal(count).astype(dtype)
+    return rng.integers(-3, 4, count).astype(dtype)
 
 
 class Tally:

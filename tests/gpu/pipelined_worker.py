@@ -27,7 +27,8 @@ import os
 import numpy as np
 
 os.environ["COLLECTIVES_PEER_PIPELINE_BYTES"] = "4K"
-from peer_job import Tally, leave_failed_group, start  # noqa: E402  beside this file
+# peer_job, beside this file, puts the checkout on the path
+from peer_job import Tally, contents, leave_failed_group, start  # noqa: E402
 from collectives.errors import CollectiveTimeout, TransportError  # noqa: E402
 from collectives.executors import peer as peer_executor  # noqa: E402
 from collectives.ops import ReduceOp  # noqa: E402
@@ -36,15 +37,6 @@ COUNTS = (1, 3, 1000, 1025, 4099, (1 << 18) + 5, (1 << 20) + 3)
 CASES = (("float32", "sum"), ("float32", "max"), ("float16", "sum"), ("int32", "sum"),
          ("int32", "product"), ("int64", "min"))
 OPS = {"sum": np.add, "max": np.maximum, "min": np.minimum, "product": np.multiply}
-
-
-def contents(seed, rank, count, dtype):
-    """Rank ``rank``'s input of case ``seed`` (count elements per rank's block): random
-    fractions for floating point (where the order of the sum shows), small integers else."""
-    rng = np.random.default_rng(1000 * seed + rank)
-    if np.dtype(dtype).kind == "f":
-        return rng.standard_normal(count).astype(dtype)
-    return rng.integers(-3, 4, count).astype(dtype)
 
 
 def reference(inputs, rank, count, op):

@@ -92,6 +92,23 @@ def test_a_call_handed_to_send_recv_gets_the_buffers_its_plan_reads(monkeypatch)
             assert set(calls[-1]) == {"output"} and (output == data).all()
 
 
+class KernelEntry:
+    """The executor's entry without a GPU: its program, and which kernel it runs."""
+
+    def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded,
+                 symmetric=False, direct=False):
+        self.program = peer_executor.pushed.lower(plan, eager // dtype.itemsize,
+                                                  lines // dtype.itemsize, seeded, symmetric,
+                                                  direct)
+        self.kernel, self.blocks = "run_program", limit
+
+    def in_place(self, plan, dtype, op, fences):
+        self.kernel = "two_shot_in_place"
+
+    def pipelined(self, plan, dtype, op, fences):
+        self.kernel = "pipelined_reduce_scatter"
+
+
 def test_calls_above_the_size_limit_leave_peer_memory_only_where_a_plan_stages_output(
         monkeypatch):
     """COLLECTIVES_PEER_MAX_BYTES: a call whose largest message is above it goes to NCCL
@@ -100,13 +117,7 @@ def test_calls_above_the_size_limit_leave_peer_memory_only_where_a_plan_stages_o
     alike); reduce_scatter stages nothing and stays on peer memory at every size (before,
     it went to send/recv too: 0.89 of NCCL's own at 256 MiB on 4 x H100 where peer memory
     runs it at 0.98). Below the limit, or with no limit, everything stays."""
-    class Entry:                     # the executor's entry without a GPU: its program
-        def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded,
-                     symmetric=False, direct=False):
-            self.program = peer_executor.pushed.lower(plan, eager // dtype.itemsize,
-                                                      lines // dtype.itemsize, seeded,
-                                                      symmetric, direct)
-    monkeypatch.setattr(peer_executor, "_Entry", Entry)
+    monkeypatch.setattr(peer_executor, "_Entry", KernelEntry)
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
     executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 4, 0
     executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
@@ -123,7 +134,7 @@ def test_calls_above_the_size_limit_leave_peer_memory_only_where_a_plan_stages_o
         for name, plan in cases.items():
             entry = executor._entry(plan, dtype, None, (name, most, symmetric), False,
                                     symmetric)
-            assert (type(entry) is Entry) == (name in stays), (name, most, symmetric)
+            assert (type(entry) is KernelEntry) == (name in stays), (name, most, symmetric)
 
 
 def test_two_shot_in_place_on_symmetric_memory_runs_as_one_pass_and_nothing_else_does(
@@ -132,17 +143,7 @@ def test_two_shot_in_place_on_symmetric_memory_runs_as_one_pass_and_nothing_else
     (not seeded) on symmetric memory, from 2 to 8 ranks, up to COLLECTIVES_PEER_IN_PLACE_BYTES
     (0: never); above the size limit where the plan would stage every rank leaves peer memory
     alike, whatever its buffer."""
-    class Entry:                     # the executor's entry without a GPU: which kernel it runs
-        def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded,
-                     symmetric=False, direct=False):
-            self.program = peer_executor.pushed.lower(plan, eager // dtype.itemsize,
-                                                      lines // dtype.itemsize, seeded,
-                                                      symmetric, direct)
-            self.kernel = "run_program"
-
-        def in_place(self, plan, dtype, op, fences):
-            self.kernel = "two_shot_in_place"
-    monkeypatch.setattr(peer_executor, "_Entry", Entry)
+    monkeypatch.setattr(peer_executor, "_Entry", KernelEntry)
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
     executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 4, 0
     executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
@@ -479,20 +480,7 @@ def test_direct_reduce_scatter_of_large_even_blocks_runs_pipelined_and_nothing_e
     with at least two thread blocks to split; other plans, uneven blocks, smaller blocks and
     9 ranks keep the program. The kernel's staging covers its pushes: one scratch slot of a
     block per peer."""
-    class Entry:                     # the executor's entry without a GPU: which kernel it runs
-        def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded,
-                     symmetric=False, direct=False):
-            self.program = peer_executor.pushed.lower(plan, eager // dtype.itemsize,
-                                                      lines // dtype.itemsize, seeded,
-                                                      symmetric, direct)
-            self.kernel, self.blocks = "run_program", limit
-
-        def pipelined(self, plan, dtype, op, fences):
-            self.kernel = "pipelined_reduce_scatter"
-
-        def in_place(self, plan, dtype, op, fences):
-            self.kernel = "two_shot_in_place"
-    monkeypatch.setattr(peer_executor, "_Entry", Entry)
+    monkeypatch.setattr(peer_executor, "_Entry", KernelEntry)
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
     executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 128, 0
     executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True

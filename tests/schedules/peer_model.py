@@ -115,15 +115,21 @@ class Group:
             except StopIteration:
                 running.remove(worker)
 
+    @staticmethod
+    def _until(ready, deadline, rank, step, peer, what):
+        """Yield (let others run) until ``ready()``; Stuck after ``deadline`` turns."""
+        waited = 0
+        while not ready():
+            waited += 1
+            if waited > deadline:
+                raise Stuck(rank, step, peer, what)
+            yield
+
     def _barrier(self, rank, w, barriers, step, deadline):
         barriers[rank][w] += 1
         mark = barriers[rank][w]
-        waited = 0
-        while min(barriers[rank]) < mark:
-            waited += 1
-            if waited > deadline:
-                raise Stuck(rank, step, rank, "its own workers")
-            yield
+        yield from self._until(lambda: min(barriers[rank]) >= mark, deadline, rank, step, rank,
+                               "its own workers")
 
     def _worker(self, rank, w, calls, reduce, piece, barriers, deadline, eager, lines,
                 seeded, symmetric, direct, in_place, pipelined):
@@ -174,12 +180,7 @@ class Group:
         epoch = pushed.in_place_epoch(call)
 
         def wait(ready, peer, what):
-            waited = 0
-            while not ready():
-                waited += 1
-                if waited > deadline:
-                    raise Stuck(rank, 0, peer, what)
-                yield
+            return self._until(ready, deadline, rank, 0, peer, what)
 
         if w == 0:
             self.landing[rank] = buffer
@@ -235,12 +236,7 @@ class Group:
         epoch = pushed.in_place_epoch(call)
 
         def wait(ready, step, peer, what):
-            waited = 0
-            while not ready():
-                waited += 1
-                if waited > deadline:
-                    raise Stuck(rank, step, peer, what)
-                yield
+            return self._until(ready, deadline, rank, step, peer, what)
 
         def chunk_share(k, me, of):            # 16-byte units alike on every rank
             units = -(-count // self.align)
@@ -304,12 +300,7 @@ class Group:
                 INBOX: self.inbox[rank][call & 1]}     # (a REDUCE_N operand only)
 
         def wait(ready, step, peer, what):
-            waited = 0
-            while not ready():
-                waited += 1
-                if waited > deadline:
-                    raise Stuck(rank, step, peer, what)
-                yield
+            return self._until(ready, deadline, rank, step, peer, what)
 
         flag = pushed.line_flag(call, self.period)
         half = pushed.scrubs(call, self.period)
