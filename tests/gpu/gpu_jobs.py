@@ -1,6 +1,7 @@
 """Launching GPU jobs for the gpu tests: whether the nccl backend (and torch with CUDA) is
 usable here, how many GPUs are visible, each world size's time limit, ``launch`` (a worker under
-``mpiexec -n N`` in a fresh job directory, killed by pid at its limit) and ``check_results``.
+``mpiexec -n N`` in a fresh job directory, killed by pid at its limit, or when this process
+is told to end) and ``check_results``.
 The GPU tests import it from here, never from one another."""
 import importlib.util
 import json
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import uuid
 
 import pytest
@@ -18,6 +20,19 @@ from collectives.transports import nccl
 
 OK, WHY = nccl.available()
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _terminated(signum, frame):
+    """SIGTERM (a device session's outer ``timeout``): leave through the launches' ``finally``,
+    which kill their jobs. The default would end this process at once, and the MPI jobs it
+    started (each in a session of its own) would go on using the GPUs under the next command
+    of the session (a cut test run once left every later 4-GPU run of its call without peer
+    memory and NCCL 2.3x slower)."""
+    raise SystemExit(128 + signum)
+
+
+if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, _terminated)
 
 
 def limit_for(world_size: int) -> float:
