@@ -2,7 +2,7 @@
 # One device call on the GPUs of one host: the peer-memory trace, the GPU test suite and the
 # bench's GPU rows, each step's output under OUT.
 #   bash tools/session_gpu.sh OUT N_GPUS   (STEPS="check trace suite bench sweep lines fences
-#   large profile knobs tune mpi ab" picks steps; SWEEP, LINES, FENCES, *_ARGS, *_SECONDS,
+#   large profile knobs tune mpi ab pipelined" picks steps; SWEEP, LINES, FENCES, *_ARGS, *_SECONDS,
 #   MPI_BIND, MPI_ROUNDS_A/B, AB_OLD (another checkout: device times of both, alternated) and
 #   AB_ROUNDS tune them)
 set -uo pipefail
@@ -55,6 +55,13 @@ for step in ${STEPS:-trace suite bench}; do
             (cd "$tree" && PYTHONPATH=$tree:/tmp/site timeout 150 $mpi -n "$n" python3 tools/peer_check.py --no-checks ${AB_ARGS:-} | grep -A${KNOB_LINES:-30} "device time")
           done
         done 2>&1 | tee "$out/ab.txt" ;;
+    pipelined) # pipelined_reduce_scatter (off by default): its GPU tests, then the program
+               # against it (COLLECTIVES_PEER_PIPELINE_BYTES 0 and 16M) beside NCCL's own
+               COLLECTIVES_GPU_TEST_SECONDS=200 timeout 450 python3 -m pytest -m gpu tests/gpu/test_peer.py -q -k pipelined 2>&1 | tail -30 | tee "$out/pipelined_tests.txt"
+               for b in 0 16M; do
+                 echo "== COLLECTIVES_PEER_PIPELINE_BYTES=$b"
+                 COLLECTIVES_PEER_PIPELINE_BYTES=$b timeout 120 $mpi -x COLLECTIVES_PEER_PIPELINE_BYTES -n "$n" python3 benchmarks/bench.py --backend nccl --no-progress --collectives reduce_scatter --algorithms native,direct --sizes ${PIPELINE_SIZES:-16M,64M,256M,1G} --min-time 0.05 --graph-max 0 --json "$out/pipelined_$b.json"
+               done 2>&1 | tee "$out/pipelined.txt" ;;
     bench) timeout ${BENCH_SECONDS:-240} $mpi -n "$n" python3 benchmarks/bench.py --backend nccl --no-progress ${BENCH_ARGS:-} --json "$out/bench.json" 2>&1 | tee "$out/bench.txt" ;;
   esac
   rc=${PIPESTATUS[0]}
