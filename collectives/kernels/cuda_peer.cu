@@ -983,6 +983,24 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
    count; ``caller_out``: this rank's buffer at ``place``. */
 #define IN_PLACE_UNROLL 2
 
+/* The call's start in a kernel of a fixed world size, once the previous kernel on the stream
+   is complete (programmatic dependent launch: before this, a kernel reads only what no
+   kernel writes): this rank's message counters per peer, then the call's number, deadline
+   and stop (start_call), seen by every thread. */
+__device__ __forceinline__ void world_call_start(const u64* flags, int* error, u64 timeout_ns,
+                                                 u64* sent, u64* received, u64* deadline,
+                                                 u64* call, int* stop) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    if (threadIdx.x < WORLD) {
+        sent[threadIdx.x] = flags[SENT_WORDS + threadIdx.x];
+        received[threadIdx.x] = flags[RECEIVED_WORDS + threadIdx.x];
+    }
+    if (threadIdx.x == 0) start_call(flags, error, timeout_ns, deadline, call, stop);
+    __syncthreads();
+}
+
 /* dst[m][e] = src[0][e] op src[1][e] op ... op src[WORLD - 1][e], left to right, for every m
    < M and e in [lo, hi), threads tid of nt: where every pointer is 16-byte aligned at lo, each
    thread holds a 16-byte load of every source at once (IN_PLACE_UNROLL of them) before it
@@ -1045,16 +1063,7 @@ two_shot_in_place(const i64* code_at, int n, const i64* tallies, char* in, char*
         ones[t] = t != rank;
     }
     if (t == 0) count = code_at[0];
-    /* reads only what no kernel writes up to here (programmatic dependent launch) */
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-    if (t < WORLD) {
-        sent[t] = flags[SENT_WORDS + t];
-        received[t] = flags[RECEIVED_WORDS + t];
-    }
-    if (t == 0) start_call(flags, error, timeout_ns, &deadline, &call_number, &stop);
-    __syncthreads();
+    world_call_start(flags, error, timeout_ns, sent, received, &deadline, &call_number, &stop);
     Ctx c = {flags, peer_flags, error, rank, WORLD, deadline};
     const u64 call = call_number;
     scrub_lines(c, (char*)peer_lines_at[rank], lines_half, call, &stop);
@@ -1152,16 +1161,7 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
         chunks = code_at[1];
         pushers = code_at[2];
     }
-    /* reads only what no kernel writes up to here (programmatic dependent launch) */
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-    if (t < WORLD) {
-        sent[t] = flags[SENT_WORDS + t];
-        received[t] = flags[RECEIVED_WORDS + t];
-    }
-    if (t == 0) start_call(flags, error, timeout_ns, &deadline, &call_number, &stop);
-    __syncthreads();
+    world_call_start(flags, error, timeout_ns, sent, received, &deadline, &call_number, &stop);
     if (t < WORLD) tally[t] = t != rank ? (u64)chunks : 0;
     Ctx c = {flags, peer_flags, error, rank, WORLD, deadline};
     const u64 call = call_number;

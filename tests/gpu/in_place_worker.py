@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 # peer_job, beside this file, puts the checkout on the path
-from peer_job import Tally, contents, leave_failed_group, start
+from peer_job import Tally, contents, leave_failed_group, peer_executor_of, start
 from collectives.errors import CollectiveTimeout, TransportError  # noqa: E402
 from collectives.kernels import cuda_peer  # noqa: E402
 
@@ -47,11 +47,8 @@ def main():
     rank, p = group.rank, group.size
     tally = Tally(cupy, rank, p)
     failures = tally.failures
-    executor = getattr(group.transport, "peer_executor", None)
+    executor = peer_executor_of(group, tally)
     if executor is None:
-        failures.append(f"the group does not run on peer memory: "
-                        f"{getattr(group.transport, 'peer_path', '?')}")
-        tally.report()
         return
     memory = executor.memory
 

@@ -76,6 +76,17 @@ class Tally:
                                       "failed": len(self.failures)}), flush=True)
 
 
+def peer_executor_of(group, tally):
+    """The group's peer-memory executor, or None after reporting, as this rank's failure, why
+    the group does not run on peer memory."""
+    executor = getattr(group.transport, "peer_executor", None)
+    if executor is None:
+        tally.failures.append(f"the group does not run on peer memory: "
+                              f"{getattr(group.transport, 'peer_path', '?')}")
+        tally.report()
+    return executor
+
+
 def leave_failed_group():
     """Exit after failing the group on purpose: it is not closed, and leaving without
     MPI_Finalize would be an "improper exit" that makes Open MPI kill the other ranks before

@@ -28,7 +28,7 @@ import numpy as np
 
 os.environ["COLLECTIVES_PEER_PIPELINE_BYTES"] = "4K"
 # peer_job, beside this file, puts the checkout on the path
-from peer_job import Tally, contents, leave_failed_group, start  # noqa: E402
+from peer_job import Tally, contents, leave_failed_group, peer_executor_of, start  # noqa: E402
 from collectives.errors import CollectiveTimeout, TransportError  # noqa: E402
 from collectives.executors import peer as peer_executor  # noqa: E402
 from collectives.ops import ReduceOp  # noqa: E402
@@ -54,11 +54,8 @@ def main():
     rank, p = group.rank, group.size
     tally = Tally(cupy, rank, p)
     failures = tally.failures
-    executor = getattr(group.transport, "peer_executor", None)
+    executor = peer_executor_of(group, tally)
     if executor is None:
-        failures.append(f"the group does not run on peer memory: "
-                        f"{getattr(group.transport, 'peer_path', '?')}")
-        tally.report()
         return
 
     def reduce_scatter(inputs, count, dtype, op, algorithm="direct"):
