@@ -310,7 +310,7 @@ class PeerExecutor:
                                 operation=operation, dtype=dtype, op=op)
         stream = self.cupy.cuda.get_current_stream()
         if entry.layout is not memory.layout:     # a new entry, or the memory moved since
-            self._fit(entry, stream, operation or plan.collective, plan.rank)
+            self._fit(entry, stream, operation or plan.collective, plan.rank, timeout)
         last = memory.last_stream
         if last is not stream and last is not None and last.ptr != stream.ptr:
             stream.wait_event(last.record())
@@ -327,10 +327,11 @@ class PeerExecutor:
         _launch(entry.function, entry.blocks, 1, 1, cuda_peer.THREADS, 1, 1, 0,
                 stream.ptr, entry.params, 0)
 
-    def _fit(self, entry, stream, operation, rank):
+    def _fit(self, entry, stream, operation, rank, timeout=None):
         """Grow the group's memory to what ``entry`` needs (collective: every rank's entry
-        needs the same) and point its values at it. The memory only grows, so an entry
-        placed since the memory last moved fits."""
+        needs the same; a rank that never calls ends it on the others at ``timeout``) and
+        point its values at it. The memory only grows, so an entry placed since the memory
+        last moved fits."""
         memory = self.memory
         if memory.capacity < entry.staging or memory.inbox_half < entry.inbox or \
                 memory.lines_half < entry.lines:
@@ -340,7 +341,12 @@ class PeerExecutor:
                                      f"{entry.inbox}, {entry.lines} for lines), which cannot "
                                      f"happen during graph capture; run the call once before "
                                      f"capturing it")
-            memory.ensure(entry.staging, entry.inbox, entry.lines)
+            try:
+                memory.ensure(entry.staging, entry.inbox, entry.lines, operation,
+                              DEFAULT_TIMEOUT if timeout is None else timeout)
+            except Exception as exc:   # some rank never called, or could not map: no later
+                self.failed = exc      # call may use this memory (the communicator aborted)
+                raise
         entry.place(memory)
 
     def _entry(self, plan, dtype, op, key, seeded, symmetric=False):

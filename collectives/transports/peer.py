@@ -12,7 +12,10 @@ host, each GPU with peer access to every other. Every rank makes the same decisi
 every rank's host and GPU), so the group either runs plans on peer memory everywhere or
 nowhere. The staging area grows when a call needs more (``ensure``): all ranks of the call
 compute the same size from the same plans, so they grow together, through the same
-all_gather; the old area is freed once the device is idle.
+all_gather; the old area is freed once the device is idle. Every such all_gather is bounded: a
+rank that never makes the call (so never sends its handle) ends it on the others with
+CollectiveTimeout at the call's timeout, and the NCCL communicator is aborted, as any NCCL
+wait past its deadline is (the all_gather cannot be withdrawn).
 
 Symmetric memory (``symmetric``): allocations every rank makes together and every peer maps,
 handed to the caller as arrays. A call whose output lies in one needs no staging: peers write
@@ -39,7 +42,7 @@ import socket
 
 import numpy as np
 
-from ..errors import TransportError
+from ..errors import CollectiveTimeout, TransportError
 from ..kernels.cuda_peer import ABORT_WORD, FLAG_BYTES, HEAP_SHIFT, MAX_HEAPS
 
 _HANDLE = 64                 # sizeof(cudaIpcMemHandle_t)
@@ -119,7 +122,7 @@ class PeerMemory:
             # the error words (kind, step, peer): 0s until a kernel reports; None once closed
             self.words = (ctypes.c_int32 * 4).from_address(self._error_host)
             self.error_ptr = self._error_host    # unified addressing: the same pointer
-        self.data_ptr, self.capacity = 0, 0
+        self.data_ptr, self.capacity, self.peer_data = 0, 0, []
         self.peer_data, self.peer_data_array = [], None
         self.inbox_ptr, self.inbox_half = 0, 0
         self.peer_inbox, self.peer_inbox_array = [], None
@@ -136,7 +139,8 @@ class PeerMemory:
 
     # -- opening -------------------------------------------------------------------------
 
-    def _share(self, start, offset: int = 0, what: str = "peer memory") -> tuple:
+    def _share(self, start, offset: int = 0, what: str = "peer memory",
+               timeout: float | None = None) -> tuple:
         """(every rank's address of its memory ``offset`` bytes into its allocation at
         ``start``, as mapped here; the peers' allocations this rank opened), through an
         all_gather of the IPC handles and offsets over the group's communicator. Every rank
@@ -145,7 +149,8 @@ class PeerMemory:
         (a rank that went on alone would have senders write through mappings they lack)."""
         runtime = self.cupy.cuda.runtime
         handle = bytes(runtime.ipcGetMemHandle(start))
-        blobs = _all_gather(self.transport, handle + int(offset).to_bytes(8, "little"))
+        blobs = _all_gather(self.transport, handle + int(offset).to_bytes(8, "little"),
+                            what, timeout)
         out, opened, why = [], [], ""
         for r, blob in enumerate(blobs):
             if r == self.rank:
@@ -158,8 +163,8 @@ class PeerMemory:
                 break
             opened.append(base)
             out.append(base + int.from_bytes(blob[_HANDLE:_HANDLE + 8], "little"))
-        failed = [r for r, b in enumerate(_all_gather(self.transport, b"\1" if why else b"\0"))
-                  if b[0]]
+        failed = [r for r, b in enumerate(_all_gather(self.transport, b"\1" if why else b"\0",
+                                                      what, timeout)) if b[0]]
         if failed:
             for q in opened:
                 runtime.ipcCloseMemHandle(q)
@@ -169,36 +174,48 @@ class PeerMemory:
                                  f"memory{mine}; no rank mapped it")
         return out, opened
 
-    def ensure(self, nbytes: int, inbox: int = 0, lines: int = 0) -> None:
+    def ensure(self, nbytes: int, inbox: int = 0, lines: int = 0, what: str = "peer memory",
+               timeout: float | None = None) -> None:
         """Staging memory of at least ``nbytes``, inbox halves of at least ``inbox`` bytes and
         halves of the inbox of lines of at least ``lines`` bytes on every rank (collective:
         every rank of the call asks for the same sizes at the same call). Inboxes are
         separate allocations, zeroed (a line's flag 0 never matches), whose halves stay where
-        they are until they grow."""
+        they are until they grow. ``what`` names the call that grows them and ``timeout`` bounds
+        the wait for the other ranks (the transport's own when None)."""
         if nbytes <= self.capacity and inbox <= self.inbox_half and lines <= self.lines_half:
             return
         cupy = self.cupy
         runtime = cupy.cuda.runtime
         with cupy.cuda.Device(self.transport.device):
             runtime.deviceSynchronize()          # nothing of this rank may still use them
+            # entries place themselves again; each area is released and forgotten before its
+            # allocation, so an exchange that fails (a rank that never calls, or one that
+            # cannot map) leaves no freed pointer behind
+            self.layout = object()
             if nbytes > self.capacity:
                 self._release(self.peer_data, self.data_ptr)
-                self.capacity = max(nbytes, 2 * self.capacity, 1 << 20)
+                grown = max(nbytes, 2 * self.capacity, 1 << 20)
+                self.data_ptr, self.capacity, self.peer_data = 0, 0, []
                 self.data_ptr, self.peer_data, self.peer_data_array = \
-                    self._allocate(self.capacity, zeroed=False)
+                    self._allocate(grown, zeroed=False, what=what, timeout=timeout)
+                self.capacity = grown
             if inbox > self.inbox_half or self.inbox_ptr == 0:
                 self._release(self.peer_inbox, self.inbox_ptr)
-                self.inbox_half = max(inbox, 2 * self.inbox_half, 1 << 16)
+                grown = max(inbox, 2 * self.inbox_half, 1 << 16)
+                self.inbox_ptr, self.inbox_half, self.peer_inbox = 0, 0, []
                 self.inbox_ptr, self.peer_inbox, self.peer_inbox_array = \
-                    self._allocate(2 * self.inbox_half, zeroed=True)
+                    self._allocate(2 * grown, zeroed=True, what=what, timeout=timeout)
+                self.inbox_half = grown
             if lines > self.lines_half or self.lines_ptr == 0:
                 self._release(self.peer_lines, self.lines_ptr)
-                self.lines_half = max(lines, 2 * self.lines_half, 1 << 16)
+                grown = max(lines, 2 * self.lines_half, 1 << 16)
+                self.lines_ptr, self.lines_half, self.peer_lines = 0, 0, []
                 self.lines_ptr, self.peer_lines, self.peer_lines_array = \
-                    self._allocate(2 * self.lines_half, zeroed=True)
-            self.layout = object()
+                    self._allocate(2 * grown, zeroed=True, what=what, timeout=timeout)
+                self.lines_half = grown
 
-    def _allocate(self, nbytes: int, zeroed: bool, what: str = "peer memory"):
+    def _allocate(self, nbytes: int, zeroed: bool, what: str = "peer memory",
+                  timeout: float | None = None):
         """(this rank's pointer, every rank's address as mapped here, those as a device
         array) of a new allocation of ``nbytes`` on every rank (collective)."""
         runtime = self.cupy.cuda.runtime
@@ -206,7 +223,7 @@ class PeerMemory:
         if zeroed:
             runtime.memset(ptr, 0, nbytes)
         try:
-            peers, _ = self._share(ptr, what=what)
+            peers, _ = self._share(ptr, what=what, timeout=timeout)
         except TransportError:
             runtime.free(ptr)
             raise
@@ -403,8 +420,11 @@ class PeerMemory:
             pass
 
 
-def _all_gather(transport, blob: bytes) -> list:
-    """Every rank's ``blob`` (all of one length) through the group's NCCL communicator."""
+def _all_gather(transport, blob: bytes, what: str = "peer memory",
+                timeout: float | None = None) -> list:
+    """Every rank's ``blob`` (all of one length) through the group's NCCL communicator,
+    waited for at most ``timeout`` seconds (the transport's own when None): past it the
+    communicator is aborted and CollectiveTimeout names ``what`` and this rank."""
     cupy = transport.xp
     n = len(blob)
     with cupy.cuda.Device(transport.device):
@@ -412,7 +432,16 @@ def _all_gather(transport, blob: bytes) -> list:
         recv = cupy.empty(n * transport.size, np.uint8)
         stream = cupy.cuda.Stream(non_blocking=True)
         transport.comm.allGather(send.data.ptr, recv.data.ptr, n, _NCCL_UINT8, stream.ptr)
-        stream.synchronize()
+        limit = transport.timeout if timeout is None else timeout
+        with stream:
+            try:
+                transport.synchronize(limit, what)
+            except CollectiveTimeout:
+                raise CollectiveTimeout(
+                    f"{what} on rank {transport.rank}: an exchange among every rank of the "
+                    f"group (over NCCL, growing or opening peer memory) waited {limit} s for "
+                    f"some rank that did not make this call; the NCCL communicator was "
+                    f"aborted") from None
         out = recv.get().tobytes()
     return [out[r * n:(r + 1) * n] for r in range(transport.size)]
 

@@ -14,8 +14,8 @@ on every rank), so that calls of a few MiB cut into many chunks and many shares.
    and call numbers must survive; every result checked.
 3. A CUDA graph: the pipelined call captured once, replayed with new input each time.
 4. Large: 64 MiB per rank's block with the default chunk size.
-5. A rank that never arrives (rank 0 skips the call): every other rank's call ends at its
-   timeout naming rank 0; its output not written (no chunk came from every peer); no kernel
+5. A rank that never arrives (rank 0 skips a call all made before): every other rank's call
+   ends at its timeout naming rank 0; its output not written (no chunk came from every peer); no kernel
    left spinning. The group is failed after it, so it comes last.
 
 Prints ``RESULT {...}`` per rank (``gpu_jobs.check_results``).
@@ -137,16 +137,20 @@ def main():
     case_out = reduce_scatter(inputs, count, "float32", "sum")
     tally.check("64 MiB per rank", case_out, reference(inputs, rank, count, "sum"), bitwise=True)
 
-    # 5. rank 0 never arrives
+    # 5. rank 0 never arrives (at a call every rank has made once, so that no rank waits in
+    # the growth of the group's memory, which the host side bounds: test_peer_host_side.py)
+    count = 1 << 16
+    ones = cupy.ones(count * p, cupy.float32)
+    out = reduce_scatter([cupy.asnumpy(ones)] * p, count, "float32", "sum")
+    tally.check("before rank 0 stays away", out, np.full(count, p, np.float32))
     group.transport.synchronize(30.0)
     group.bench_host.barrier()
-    count = 1 << 16
     out = cupy.full(count, -1.0, cupy.float32)
     timed_out = 0
     if rank != 0:
         try:
-            group.prepare("reduce_scatter", input=cupy.ones(count * p, cupy.float32),
-                          output=out, algorithm="direct", timeout=3.0)()
+            group.prepare("reduce_scatter", input=ones, output=out, algorithm="direct",
+                          timeout=3.0)()
             group.transport.synchronize(30.0)
             failures.append("rank 0 never called, yet the call returned")
         except CollectiveTimeout as exc:     # this rank's wait for rank 0 ran out

@@ -43,7 +43,7 @@ def memory(monkeypatch):
     cupy = SimpleNamespace(cuda=SimpleNamespace(runtime=runtime,
                                                 Device=lambda d: contextlib.nullcontext()),
                            asarray=np.asarray)
-    monkeypatch.setattr(peer_memory, "_all_gather", lambda transport, blob: [blob])
+    monkeypatch.setattr(peer_memory, "_all_gather", lambda transport, blob, *how: [blob])
     mem = peer_memory.PeerMemory.__new__(peer_memory.PeerMemory)
     mem.cupy, mem.transport, mem.rank, mem.size = cupy, SimpleNamespace(device=0), 0, 1
     mem.data_ptr, mem.capacity, mem.peer_data, mem.peer_data_array = 0, 0, [], None
@@ -290,7 +290,7 @@ class TwoRanks:
         self.runtime.ipcOpenMemHandle = open_handle
         self.runtime.ipcCloseMemHandle = self.closed.append
 
-        def all_gather(transport, blob):
+        def all_gather(transport, blob, *how):
             if len(blob) == 1:
                 return [blob, self.answers.pop(0) if self.answers else b"\0"]
             return [blob, (0x50000).to_bytes(peer_memory._HANDLE, "little") +
@@ -511,3 +511,92 @@ def test_direct_reduce_scatter_of_large_even_blocks_runs_pipelined_and_nothing_e
     assert kernel(build_plan("reduce_scatter", "direct", 1, 4, (big,) * 4)) == "run_program"
     assert not peer_executor.pipelined(build_plan("reduce_scatter", "direct", 1, 4, (big,) * 4),
                                        dtype, 16 << 20, 1)      # one block: nothing to split
+
+
+class NeverDone:
+    """A stand-in for CuPy around one NCCL all_gather that never completes: some rank did
+    not make the call, so its handle never comes."""
+
+    def __init__(self):
+        event = SimpleNamespace(done=False)
+        stream = SimpleNamespace(record=lambda: event, ptr=7)
+
+        class Stream:
+            def __init__(self, non_blocking=False):
+                self.ptr = 7
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+        self.cuda = SimpleNamespace(Device=lambda d: contextlib.nullcontext(), Stream=Stream,
+                                    get_current_stream=lambda: stream)
+        self.asarray = lambda a: SimpleNamespace(data=SimpleNamespace(ptr=1))
+        self.empty = lambda n, dtype: SimpleNamespace(data=SimpleNamespace(ptr=2))
+
+
+def nccl_transport_that_never_completes(rank=1):
+    from collectives.transports import nccl
+    transport = nccl.NcclTransport.__new__(nccl.NcclTransport)
+    transport.xp, transport.rank, transport.size, transport.device = NeverDone(), rank, 2, 0
+    transport.timeout, transport._aborted, transport._graphs = 1800.0, False, []
+    aborted = []
+    transport.comm = SimpleNamespace(allGather=lambda *a: None, check_async_error=lambda: None,
+                                     abort=lambda: aborted.append(True))
+    transport._release = lambda: None
+    return transport, aborted
+
+
+def test_an_exchange_a_rank_never_joins_ends_at_the_call_s_timeout_naming_it():
+    """The group's peer memory grows by an all_gather of memory handles over NCCL. A rank
+    that skipped a call which grows it held every other rank in that all_gather for ever (a
+    killed GPU test, 130 s, on 2 and 4 x H100): the wait is bounded by the call's timeout
+    now, ends with CollectiveTimeout naming the operation and the rank, and aborts the
+    communicator (the all_gather cannot be withdrawn)."""
+    import threading
+    from collectives.errors import CollectiveTimeout
+    transport, aborted = nccl_transport_that_never_completes(rank=1)
+    caught = []
+
+    def grow():
+        try:
+            peer_memory._all_gather(transport, b"handle", "reduce_scatter", 0.2)
+        except Exception as exc:       # noqa: BLE001 (what it raised is the test)
+            caught.append(exc)
+    waiter = threading.Thread(target=grow, daemon=True)
+    waiter.start()
+    waiter.join(10.0)
+    assert not waiter.is_alive(), "the exchange still waits for the rank that never called"
+    assert len(caught) == 1 and isinstance(caught[0], CollectiveTimeout), caught
+    assert "reduce_scatter on rank 1" in str(caught[0]) and "0.2 s" in str(caught[0])
+    assert aborted == [True]
+
+
+def test_memory_whose_growth_failed_keeps_no_freed_pointer_and_fails_the_group(monkeypatch):
+    """A growth whose exchange fails (timeout, or a rank that cannot map) had already freed
+    the old area and recorded the new capacity, so the next call found its memory "big
+    enough" and ran on a freed pointer. Now the area is forgotten before its allocation, and
+    the executor refuses every later call with the same error."""
+    from collectives.errors import CollectiveTimeout
+    mem, runtime = memory(monkeypatch)
+    mem.ensure(256, 256, 256)
+    old = mem.data_ptr
+
+    def timed_out(transport, blob, what="peer memory", timeout=None):
+        raise CollectiveTimeout(f"{what} on rank 0: waited {timeout} s")
+    monkeypatch.setattr(peer_memory, "_all_gather", timed_out)
+    with pytest.raises(CollectiveTimeout, match="all_gather on rank 0: waited 5.0 s"):
+        mem.ensure(8 << 20, 256, 256, "all_gather", 5.0)
+    assert runtime.freed[-1] == old and runtime.freed.count(old) == 1
+    assert (mem.data_ptr, mem.capacity, mem.peer_data) == (0, 0, [])
+
+    executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
+    executor.failed, executor.memory = None, mem
+    entry = SimpleNamespace(staging=16 << 20, inbox=256, lines=256, place=lambda m: None)
+    stream = SimpleNamespace(is_capturing=lambda: False)
+    with pytest.raises(CollectiveTimeout, match="all_gather on rank 0: waited 3.0 s"):
+        executor._fit(entry, stream, "all_gather", 0, 3.0)
+    assert isinstance(executor.failed, CollectiveTimeout)
+    with pytest.raises(CollectiveTimeout):
+        executor(build_plan("all_gather", "direct", 0, 2, (4, 4)), None, {}, dtype=np.float32)
