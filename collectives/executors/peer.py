@@ -160,19 +160,25 @@ class _Entry:
 
     def pipelined(self, plan, dtype, op, fences):
         """Run as ``pipelined_reduce_scatter`` instead of the program: its "program" is (count
-        per rank, chunks, pushers); the program's blocks, parameters and staging (its
-        scratch slots, one per peer, are where the pushes land)."""
+        per rank, chunks, pushers, gather). A reduce_scatter takes the program's blocks,
+        parameters and staging (its scratch slots, one per peer, are where the pushes land);
+        a two_shot all_reduce (gather) the same slots from the staging memory's start, its
+        reduced block after them, and writes the caller's output itself (nothing staged)."""
         import cupy
-        count = plan.args[0][plan.rank]
+        gather = plan.collective == "all_reduce"
+        count = plan.args[0] // plan.size if gather else plan.args[0][plan.rank]
         chunks = int(min(PIPELINE_MAX_CHUNKS, max(
             1, count * dtype.itemsize // PIPELINE_CHUNK_BYTES)))
-        pushers = max(1, self.blocks * PIPELINE_PUSHERS // 4)
-        self.code = cupy.asarray(np.array([count, chunks, pushers], np.int64))
+        pushers = max(1, self.blocks * pipeline_pushers(plan.size) // 4)
+        self.code = cupy.asarray(np.array([count, chunks, pushers, gather], np.int64))
         self.values[0].value = self.code.data.ptr
-        self.staging = max(self.staging, _align(
-            self.scratch_at + (plan.size - 1) * count * dtype.itemsize))
+        if gather:
+            self.scratch_at, self.staged = 0, False
+            self.values[9].value = 0
+        self.staging = max(256 if gather else self.staging, _align(
+            self.scratch_at + (plan.size - 1 + gather) * count * dtype.itemsize))
         self.function = cuda_peer.pipelined_kernel(op, dtype, fences, plan.size).kernel.ptr
-        self.kernel = "pipelined_reduce_scatter"
+        self.kernel = "pipelined_all_reduce" if gather else "pipelined_reduce_scatter"
 
     def place(self, memory):
         """Set the values that come from the group's memory (which moves when it grows)."""
@@ -213,23 +219,37 @@ def in_place(plan, dtype, most: int) -> bool:
 
 
 # pipelined_reduce_scatter: each rank's block cut into chunks of this many bytes (at most
-# PIPELINE_MAX_CHUNKS of them); of the program's thread blocks, PIPELINE_PUSHERS quarters
-# push and the rest reduce
+# PIPELINE_MAX_CHUNKS of them); of the program's thread blocks, pipeline_pushers(world)
+# quarters push (and, in an all_reduce, then read the peers' reduced blocks) and the rest
+# reduce
 PIPELINE_CHUNK_BYTES = 4 << 20
 PIPELINE_MAX_CHUNKS = 64
-PIPELINE_PUSHERS = 3
+PIPELINE_PUSHERS = {2: 3}       # by world size; 2 elsewhere
+PIPELINE_PUSHERS_ELSEWHERE = 2
+
+
+def pipeline_pushers(world: int) -> int:
+    """Quarters of the thread blocks that push (BENCHMARKS.md §6: 4 x H100, reduce_scatter
+    64M / 256M / 1G at 1.13 / 1.11 / 1.07 of NCCL with half the blocks pushing, 1.05 / 1.04
+    / 1.00 with three quarters)."""
+    return PIPELINE_PUSHERS.get(world, PIPELINE_PUSHERS_ELSEWHERE)
 
 
 def pipelined(plan, dtype, least: int, blocks: int) -> bool:
-    """Whether ``plan`` runs as ``pipelined_reduce_scatter``: a direct reduce_scatter on 2 to
-    8 ranks whose every rank's block has the same count, of at least ``least`` bytes
+    """Whether ``plan`` runs as ``pipelined_reduce_scatter``: on 2 to 8 ranks, a direct
+    reduce_scatter whose every rank's block has the same count, or a two_shot all_reduce
+    whose count the ranks divide evenly, the block of at least ``least`` bytes
     (COLLECTIVES_PEER_PIPELINE_BYTES; 0: never), with thread blocks to split into pushers and
     reducers; decided alike on every rank (what it looks at is alike on every rank)."""
-    if plan.collective != "reduce_scatter" or plan.algorithm != "direct" or not least or \
-            not 2 <= plan.size <= cuda_peer.IN_PLACE_MAX_WORLD or blocks < 2:
+    if not least or not 2 <= plan.size <= cuda_peer.IN_PLACE_MAX_WORLD or blocks < 2:
         return False
-    counts = plan.args[0]
-    return len(set(counts)) == 1 and counts[0] * dtype.itemsize >= least
+    if plan.collective == "reduce_scatter" and plan.algorithm == "direct":
+        counts = plan.args[0]
+        return len(set(counts)) == 1 and counts[0] * dtype.itemsize >= least
+    if plan.collective == "all_reduce" and plan.algorithm == "two_shot":
+        count = plan.args[0]
+        return count % plan.size == 0 and count // plan.size * dtype.itemsize >= least
+    return False
 
 
 class _Elsewhere:
@@ -356,13 +376,15 @@ class PeerExecutor:
         else:
             entry = _Entry(plan, dtype, op, self.limit, self.eager, self.lines, self.fences,
                            self.memory, seeded, symmetric, self.direct)
-            if self.most and entry.program.largest * dtype.itemsize > self.most and \
-                    entry.program.staging:
-                entry = elsewhere   # every rank alike: both are over every rank's plan
-            elif symmetric and not seeded and in_place(plan, dtype, self.in_place):
+            # every rank alike: both are over every rank's plan
+            over = self.most and entry.program.largest * dtype.itemsize > self.most and \
+                entry.program.staging
+            if symmetric and not seeded and not over and in_place(plan, dtype, self.in_place):
                 entry.in_place(plan, dtype, op, self.fences)    # this rank's buffer: in place
             elif self.pipeline and pipelined(plan, dtype, self.pipeline, entry.blocks):
-                entry.pipelined(plan, dtype, op, self.fences)
+                entry.pipelined(plan, dtype, op, self.fences)   # stages nothing
+            elif over:
+                entry = elsewhere
         if len(self._entries) > 4096:
             self._entries.clear()
         self._entries[key] = (plan, entry)     # the plan kept: its id is not reused meanwhile

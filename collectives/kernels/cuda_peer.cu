@@ -1137,8 +1137,22 @@ two_shot_in_place(const i64* code_at, int n, const i64* tallies, char* in, char*
    the slot). The slots are the program's (direct.reduce_scatter: peers in rank order, this
    rank skipped), so the staging memory is the program's.
 
+   A two_shot all_reduce of p equal blocks runs here too (``gather``): the reducers then store
+   each chunk of the rank's block both in its output and in the rank's staging memory after
+   the p - 1 slots, and say so in their own delivered words (message ``chunks`` + k + 1);
+   once they are done pushing, the pushers read chunk after chunk of every peer's reduced
+   block straight into this rank's output (the caller's memory: no staging copy, where the
+   program's pushes land in staging memory and are copied out), each as soon as every
+   reducer of that peer has said it. Each pusher then says it has read everything (message
+   2 ``chunks``) and waits until the same pusher of every peer has too: a rank's call ends
+   only once no peer reads its staging memory any more, so its next call (a program whose
+   own stores may land there) cannot change what a peer is still reading. In place (``in``
+   0) the input is the output: a peer's chunk k of block q is written here only after q
+   has reduced it, so after every pusher here has pushed it; the own block is read and
+   written by the same thread. The tallies move on by 2 ``chunks``.
+
    Parameters as run_program's; ``code_at``: count (elements of each rank's block), chunks,
-   pushers. */
+   pushers, gather. */
 extern "C" __global__ void __launch_bounds__(THREADS)
 pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in, char* out,
                          char* scratch, char* caller_out, const u64* peer_data_at,
@@ -1148,7 +1162,7 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
                          u64 lines_half, u64 place, const u64* peer_heaps) {
     __shared__ int stop, last_out;
     __shared__ u64 deadline, call_number;
-    __shared__ i64 count, chunks, pushers;
+    __shared__ i64 count, chunks, pushers, gather;
     __shared__ u64 peer_flags[WORLD], peer_data[WORLD], sent[WORLD], received[WORLD];
     __shared__ u64 tally[WORLD];
     const int t = threadIdx.x;
@@ -1160,9 +1174,12 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
         count = code_at[0];
         chunks = code_at[1];
         pushers = code_at[2];
+        gather = code_at[3];
     }
     world_call_start(flags, error, timeout_ns, sent, received, &deadline, &call_number, &stop);
-    if (t < WORLD) tally[t] = t != rank ? (u64)chunks : 0;
+    if (t < WORLD) tally[t] = t != rank ? (u64)(gather ? 2 : 1) * chunks : 0;
+    const char* src = in ? in : caller_out;              /* an all_reduce in place */
+    const i64 reduced_at = (i64)(WORLD - 1) * count;     /* elements into staging's scratch */
     Ctx c = {flags, peer_flags, error, rank, WORLD, deadline};
     const u64 call = call_number;
     scrub_lines(c, (char*)peer_lines_at[rank], lines_half, call, &stop);
@@ -1190,30 +1207,71 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
             CHUNK_SHARE(k, (i64)blockIdx.x, pushers, lo, hi);
             /* every peer's share at once, one warp group each (copy_batch) */
             char* dst[WORLD - 1];
-            const char* src[WORLD - 1];
+            const char* from[WORLD - 1];
             i64 bytes[WORLD - 1];
 #pragma unroll
             for (int s = 1; s < WORLD; s++) {
                 const int q = (rank + s) % WORLD;
                 const i64 slot = rank < q ? rank : rank - 1;
                 dst[s - 1] = (char*)peer_data[q] + scratch_at + (slot * count + lo) * itemsize;
-                src[s - 1] = in + ((i64)q * count + lo) * itemsize;
+                from[s - 1] = src + ((i64)q * count + lo) * itemsize;
                 bytes[s - 1] = (hi - lo) * itemsize;
             }
-            copy_batch(dst, src, bytes, WORLD - 1);
+            copy_batch(dst, from, bytes, WORLD - 1);
             __syncthreads();    /* the block's stores, then one release per peer */
             if (t < WORLD && t != rank)
                 release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS
                         + blockIdx.x, sent[t] + (u64)k + 1);
+        }
+        const i64 reducers = gridDim.x - pushers;
+        for (i64 k = 0; gather && k < chunks && !stop; k++) {
+            /* chunk k of every peer's reduced block, from every reducer of that peer */
+            for (i64 w = t; w < (WORLD - 1) * reducers; w += blockDim.x) {
+                const int i = (int)(w / reducers), q = i < rank ? i : i + 1;
+                const u64* word = flags + DELIVERED_WORDS + (u64)q * MAX_BLOCKS + pushers
+                                  + w % reducers;
+                if (!wait_for(c, word, received[q] + (u64)(chunks + k) + 1, 2, q)) {
+                    stop = 1;
+                    break;
+                }
+            }
+            __syncthreads();
+            if (stop) break;
+            i64 lo, hi;
+            CHUNK_SHARE(k, (i64)blockIdx.x, pushers, lo, hi);
+            char* dst[WORLD - 1];
+            const char* from[WORLD - 1];
+            i64 bytes[WORLD - 1];
+#pragma unroll
+            for (int s = 1; s < WORLD; s++) {
+                const int q = (rank + s) % WORLD;
+                dst[s - 1] = out + ((i64)q * count + lo) * itemsize;
+                from[s - 1] = (const char*)peer_data[q] + scratch_at
+                              + (reduced_at + lo) * itemsize;
+                bytes[s - 1] = (hi - lo) * itemsize;
+            }
+            copy_batch(dst, from, bytes, WORLD - 1);
+            __syncthreads();
+        }
+        /* read all of every peer's reduced block: said to each; then every peer has read
+           this rank's (the same pusher of each) */
+        if (gather && t < WORLD && t != rank && !stop) {
+            release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS
+                    + blockIdx.x, sent[t] + 2 * (u64)chunks);
+            if (!wait_for(c, flags + DELIVERED_WORDS + (u64)t * MAX_BLOCKS + blockIdx.x,
+                          received[t] + 2 * (u64)chunks, 2, t))
+                stop = 1;
         }
     } else {
         const i64 me = blockIdx.x - pushers, reducers = gridDim.x - pushers;
         const S* base[WORLD];
 #pragma unroll
         for (int q = 0; q < WORLD; q++)
-            base[q] = q == rank ? (const S*)in + (i64)rank * count
+            base[q] = q == rank ? (const S*)src + (i64)rank * count
                                 : (const S*)scratch + (q < rank ? q : q - 1) * count;
-        S* dst = (S*)out;
+        /* reduce_scatter: the output; all_reduce: the rank's block of it, and after the
+           slots in staging memory, where peers read it */
+        S* dst[2] = {(S*)out + (gather ? (i64)rank * count : 0), (S*)scratch + reduced_at};
         for (i64 k = 0; k < chunks && !stop; k++) {
             /* chunk k from every pusher of every peer */
             for (i64 w = t; w < (WORLD - 1) * pushers; w += blockDim.x) {
@@ -1228,8 +1286,14 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
             if (stop) break;
             i64 lo, hi;
             CHUNK_SHARE(k, me, reducers, lo, hi);
-            fold_world<1>(base, &dst, lo, hi, t, blockDim.x);
+            if (gather)
+                fold_world<2>(base, dst, lo, hi, t, blockDim.x);
+            else
+                fold_world<1>(base, dst, lo, hi, t, blockDim.x);
             __syncthreads();    /* every thread done with chunk k before the next wait */
+            if (gather && t < WORLD && t != rank)   /* and its stores, before the release */
+                release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS
+                        + blockIdx.x, sent[t] + (u64)(chunks + k) + 1);
         }
     }
 #undef CHUNK_SHARE

@@ -9,11 +9,16 @@ on every rank), so that calls of a few MiB cut into many chunks and many shares.
    equal to numpy's reduction in rank order (the program's order: direct.reduce_scatter);
    each call checked to have run as ``pipelined_reduce_scatter`` from the threshold on and
    as the program below it.
+1b. two_shot all_reduces of p equal blocks, out of place and in place (the kernel's gather:
+   every peer's reduced block read straight into the output), bitwise against numpy in
+   rank order, and the kernel each ran; an uneven count runs as the program.
 2. Alternation: pipelined calls between program calls of the same group (reduce_scatter
-   below the threshold, all_reduce two_shot, all_gather direct), as message tallies, epochs
-   and call numbers must survive; every result checked.
+   below the threshold, all_reduce two_shot, all_gather direct, whose output is staged
+   where the all_reduce's reduced block lay), as message tallies, epochs and call numbers
+   must survive; every result checked.
 3. A CUDA graph: the pipelined call captured once, replayed with new input each time.
-4. Large: 64 MiB per rank's block with the default chunk size.
+4. Large: 64 MiB per rank's block with the default chunk size; an all_reduce of p such
+   blocks in place.
 5. A rank that never arrives (rank 0 skips a call all made before): every other rank's call
    ends at its timeout naming rank 0; its output not written (no chunk came from every peer); no kernel
    left spinning. The group is failed after it, so it comes last.
@@ -64,17 +69,20 @@ def main():
                       algorithm=algorithm)()
         return out
 
-    def ran(count, dtype, op):
-        """Whether the reduce_scatter of ``count`` elements per rank of ``dtype`` and ``op``
-        ran pipelined (the kernel of the executor's entry for its plan)."""
+    def ran(count, dtype, op, collective="reduce_scatter"):
+        """Whether the reduce_scatter of ``count`` elements per rank (the two_shot all_reduce
+        of ``count`` elements) of ``dtype`` and ``op`` ran pipelined (the kernel of the
+        executor's entries for its plan)."""
+        algorithm = "direct" if collective == "reduce_scatter" else "two_shot"
         kernels = {getattr(entry, "kernel", "nccl send/recv")
                    for key, (plan, entry) in executor._entries.items()
-                   if plan.collective == "reduce_scatter" and plan.algorithm == "direct" and
-                   plan.args[0][rank] == count and key[1] == np.dtype(dtype) and
-                   key[2] in (op, ReduceOp.parse(op))}
-        if len(kernels) != 1:
-            failures.append(f"{count} {dtype} {op}: entries running {sorted(kernels)}")
-        return kernels == {"pipelined_reduce_scatter"}
+                   if plan.collective == collective and plan.algorithm == algorithm and
+                   (plan.args[0][rank] if collective == "reduce_scatter" else plan.args[0])
+                   == count and key[1] == np.dtype(dtype) and key[2] in (op, ReduceOp.parse(op))}
+        if not kernels or (collective == "reduce_scatter" and len(kernels) != 1):
+            failures.append(f"{collective} {count} {dtype} {op}: entries running "
+                            f"{sorted(kernels)}")
+        return kernels == {"pipelined_" + collective}
 
     def case(seed, count, dtype, op, label, expect=None):
         inputs = [contents(seed, r, count * p, dtype) for r in range(p)]
@@ -88,6 +96,29 @@ def main():
         for count in COUNTS:
             expect = count * np.dtype(dtype).itemsize >= executor.pipeline
             case(seed, count, dtype, op, f"{dtype} {op} {count} per rank", expect)
+
+    # 1b. two_shot all_reduces (the kernel's gather), out of place and in place
+    for seed, (dtype, op) in enumerate(CASES):
+        for block in (1, 1000, 1025, (1 << 18) + 5):
+            count = block * p
+            inputs = [contents(100 + seed, r, count, dtype) for r in range(p)]
+            want = reference(inputs, 0, count, op)
+            expect = block * np.dtype(dtype).itemsize >= executor.pipeline
+            label = f"all_reduce {dtype} {op} {count}"
+            out = cupy.zeros(count, dtype)
+            group.prepare("all_reduce", input=cupy.asarray(inputs[rank]), output=out, op=op,
+                          algorithm="two_shot")()
+            tally.check(label, out, want, bitwise=True)
+            d = cupy.asarray(inputs[rank])
+            group.prepare("all_reduce", input=d, output=d, op=op, algorithm="two_shot")()
+            tally.check(label + " in place", d, want, bitwise=True)
+            if ran(count, dtype, op, "all_reduce") != expect:
+                failures.append(f"{label}: ran {'as the program' if expect else 'pipelined'}")
+    count = 4099                            # the ranks do not divide it: the program
+    ints = [contents(9, r, count, "int32") for r in range(p)]
+    d = cupy.asarray(ints[rank])
+    group.prepare("all_reduce", input=d, output=d, algorithm="two_shot")()
+    tally.check("all_reduce of an uneven count", d, reference(ints, 0, count, "sum"))
 
     # 2. pipelined calls between program calls
     for round_ in range(3):
@@ -106,6 +137,16 @@ def main():
         tally.check(f"round {round_}: direct all_gather after", out, np.concatenate(ints))
         case(50 + round_, (1 << 16) + 1, "float32", "sum", f"round {round_}: pipelined again",
              True)
+        floats = [contents(60 + round_, r, (1 << 16) * p, "float32") for r in range(p)]
+        out = cupy.zeros((1 << 16) * p, cupy.float32)
+        group.prepare("all_reduce", input=cupy.asarray(floats[rank]), output=out,
+                      algorithm="two_shot")()
+        tally.check(f"round {round_}: pipelined all_reduce", out,
+                    reference(floats, 0, (1 << 16) * p, "sum"), bitwise=True)
+        group.prepare("all_gather", input=cupy.asarray(ints[rank]), output=out[:4099 * p],
+                      algorithm="direct")()
+        tally.check(f"round {round_}: direct all_gather after it", out[:4099 * p],
+                    np.concatenate(ints))
 
     # 3. captured in a CUDA graph, replayed with new input
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -136,6 +177,12 @@ def main():
     inputs = [np.arange(count * p, dtype=np.float32) % 1024 + r for r in range(p)]
     case_out = reduce_scatter(inputs, count, "float32", "sum")
     tally.check("64 MiB per rank", case_out, reference(inputs, rank, count, "sum"), bitwise=True)
+    d = cupy.asarray(inputs[rank])
+    group.prepare("all_reduce", input=d, output=d, algorithm="two_shot")()
+    tally.check(f"all_reduce of {p} x 64 MiB in place", d,
+                reference(inputs, 0, count * p, "sum"), bitwise=True)
+    if not ran(count * p, "float32", "sum", "all_reduce"):
+        failures.append("the large all_reduce did not run pipelined")
 
     # 5. rank 0 never arrives (at a call every rank has made once, so that no rank waits in
     # the growth of the group's memory, which the host side bounds: test_peer_host_side.py)

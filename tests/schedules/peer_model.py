@@ -23,6 +23,10 @@ from collectives.algorithms.pushed import (ARRIVE, BARRIER, COPY, EPOCH, PUSH, R
                                            INBOX)
 
 
+# what ``pipelined_reduce_scatter`` runs (executors/peer.py: pipelined)
+PIPELINED = (("reduce_scatter", "direct"), ("all_reduce", "two_shot"))
+
+
 class Stuck(RuntimeError):
     def __init__(self, rank, step, peer, what):
         super().__init__(f"rank {rank} step {step + 1}: still waiting for rank {peer} ({what})")
@@ -79,8 +83,9 @@ class Group:
         self.mode = [0] * size
         self.finished = [[] for _ in range(size)]     # per rank: in-place results, in order
         self.in_place_waits = {"epochs": True, "delivered": True}
-        # ``pipelined_reduce_scatter``'s two waits, turned off one at a time by a test
-        self.pipelined_waits = {"epochs": True, "chunks": True}
+        # ``pipelined_reduce_scatter``'s waits, turned off one at a time by a test (the last
+        # two in all_reduces only)
+        self.pipelined_waits = {"epochs": True, "chunks": True, "reduced": True, "read": True}
 
     def run(self, calls, reduce=np.add, *, piece=3, deadline=100000, absent=(), eager=0,
             lines=0, seeded=False, symmetric=(), direct=False, in_place=(), pipelined=None):
@@ -95,9 +100,9 @@ class Group:
         copied into its output at the call's start (as the caller's stream does before the
         kernel); ranks in ``in_place`` run such two_shot all_reduces as
         ``two_shot_in_place`` does (their outputs symmetric), the others the program.
-        ``pipelined`` (chunks, pushers): every rank runs direct reduce_scatters as
-        ``pipelined_reduce_scatter`` does, its first ``pushers`` workers pushing and the
-        others reducing."""
+        ``pipelined`` (chunks, pushers): every rank runs direct reduce_scatters and two_shot
+        all_reduces as ``pipelined_reduce_scatter`` does, its first ``pushers`` workers
+        pushing and the others reducing."""
         barriers = [[0] * self.workers for _ in range(self.size)]
         running = []
         for rank in range(self.size):
@@ -145,12 +150,14 @@ class Group:
                                           deadline)
                 sends = recvs = [int(q != rank) for q in range(self.size)]
                 finished = output
-            elif pipelined and plan.collective == "reduce_scatter" and \
-                    plan.algorithm == "direct":
+            elif pipelined and (plan.collective, plan.algorithm) in PIPELINED:
                 chunks, pushers = pipelined
-                yield from self._pipelined(rank, w, plan.args[0][rank], input, output, reduce,
-                                           piece, deadline, chunks, pushers)
-                sends = recvs = [chunks * (q != rank) for q in range(self.size)]
+                gather = plan.collective == "all_reduce"
+                count = plan.args[0] // self.size if gather else plan.args[0][rank]
+                yield from self._pipelined(rank, w, count, output if input is None else input,
+                                           output, reduce, piece, deadline, chunks, pushers,
+                                           gather)
+                sends = recvs = [(1 + gather) * chunks * (q != rank) for q in range(self.size)]
                 finished = None
             else:
                 program = pushed.lower(plan, eager, lines, seeded and input is not None and
@@ -224,15 +231,25 @@ class Group:
                                     "its block")
 
     def _pipelined(self, rank, w, count, input, output, reduce, piece, deadline, chunks,
-                   pushers):
+                   pushers, gather=False):
         """``pipelined_reduce_scatter`` (kernels/cuda_peer.cu) on worker ``w`` of ``rank``:
         worker 0's epoch; a pusher (w < pushers) waits for every peer's epoch of this call,
         then pushes its share of chunk after chunk of every peer's block into that peer's
         scratch slot for this rank (direct.reduce_scatter's: peers in rank order, itself
         skipped), its delivered word to each peer numbering the chunks pushed; a reducer
         waits for chunk k from every pusher of every peer, then reduces its share of it in
-        rank order into output."""
+        rank order into output.
+
+        ``gather`` (a two_shot all_reduce of ``count`` elements per rank's block): the slots
+        lie at the staging memory's start, where programs stage their outputs (here the
+        staging output, ``out``), the reduced block after them; a reducer stores its share
+        of chunk k there too and numbers it in its own delivered word (``chunks`` + k + 1);
+        a pusher, its pushes done, reads each peer's chunk k once every reducer of that peer
+        has said so, into the peer's block of output, then says it has read everything
+        (2 ``chunks``) and waits until the same pusher of every peer has."""
         call, size = self.calls[rank], self.size
+        area = self.out if gather else self.scratch
+        reduced_at = (size - 1) * count
         epoch = pushed.in_place_epoch(call)
 
         def wait(ready, step, peer, what):
@@ -256,7 +273,7 @@ class Group:
                 for s in range(1, size):
                     q = (rank + s) % size
                     slot = rank if rank < q else rank - 1
-                    theirs = self.scratch[q]
+                    theirs = area[q]
                     for a in range(lo, hi, piece):
                         b = min(hi, a + piece)
                         theirs[slot * count + a:slot * count + b] = \
@@ -265,8 +282,11 @@ class Group:
                 for q in range(size):
                     if q != rank:
                         self.delivered[q, rank, w] = self.sent[rank, q] + k + 1
+            if gather:
+                yield from self._gather(rank, w, count, output, piece, wait, chunks, pushers,
+                                        chunk_share, reduced_at)
             return
-        scratch = self.scratch[rank]
+        scratch = area[rank]
         blocks = [input[rank * count:(rank + 1) * count] if q == rank else
                   scratch[(q if q < rank else q - 1) * count:][:count] for q in range(size)]
         for k in range(chunks):
@@ -286,8 +306,45 @@ class Group:
                 acc = values[0]
                 for value in values[1:]:
                     acc = reduce(acc, value)
-                output[a:b] = acc
+                if gather:
+                    output[rank * count + a:rank * count + b] = acc
+                    scratch[reduced_at + a:reduced_at + b] = acc
+                else:
+                    output[a:b] = acc
                 yield
+            if gather:
+                for q in range(size):
+                    if q != rank:
+                        self.delivered[q, rank, w] = self.sent[rank, q] + chunks + k + 1
+
+    def _gather(self, rank, w, count, output, piece, wait, chunks, pushers, chunk_share,
+                reduced_at):
+        """A pusher's second part in a pipelined all_reduce (``_pipelined``)."""
+        size = self.size
+        for k in range(chunks):
+            for q in range(size):
+                if q == rank or not self.pipelined_waits["reduced"]:
+                    continue
+                for j in range(pushers, self.workers):
+                    target = self.received[rank, q] + chunks + k + 1
+                    yield from wait(lambda: self.delivered[rank, q, j] >= target, 2, q,
+                                    "its reduced chunk")
+            lo, hi = chunk_share(k, w, pushers)
+            for s in range(1, size):
+                q = (rank + s) % size
+                for a in range(lo, hi, piece):
+                    b = min(hi, a + piece)
+                    output[q * count + a:q * count + b] = \
+                        self.out[q][reduced_at + a:reduced_at + b]
+                    yield
+        for q in range(size):
+            if q != rank:
+                self.delivered[q, rank, w] = self.sent[rank, q] + 2 * chunks
+        for q in range(size):
+            if q != rank and self.pipelined_waits["read"]:
+                target = self.received[rank, q] + 2 * chunks
+                yield from wait(lambda: self.delivered[rank, q, w] >= target, 2, q,
+                                "its reads")
 
     def _call(self, rank, w, program, input, output, reduce, piece, barriers, deadline):
         workers = self.workers

@@ -795,10 +795,16 @@ def _pipelined_calls(p, counts, seed, kinds=KINDS):
             calls.append([(build_plan("reduce_scatter", algorithm, r, p, (n,) * p), data[r],
                            outs[r]) for r in range(p)])
             checks.append((kind, [total[r * n:(r + 1) * n] for r in range(p)], outs))
-        elif kind == "direct all_reduce":
+        elif kind in ("direct all_reduce", "pipelined all_reduce"):
+            algorithm = "direct" if kind == "direct all_reduce" else "two_shot"
             outs = [np.full(n * p, np.nan) for _ in range(p)]
-            calls.append([(build_plan("all_reduce", "direct", r, p, n * p), data[r], outs[r])
+            calls.append([(build_plan("all_reduce", algorithm, r, p, n * p), data[r], outs[r])
                           for r in range(p)])
+            checks.append((kind, [total] * p, outs))
+        elif kind == "pipelined all_reduce in place":
+            outs = [np.full(n * p, np.nan) for _ in range(p)]
+            calls.append([(build_plan("all_reduce", "two_shot", r, p, n * p), InPlace(data[r]),
+                           outs[r]) for r in range(p)])
             checks.append((kind, [total] * p, outs))
         else:
             outs = [np.full(n * p, np.nan) for _ in range(p)]
@@ -830,6 +836,38 @@ def test_pipelined_reduce_scatter_alternates_with_programs(p):
                                    pushers=pushers)
             assert wrong == [], (seed, chunks, pushers)
         assert _run_pipelined(p, (40, 40, 7, 40), seed, kinds=("pipelined",)) == [], seed
+
+
+ALL_REDUCES = ("pipelined all_reduce", "all_gather", "pipelined",
+               "pipelined all_reduce in place", "direct all_reduce", "ring reduce_scatter")
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_pipelined_all_reduce_alternates_with_programs(p):
+    """two_shot all_reduces run by the same kernel (each rank's reduced block read by its
+    peers straight into their outputs, chunk by chunk), out of place and in place, every
+    rank's output the sum in rank order, between programs that stage outputs where its
+    slots and reduced block lie, reduce_scatters of the same kernel, and back to back."""
+    for seed in range(5):
+        for chunks, pushers in ((1, 1), (3, 2), (5, 3)):
+            wrong = _run_pipelined(p, (40, 1, 9, 3, 37, 2, 5, 64, 12, 8, 33, 4), seed,
+                                   chunks=chunks, pushers=pushers, kinds=ALL_REDUCES)
+            assert wrong == [], (seed, chunks, pushers)
+        assert _run_pipelined(p, (40, 40, 7, 40), seed,
+                              kinds=("pipelined all_reduce",)) == [], seed
+
+
+@pytest.mark.parametrize("wait", ["reduced", "read"])
+def test_pipelined_all_reduce_needs_both_of_its_waits(wait):
+    """Without the wait for every reducer of a peer a pusher reads that peer's reduced chunk
+    before it is there; without the wait for every peer's reads a rank's next call (an
+    all_gather whose receives land where its reduced block lies) overwrites it while a slow
+    peer still reads it. Each gives wrong results in some interleaving."""
+    wrong = []
+    for seed in range(12):
+        wrong += _run_pipelined(3, (40, 40, 40, 40), seed, waits={wait: False},
+                                kinds=("pipelined all_reduce", "all_gather"))
+    assert wrong
 
 
 @pytest.mark.parametrize("wait", ["epochs", "chunks"])
