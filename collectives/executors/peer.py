@@ -169,7 +169,7 @@ class _Entry:
         count = plan.args[0] // plan.size if gather else plan.args[0][plan.rank]
         chunks = int(min(PIPELINE_MAX_CHUNKS, max(
             1, count * dtype.itemsize // PIPELINE_CHUNK_BYTES)))
-        pushers = max(1, self.blocks * pipeline_pushers(plan.size) // 4)
+        pushers = max(1, self.blocks * PIPELINE_PUSHERS // 4)
         self.code = cupy.asarray(np.array([count, chunks, pushers, gather], np.int64))
         self.values[0].value = self.code.data.ptr
         if gather:
@@ -219,20 +219,13 @@ def in_place(plan, dtype, most: int) -> bool:
 
 
 # pipelined_reduce_scatter: each rank's block cut into chunks of this many bytes (at most
-# PIPELINE_MAX_CHUNKS of them); of the program's thread blocks, pipeline_pushers(world)
-# quarters push (and, in an all_reduce, then read the peers' reduced blocks) and the rest
-# reduce
+# PIPELINE_MAX_CHUNKS of them); of the program's thread blocks, PIPELINE_PUSHERS quarters
+# push and the rest reduce (BENCHMARKS.md §6: with half pushing, reduce_scatter at 64 MiB-1 GiB
+# 1.28-1.41 of NCCL's own on 2 x H100 and 1.06-1.13 on 4, against 1.16-1.25 and 1.00-1.05
+# with three quarters)
 PIPELINE_CHUNK_BYTES = 4 << 20
 PIPELINE_MAX_CHUNKS = 64
-PIPELINE_PUSHERS = {2: 3}       # by world size; 2 elsewhere
-PIPELINE_PUSHERS_ELSEWHERE = 2
-
-
-def pipeline_pushers(world: int) -> int:
-    """Quarters of the thread blocks that push (BENCHMARKS.md §6: 4 x H100, reduce_scatter
-    64M / 256M / 1G at 1.13 / 1.11 / 1.07 of NCCL with half the blocks pushing, 1.05 / 1.04
-    / 1.00 with three quarters)."""
-    return PIPELINE_PUSHERS.get(world, PIPELINE_PUSHERS_ELSEWHERE)
+PIPELINE_PUSHERS = 2
 
 
 def pipelined(plan, dtype, least: int, blocks: int) -> bool:

@@ -1139,17 +1139,17 @@ two_shot_in_place(const i64* code_at, int n, const i64* tallies, char* in, char*
 
    A two_shot all_reduce of p equal blocks runs here too (``gather``): the reducers then store
    each chunk of the rank's block both in its output and in the rank's staging memory after
-   the p - 1 slots, and say so in their own delivered words (message ``chunks`` + k + 1);
-   once they are done pushing, the pushers read chunk after chunk of every peer's reduced
-   block straight into this rank's output (the caller's memory: no staging copy, where the
-   program's pushes land in staging memory and are copied out), each as soon as every
-   reducer of that peer has said it. Each pusher then says it has read everything (message
-   2 ``chunks``) and waits until the same pusher of every peer has too: a rank's call ends
-   only once no peer reads its staging memory any more, so its next call (a program whose
-   own stores may land there) cannot change what a peer is still reading. In place (``in``
-   0) the input is the output: a peer's chunk k of block q is written here only after q
-   has reduced it, so after every pusher here has pushed it; the own block is read and
-   written by the same thread. The tallies move on by 2 ``chunks``.
+   the p - 1 slots, and say so in their own delivered words (message ``chunks`` + k + 1).
+   Once done pushing or reducing, every block reads its share of chunk after chunk of every
+   peer's reduced block straight into this rank's output (the caller's memory: nothing
+   staged, where the program's pushes land in staging memory and are copied out), each
+   chunk as soon as every reducer of that peer has said it. Each block then says it has
+   read everything (message 2 ``chunks`` + 1) and waits until the same block of every peer
+   has: a rank's call ends only once no peer reads its staging memory any more, so its next
+   call (a program whose stores may land there) cannot change what a peer still reads. In
+   place (``in`` 0) the input is the output: a peer's chunk k of block q is written here
+   only after q has reduced it, so after every pusher here has pushed it; the own block is
+   read and written by the same thread. The tallies move on by 2 ``chunks`` + 1.
 
    Parameters as run_program's; ``code_at``: count (elements of each rank's block), chunks,
    pushers, gather. */
@@ -1177,7 +1177,7 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
         gather = code_at[3];
     }
     world_call_start(flags, error, timeout_ns, sent, received, &deadline, &call_number, &stop);
-    if (t < WORLD) tally[t] = t != rank ? (u64)(gather ? 2 : 1) * chunks : 0;
+    if (t < WORLD) tally[t] = t != rank ? (u64)(gather ? 2 * chunks + 1 : chunks) : 0;
     const char* src = in ? in : caller_out;              /* an all_reduce in place */
     const i64 reduced_at = (i64)(WORLD - 1) * count;     /* elements into staging's scratch */
     Ctx c = {flags, peer_flags, error, rank, WORLD, deadline};
@@ -1223,45 +1223,6 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
                 release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS
                         + blockIdx.x, sent[t] + (u64)k + 1);
         }
-        const i64 reducers = gridDim.x - pushers;
-        for (i64 k = 0; gather && k < chunks && !stop; k++) {
-            /* chunk k of every peer's reduced block, from every reducer of that peer */
-            for (i64 w = t; w < (WORLD - 1) * reducers; w += blockDim.x) {
-                const int i = (int)(w / reducers), q = i < rank ? i : i + 1;
-                const u64* word = flags + DELIVERED_WORDS + (u64)q * MAX_BLOCKS + pushers
-                                  + w % reducers;
-                if (!wait_for(c, word, received[q] + (u64)(chunks + k) + 1, 2, q)) {
-                    stop = 1;
-                    break;
-                }
-            }
-            __syncthreads();
-            if (stop) break;
-            i64 lo, hi;
-            CHUNK_SHARE(k, (i64)blockIdx.x, pushers, lo, hi);
-            char* dst[WORLD - 1];
-            const char* from[WORLD - 1];
-            i64 bytes[WORLD - 1];
-#pragma unroll
-            for (int s = 1; s < WORLD; s++) {
-                const int q = (rank + s) % WORLD;
-                dst[s - 1] = out + ((i64)q * count + lo) * itemsize;
-                from[s - 1] = (const char*)peer_data[q] + scratch_at
-                              + (reduced_at + lo) * itemsize;
-                bytes[s - 1] = (hi - lo) * itemsize;
-            }
-            copy_batch(dst, from, bytes, WORLD - 1);
-            __syncthreads();
-        }
-        /* read all of every peer's reduced block: said to each; then every peer has read
-           this rank's (the same pusher of each) */
-        if (gather && t < WORLD && t != rank && !stop) {
-            release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS
-                    + blockIdx.x, sent[t] + 2 * (u64)chunks);
-            if (!wait_for(c, flags + DELIVERED_WORDS + (u64)t * MAX_BLOCKS + blockIdx.x,
-                          received[t] + 2 * (u64)chunks, 2, t))
-                stop = 1;
-        }
     } else {
         const i64 me = blockIdx.x - pushers, reducers = gridDim.x - pushers;
         const S* base[WORLD];
@@ -1295,6 +1256,44 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
                 release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS
                         + blockIdx.x, sent[t] + (u64)(chunks + k) + 1);
         }
+    }
+    /* an all_reduce: then every block reads its share of chunk after chunk of every peer's
+       reduced block, each chunk once every reducer of that peer has said it; then says it
+       has read everything, and waits until the same block of every peer has */
+    const i64 reducers = gridDim.x - pushers;
+    for (i64 k = 0; gather && k < chunks && !stop; k++) {
+        for (i64 w = t; w < (WORLD - 1) * reducers; w += blockDim.x) {
+            const int i = (int)(w / reducers), q = i < rank ? i : i + 1;
+            const u64* word = flags + DELIVERED_WORDS + (u64)q * MAX_BLOCKS + pushers
+                              + w % reducers;
+            if (!wait_for(c, word, received[q] + (u64)(chunks + k) + 1, 2, q)) {
+                stop = 1;
+                break;
+            }
+        }
+        __syncthreads();
+        if (stop) break;
+        i64 lo, hi;
+        CHUNK_SHARE(k, (i64)blockIdx.x, (i64)gridDim.x, lo, hi);
+        char* dst[WORLD - 1];
+        const char* from[WORLD - 1];
+        i64 bytes[WORLD - 1];
+#pragma unroll
+        for (int s = 1; s < WORLD; s++) {
+            const int q = (rank + s) % WORLD;
+            dst[s - 1] = out + ((i64)q * count + lo) * itemsize;
+            from[s - 1] = (const char*)peer_data[q] + scratch_at + (reduced_at + lo) * itemsize;
+            bytes[s - 1] = (hi - lo) * itemsize;
+        }
+        copy_batch(dst, from, bytes, WORLD - 1);
+        __syncthreads();
+    }
+    if (gather && t < WORLD && t != rank && !stop) {
+        release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS + blockIdx.x,
+                sent[t] + 2 * (u64)chunks + 1);
+        if (!wait_for(c, flags + DELIVERED_WORDS + (u64)t * MAX_BLOCKS + blockIdx.x,
+                      received[t] + 2 * (u64)chunks + 1, 2, t))
+            stop = 1;
     }
 #undef CHUNK_SHARE
     __syncthreads();

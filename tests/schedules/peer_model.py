@@ -157,7 +157,8 @@ class Group:
                 yield from self._pipelined(rank, w, count, output if input is None else input,
                                            output, reduce, piece, deadline, chunks, pushers,
                                            gather)
-                sends = recvs = [(1 + gather) * chunks * (q != rank) for q in range(self.size)]
+                sends = recvs = [((2 * chunks + 1) if gather else chunks) * (q != rank)
+                                 for q in range(self.size)]
                 finished = None
             else:
                 program = pushed.lower(plan, eager, lines, seeded and input is not None and
@@ -244,9 +245,10 @@ class Group:
         lie at the staging memory's start, where programs stage their outputs (here the
         staging output, ``out``), the reduced block after them; a reducer stores its share
         of chunk k there too and numbers it in its own delivered word (``chunks`` + k + 1);
-        a pusher, its pushes done, reads each peer's chunk k once every reducer of that peer
-        has said so, into the peer's block of output, then says it has read everything
-        (2 ``chunks``) and waits until the same pusher of every peer has."""
+        then every worker, its pushes or reductions done, reads its share of each peer's
+        chunk k once every reducer of that peer has said so, into the peer's block of
+        output, says it has read everything (2 ``chunks`` + 1) and waits until the same
+        worker of every peer has."""
         call, size = self.calls[rank], self.size
         area = self.out if gather else self.scratch
         reduced_at = (size - 1) * count
@@ -282,11 +284,18 @@ class Group:
                 for q in range(size):
                     if q != rank:
                         self.delivered[q, rank, w] = self.sent[rank, q] + k + 1
-            if gather:
-                yield from self._gather(rank, w, count, output, piece, wait, chunks, pushers,
-                                        chunk_share, reduced_at)
-            return
-        scratch = area[rank]
+        else:
+            yield from self._reduce_chunks(rank, w, count, input, output, reduce, piece, wait,
+                                           chunks, pushers, chunk_share, area[rank], gather,
+                                           reduced_at)
+        if gather:
+            yield from self._gather(rank, w, count, output, piece, wait, chunks, pushers,
+                                    chunk_share, reduced_at)
+
+    def _reduce_chunks(self, rank, w, count, input, output, reduce, piece, wait, chunks,
+                       pushers, chunk_share, scratch, gather, reduced_at):
+        """A reducer's part of ``_pipelined``."""
+        size = self.size
         blocks = [input[rank * count:(rank + 1) * count] if q == rank else
                   scratch[(q if q < rank else q - 1) * count:][:count] for q in range(size)]
         for k in range(chunks):
@@ -319,7 +328,7 @@ class Group:
 
     def _gather(self, rank, w, count, output, piece, wait, chunks, pushers, chunk_share,
                 reduced_at):
-        """A pusher's second part in a pipelined all_reduce (``_pipelined``)."""
+        """Every worker's second part in a pipelined all_reduce (``_pipelined``)."""
         size = self.size
         for k in range(chunks):
             for q in range(size):
@@ -329,7 +338,7 @@ class Group:
                     target = self.received[rank, q] + chunks + k + 1
                     yield from wait(lambda: self.delivered[rank, q, j] >= target, 2, q,
                                     "its reduced chunk")
-            lo, hi = chunk_share(k, w, pushers)
+            lo, hi = chunk_share(k, w, self.workers)
             for s in range(1, size):
                 q = (rank + s) % size
                 for a in range(lo, hi, piece):
@@ -339,10 +348,10 @@ class Group:
                     yield
         for q in range(size):
             if q != rank:
-                self.delivered[q, rank, w] = self.sent[rank, q] + 2 * chunks
+                self.delivered[q, rank, w] = self.sent[rank, q] + 2 * chunks + 1
         for q in range(size):
             if q != rank and self.pipelined_waits["read"]:
-                target = self.received[rank, q] + 2 * chunks
+                target = self.received[rank, q] + 2 * chunks + 1
                 yield from wait(lambda: self.delivered[rank, q, w] >= target, 2, q,
                                 "its reads")
 
