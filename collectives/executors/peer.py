@@ -162,9 +162,8 @@ class _Entry:
         """Run as ``pipelined_reduce_scatter`` instead of the program: its "program" is (count
         per rank, chunks, pushers, gather). A reduce_scatter takes the program's blocks,
         parameters and staging (its scratch slots, one per peer, are where the pushes land);
-        a two_shot all_reduce (gather) the same slots from the staging memory's start, as
-        many gather slots after them, and writes the caller's output itself (nothing
-        staged)."""
+        a two_shot all_reduce (gather) the same slots from the staging memory's start, its
+        reduced block after them, and writes the caller's output itself (nothing staged)."""
         import cupy
         gather = plan.collective == "all_reduce"
         count = plan.args[0] // plan.size if gather else plan.args[0][plan.rank]
@@ -177,7 +176,7 @@ class _Entry:
             self.scratch_at, self.staged = 0, False
             self.values[9].value = 0
         self.staging = max(256 if gather else self.staging, _align(
-            self.scratch_at + (plan.size - 1) * (1 + gather) * count * dtype.itemsize))
+            self.scratch_at + (plan.size - 1 + gather) * count * dtype.itemsize))
         self.function = cuda_peer.pipelined_kernel(op, dtype, fences, plan.size).kernel.ptr
         self.kernel = "pipelined_all_reduce" if gather else "pipelined_reduce_scatter"
 

@@ -1137,18 +1137,19 @@ two_shot_in_place(const i64* code_at, int n, const i64* tallies, char* in, char*
    the slot). The slots are the program's (direct.reduce_scatter: peers in rank order, this
    rank skipped), so the staging memory is the program's.
 
-   A two_shot all_reduce of p equal blocks runs here too (``gather``): the reducers store each
-   chunk of the rank's block both in its output and, over NVLink, in every peer's gather
-   slot for this rank (after the peer's p - 1 push slots, at the staging memory's start),
-   and say so in their own delivered words (message ``chunks`` + k + 1). Once done pushing
-   or reducing, every block copies its share of chunk after chunk of every peer's gather
-   slot into the output as soon as every reducer of that peer has said it (the program
-   instead copies its whole staged output once all has arrived: 0.85-0.89 of NCCL's own at
-   256 MiB-1 GiB on 4 x H100). A reducer stores into a peer's slot only after that peer
-   has pushed its chunk, so once the peer is in this call and no longer copies out of it.
-   In place (``in`` 0) the input is the output: a peer's chunk k of block q is written here
+   A two_shot all_reduce of p equal blocks runs here too (``gather``): the reducers then store
+   each chunk of the rank's block both in its output and in the rank's staging memory after
+   the p - 1 slots, and say so in their own delivered words (message ``chunks`` + k + 1).
+   Once done pushing or reducing, every block reads its share of chunk after chunk of every
+   peer's reduced block straight into this rank's output (the caller's memory: nothing
+   staged, where the program's pushes land in staging memory and are copied out), each
+   chunk as soon as every reducer of that peer has said it. Each block then says it has
+   read everything (message 2 ``chunks`` + 1) and waits until the same block of every peer
+   has: a rank's call ends only once no peer reads its staging memory any more, so its next
+   call (a program whose stores may land there) cannot change what a peer still reads. In
+   place (``in`` 0) the input is the output: a peer's chunk k of block q is written here
    only after q has reduced it, so after every pusher here has pushed it; the own block is
-   read and written by the same thread. The tallies move on by 2 ``chunks``.
+   read and written by the same thread. The tallies move on by 2 ``chunks`` + 1.
 
    Parameters as run_program's; ``code_at``: count (elements of each rank's block), chunks,
    pushers, gather. */
@@ -1176,8 +1177,9 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
         gather = code_at[3];
     }
     world_call_start(flags, error, timeout_ns, sent, received, &deadline, &call_number, &stop);
-    if (t < WORLD) tally[t] = t != rank ? (u64)(gather ? 2 : 1) * chunks : 0;
+    if (t < WORLD) tally[t] = t != rank ? (u64)(gather ? 2 * chunks + 1 : chunks) : 0;
     const char* src = in ? in : caller_out;              /* an all_reduce in place */
+    const i64 reduced_at = (i64)(WORLD - 1) * count;     /* elements into staging's scratch */
     Ctx c = {flags, peer_flags, error, rank, WORLD, deadline};
     const u64 call = call_number;
     scrub_lines(c, (char*)peer_lines_at[rank], lines_half, call, &stop);
@@ -1228,16 +1230,9 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
         for (int q = 0; q < WORLD; q++)
             base[q] = q == rank ? (const S*)src + (i64)rank * count
                                 : (const S*)scratch + (q < rank ? q : q - 1) * count;
-        /* reduce_scatter: the output; all_reduce: the rank's block of it, and every peer's
-           gather slot for this rank (after that peer's p - 1 push slots) */
-        S* dst[WORLD];
-        dst[0] = (S*)out + (gather ? (i64)rank * count : 0);
-#pragma unroll
-        for (int s = 1; s < WORLD; s++) {
-            const int q = (rank + s) % WORLD;
-            dst[s] = (S*)(peer_data[q] + scratch_at) + (WORLD - 1 + (rank < q ? rank : rank - 1))
-                     * count;
-        }
+        /* reduce_scatter: the output; all_reduce: the rank's block of it, and after the
+           slots in staging memory, where peers read it */
+        S* dst[2] = {(S*)out + (gather ? (i64)rank * count : 0), (S*)scratch + reduced_at};
         for (i64 k = 0; k < chunks && !stop; k++) {
             /* chunk k from every pusher of every peer */
             for (i64 w = t; w < (WORLD - 1) * pushers; w += blockDim.x) {
@@ -1253,7 +1248,7 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
             i64 lo, hi;
             CHUNK_SHARE(k, me, reducers, lo, hi);
             if (gather)
-                fold_world<WORLD>(base, dst, lo, hi, t, blockDim.x);
+                fold_world<2>(base, dst, lo, hi, t, blockDim.x);
             else
                 fold_world<1>(base, dst, lo, hi, t, blockDim.x);
             __syncthreads();    /* every thread done with chunk k before the next wait */
@@ -1262,9 +1257,9 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
                         + blockIdx.x, sent[t] + (u64)(chunks + k) + 1);
         }
     }
-    /* an all_reduce: then every block copies its share of chunk after chunk of every peer's
-       reduced block from its gather slot into the output, each chunk once every reducer of
-       that peer has said it */
+    /* an all_reduce: then every block reads its share of chunk after chunk of every peer's
+       reduced block, each chunk once every reducer of that peer has said it; then says it
+       has read everything, and waits until the same block of every peer has */
     const i64 reducers = gridDim.x - pushers;
     for (i64 k = 0; gather && k < chunks && !stop; k++) {
         for (i64 w = t; w < (WORLD - 1) * reducers; w += blockDim.x) {
@@ -1284,14 +1279,21 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
         const char* from[WORLD - 1];
         i64 bytes[WORLD - 1];
 #pragma unroll
-        for (int i = 0; i < WORLD - 1; i++) {
-            const int q = i < rank ? i : i + 1;
-            dst[i] = out + ((i64)q * count + lo) * itemsize;
-            from[i] = scratch + ((WORLD - 1 + i) * count + lo) * itemsize;
-            bytes[i] = (hi - lo) * itemsize;
+        for (int s = 1; s < WORLD; s++) {
+            const int q = (rank + s) % WORLD;
+            dst[s - 1] = out + ((i64)q * count + lo) * itemsize;
+            from[s - 1] = (const char*)peer_data[q] + scratch_at + (reduced_at + lo) * itemsize;
+            bytes[s - 1] = (hi - lo) * itemsize;
         }
         copy_batch(dst, from, bytes, WORLD - 1);
         __syncthreads();
+    }
+    if (gather && t < WORLD && t != rank && !stop) {
+        release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS + blockIdx.x,
+                sent[t] + 2 * (u64)chunks + 1);
+        if (!wait_for(c, flags + DELIVERED_WORDS + (u64)t * MAX_BLOCKS + blockIdx.x,
+                      received[t] + 2 * (u64)chunks + 1, 2, t))
+            stop = 1;
     }
 #undef CHUNK_SHARE
     __syncthreads();

@@ -84,8 +84,8 @@ class Group:
         self.finished = [[] for _ in range(size)]     # per rank: in-place results, in order
         self.in_place_waits = {"epochs": True, "delivered": True}
         # ``pipelined_reduce_scatter``'s waits, turned off one at a time by a test (the last
-        # in all_reduces only)
-        self.pipelined_waits = {"epochs": True, "chunks": True, "reduced": True}
+        # two in all_reduces only)
+        self.pipelined_waits = {"epochs": True, "chunks": True, "reduced": True, "read": True}
 
     def run(self, calls, reduce=np.add, *, piece=3, deadline=100000, absent=(), eager=0,
             lines=0, seeded=False, symmetric=(), direct=False, in_place=(), pipelined=None):
@@ -157,7 +157,8 @@ class Group:
                 yield from self._pipelined(rank, w, count, output if input is None else input,
                                            output, reduce, piece, deadline, chunks, pushers,
                                            gather)
-                sends = recvs = [(1 + gather) * chunks * (q != rank) for q in range(self.size)]
+                sends = recvs = [((2 * chunks + 1) if gather else chunks) * (q != rank)
+                                 for q in range(self.size)]
                 finished = None
             else:
                 program = pushed.lower(plan, eager, lines, seeded and input is not None and
@@ -242,14 +243,15 @@ class Group:
 
         ``gather`` (a two_shot all_reduce of ``count`` elements per rank's block): the slots
         lie at the staging memory's start, where programs stage their outputs (here the
-        staging output, ``out``), as many gather slots after them; a reducer stores its
-        share of chunk k also in every peer's gather slot for this rank and numbers it in
-        its own delivered word (``chunks`` + k + 1); then every worker, its pushes or
-        reductions done, copies its share of each peer's chunk k out of the gather slot
-        once every reducer of that peer has said so."""
+        staging output, ``out``), the reduced block after them; a reducer stores its share
+        of chunk k there too and numbers it in its own delivered word (``chunks`` + k + 1);
+        then every worker, its pushes or reductions done, reads its share of each peer's
+        chunk k once every reducer of that peer has said so, into the peer's block of
+        output, says it has read everything (2 ``chunks`` + 1) and waits until the same
+        worker of every peer has."""
         call, size = self.calls[rank], self.size
         area = self.out if gather else self.scratch
-        gathered_at = (size - 1) * count
+        reduced_at = (size - 1) * count
         epoch = pushed.in_place_epoch(call)
 
         def wait(ready, step, peer, what):
@@ -285,13 +287,13 @@ class Group:
         else:
             yield from self._reduce_chunks(rank, w, count, input, output, reduce, piece, wait,
                                            chunks, pushers, chunk_share, area[rank], gather,
-                                           gathered_at)
+                                           reduced_at)
         if gather:
             yield from self._gather(rank, w, count, output, piece, wait, chunks, pushers,
-                                    chunk_share, gathered_at)
+                                    chunk_share, reduced_at)
 
     def _reduce_chunks(self, rank, w, count, input, output, reduce, piece, wait, chunks,
-                       pushers, chunk_share, scratch, gather, gathered_at):
+                       pushers, chunk_share, scratch, gather, reduced_at):
         """A reducer's part of ``_pipelined``."""
         size = self.size
         blocks = [input[rank * count:(rank + 1) * count] if q == rank else
@@ -315,11 +317,7 @@ class Group:
                     acc = reduce(acc, value)
                 if gather:
                     output[rank * count + a:rank * count + b] = acc
-                    for q in range(size):
-                        if q != rank:       # the peer's gather slot for this rank
-                            at = gathered_at + (rank if rank < q else rank - 1) * count
-                            self.out[q][at + a:at + b] = acc
-                            yield
+                    scratch[reduced_at + a:reduced_at + b] = acc
                 else:
                     output[a:b] = acc
                 yield
@@ -329,7 +327,7 @@ class Group:
                         self.delivered[q, rank, w] = self.sent[rank, q] + chunks + k + 1
 
     def _gather(self, rank, w, count, output, piece, wait, chunks, pushers, chunk_share,
-                gathered_at):
+                reduced_at):
         """Every worker's second part in a pipelined all_reduce (``_pipelined``)."""
         size = self.size
         for k in range(chunks):
@@ -341,14 +339,21 @@ class Group:
                     yield from wait(lambda: self.delivered[rank, q, j] >= target, 2, q,
                                     "its reduced chunk")
             lo, hi = chunk_share(k, w, self.workers)
-            for q in range(size):
-                if q == rank:
-                    continue
-                at = gathered_at + (q if q < rank else q - 1) * count    # its gather slot here
+            for s in range(1, size):
+                q = (rank + s) % size
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
-                    output[q * count + a:q * count + b] = self.out[rank][at + a:at + b]
+                    output[q * count + a:q * count + b] = \
+                        self.out[q][reduced_at + a:reduced_at + b]
                     yield
+        for q in range(size):
+            if q != rank:
+                self.delivered[q, rank, w] = self.sent[rank, q] + 2 * chunks + 1
+        for q in range(size):
+            if q != rank and self.pipelined_waits["read"]:
+                target = self.received[rank, q] + 2 * chunks + 1
+                yield from wait(lambda: self.delivered[rank, q, w] >= target, 2, q,
+                                "its reads")
 
     def _call(self, rank, w, program, input, output, reduce, piece, barriers, deadline):
         workers = self.workers

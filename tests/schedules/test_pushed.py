@@ -844,10 +844,10 @@ ALL_REDUCES = ("pipelined all_reduce", "all_gather", "pipelined",
 
 @pytest.mark.parametrize("p", [2, 3, 4])
 def test_pipelined_all_reduce_alternates_with_programs(p):
-    """two_shot all_reduces run by the same kernel (each rank's reduced chunks pushed into
-    every peer's gather slot and copied out there chunk by chunk), out of place and in
-    place, every rank's output the sum in rank order, between programs that stage outputs
-    where its slots lie, reduce_scatters of the same kernel, and back to back."""
+    """two_shot all_reduces run by the same kernel (each rank's reduced block read by its
+    peers straight into their outputs, chunk by chunk), out of place and in place, every
+    rank's output the sum in rank order, between programs that stage outputs where its
+    slots and reduced block lie, reduce_scatters of the same kernel, and back to back."""
     for seed in range(5):
         for chunks, pushers in ((1, 1), (3, 2), (5, 3)):
             wrong = _run_pipelined(p, (40, 1, 9, 3, 37, 2, 5, 64, 12, 8, 33, 4), seed,
@@ -857,12 +857,15 @@ def test_pipelined_all_reduce_alternates_with_programs(p):
                               kinds=("pipelined all_reduce",)) == [], seed
 
 
-def test_pipelined_all_reduce_needs_its_wait_for_the_reduced_chunks():
-    """Without the wait for every reducer of a peer a block copies that peer's reduced chunk
-    out of its gather slot before it is there: wrong results in some interleaving."""
+@pytest.mark.parametrize("wait", ["reduced", "read"])
+def test_pipelined_all_reduce_needs_both_of_its_waits(wait):
+    """Without the wait for every reducer of a peer a pusher reads that peer's reduced chunk
+    before it is there; without the wait for every peer's reads a rank's next call (an
+    all_gather whose receives land where its reduced block lies) overwrites it while a slow
+    peer still reads it. Each gives wrong results in some interleaving."""
     wrong = []
     for seed in range(12):
-        wrong += _run_pipelined(3, (40, 40, 40, 40), seed, waits={"reduced": False},
+        wrong += _run_pipelined(3, (40, 40, 40, 40), seed, waits={wait: False},
                                 kinds=("pipelined all_reduce", "all_gather"))
     assert wrong
 
