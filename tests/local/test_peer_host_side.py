@@ -473,6 +473,22 @@ def test_in_place_limit_auto_is_the_measured_limit_of_the_world_size_and_a_value
         settings.PEER_IN_PLACE_BYTES.parse("fast")
 
 
+def choosing_executor(monkeypatch, in_place):
+    """An executor that only chooses (``KernelEntry``s), with the limits of a 4-GPU group
+    (pipelined from 16 MiB blocks, send/recv above 32 MiB staged messages), and
+    ``kernel(plan, symmetric=False)``: what a float32 call of ``plan`` runs."""
+    monkeypatch.setattr(peer_executor, "_Entry", KernelEntry)
+    executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
+    executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 128, 0
+    executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
+    executor.most, executor.in_place, executor.pipeline = 32 << 20, in_place, 16 << 20
+
+    def kernel(plan, symmetric=False):
+        entry = executor._entry(plan, np.dtype(np.float32), None, object(), False, symmetric)
+        return getattr(entry, "kernel", "nccl send/recv")
+    return executor, kernel
+
+
 def test_direct_reduce_scatter_of_large_even_blocks_runs_pipelined_and_nothing_else_does(
         monkeypatch):
     """``pipelined_reduce_scatter`` replaces the program for a direct reduce_scatter on 2 to 8
@@ -480,15 +496,8 @@ def test_direct_reduce_scatter_of_large_even_blocks_runs_pipelined_and_nothing_e
     with at least two thread blocks to split; other plans, uneven blocks, smaller blocks and
     9 ranks keep the program. The kernel's staging covers its pushes: one scratch slot of a
     block per peer."""
-    monkeypatch.setattr(peer_executor, "_Entry", KernelEntry)
-    executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
-    executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 128, 0
-    executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
-    executor.most, executor.in_place, executor.pipeline = 32 << 20, 8 << 20, 16 << 20
+    executor, kernel = choosing_executor(monkeypatch, in_place=8 << 20)
     dtype = np.dtype(np.float32)
-
-    def kernel(plan):
-        return executor._entry(plan, dtype, None, object(), False, False).kernel
 
     assert settings.PEER_PIPELINE_BYTES.default == 16 << 20
     big = 4 << 20                                                 # 16 MiB of float32
@@ -521,16 +530,7 @@ def test_two_shot_all_reduce_of_large_even_blocks_runs_pipelined_before_leaving_
     longer goes to NCCL send/recv (0.86 of NCCL's own at 256 MiB-1 GiB on 4 x H100). A call
     that runs in place on symmetric memory keeps that kernel; uneven counts, smaller blocks
     and other algorithms keep the program, or send/recv above the limit."""
-    monkeypatch.setattr(peer_executor, "_Entry", KernelEntry)
-    executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
-    executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 128, 0
-    executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
-    executor.most, executor.in_place, executor.pipeline = 32 << 20, 64 << 20, 16 << 20
-    dtype = np.dtype(np.float32)
-
-    def kernel(plan, symmetric=False):
-        entry = executor._entry(plan, dtype, None, object(), False, symmetric)
-        return getattr(entry, "kernel", "nccl send/recv")
+    executor, kernel = choosing_executor(monkeypatch, in_place=64 << 20)
 
     big = 4 << 20                                                 # 16 MiB of float32
     assert kernel(build_plan("all_reduce", "two_shot", 1, 4, 4 * big)) == \
