@@ -47,7 +47,7 @@ def rows_of(files, transport):
     out = []
     for path, tuning in files:
         base = cost.load_params(transport, tuning or "")
-        _, itemsize, table = load_run(path)
+        _, itemsize, table, _ = load_run(path)
         for (collective, p, size), measured in table.items():
             names = [a for a in measured if a in capabilities().get(collective, ())]
             if len(names) >= 2:

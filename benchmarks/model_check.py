@@ -53,7 +53,9 @@ ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4,
 
 
 def load_run(path):
-    """(transport, itemsize, {(collective, world_size, size): {algorithm: p50 seconds}})."""
+    """(transport, itemsize, {(collective, world_size, size): {algorithm: p50 seconds}},
+    model: whose default parameters the run's groups ranked with: ``nccl_peer`` for an nccl
+    run on peer memory, else the transport)."""
     with open(path) as f:
         data = json.load(f)
     meta = data.get("meta", {})
@@ -69,7 +71,8 @@ def load_run(path):
         key = (r["collective"], int(r.get("world_size") or meta["world_size"]), int(r["size"]))
         times[key][name].append(seconds)
     table = {k: {a: statistics.median(v) for a, v in algs.items()} for k, algs in times.items()}
-    return transport, ITEMSIZE.get(dtype, 4), table
+    peer = str(meta.get("executor", "")).startswith("peer-memory")
+    return transport, ITEMSIZE.get(dtype, 4), table, "nccl_peer" if peer else transport
 
 
 def same_schedule(collective, p, size, itemsize, algorithms):
@@ -99,8 +102,8 @@ def merge_identical(collective, p, size, itemsize, measured):
 def check(path, tuning=None):
     """[(collective, world_size, size, best, best seconds, pick, ratio, model error, overall
     pick)] for one results file, in file order of collectives and rising size."""
-    transport, itemsize, table = load_run(path)
-    params = cost.load_params(transport, tuning or "")
+    transport, itemsize, table, model = load_run(path)
+    params = cost.load_params(transport, tuning or "", model)
     corrections = measured.load(transport, tuning or "")
     out = []
     for (collective, p, size), times in table.items():

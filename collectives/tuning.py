@@ -8,17 +8,18 @@ A group builds its table once, when it is made (``DecisionTable.for_group``); at
 3. the tuning file (``COLLECTIVES_TUNING``): the winners ``bench.py --tune`` measured on this
    machine for this transport and world size, each holding for its size class and for the
    classes between two measured ones (the nearer measured class; the smaller on a tie);
-4. the α-β-γ model (``algorithms/cost.py``, with the file's parameters or the transport's
-   defaults) for what nothing measured covers: other world sizes, sizes outside the measured
-   range, collectives the run did not measure.
+4. the α-β-γ model (``algorithms/cost.py``, with the file's parameters or the defaults of
+   where the group runs its plans: the transport's ``model_name``, ``nccl_peer`` for an nccl
+   group on peer memory) for what nothing measured covers: other world sizes, sizes outside
+   the measured range, collectives the run did not measure.
 
 Size classes are powers of two of the call's size in bytes (``call_size``' convention):
 class 0 holds empty calls, class c >= 1 the sizes [2^(c-1), 2^c); the last class holds
 everything larger. The model prices a class at its smallest size. Model rows are worked out
 at their first use and kept (pricing every class at once costs seconds at p = 8: the model
 replays every rank's plan), so what the ranks agree on is the table's sources, hashed
-(``digest``): world size, transport, overrides, window, and the transport's entry of the
-tuning file. Equal sources give equal tables on every rank, since the model is a pure
+(``digest``): world size, transport, its model, overrides, window, and the transport's
+entry of the tuning file. Equal sources give equal tables on every rank, since the model is a pure
 function of them; the group compares the digests when it is made (``check_agreement``).
 
 The tuning file (JSON): ``{transport: {"alpha", "beta", "gamma", shape terms, "decisions":
@@ -210,7 +211,7 @@ class DecisionTable:
 
     def __init__(self, size: int, transport: str, *, tuning: str = "", overrides=None,
                  window: int = 1, segment: int | None = None, native_available: bool = False,
-                 agreed=None):
+                 agreed=None, model: str | None = None):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"decision table: world size must be a positive integer, "
                              f"got {size!r}")
@@ -224,12 +225,13 @@ class DecisionTable:
         # settings every rank's executor must share (peer memory's), compared with the rest
         self.agreed = dict(agreed or {})
         self.entry = read_entry(self.tuning, transport)
-        self.params = cost.load_params(transport, self.tuning)
+        self.model = model or transport
+        self.params = cost.load_params(transport, self.tuning, self.model)
         self._measured: dict[str, list] = {}     # collective -> measured points (lazily)
         self._rows: dict[tuple[str, int], Decision] = {}
         # What decides the schedules (the knobs are rank-local: the ends of a message need not
         # window or segment alike, and a transport may segment by what each rank sees)
-        sources = {"size": size, "transport": transport,
+        sources = {"size": size, "transport": transport, "model": self.model,
                    "overrides": sorted(self.overrides.items()), "params": repr(self.params),
                    "entry": self.entry, "agreed": sorted(self.agreed.items())}
         blob = json.dumps(sources, sort_keys=True, default=repr).encode()
@@ -248,7 +250,8 @@ class DecisionTable:
         return cls(size, transport.name, tuning=settings.TUNING(),
                    overrides=parse_overrides(settings.ALGORITHM(), native), window=window,
                    segment=segment, native_available=native,
-                   agreed=getattr(getattr(transport, "peer_executor", None), "agreed", None))
+                   agreed=getattr(getattr(transport, "peer_executor", None), "agreed", None),
+                   model=getattr(transport, "model_name", None))
 
     @property
     def hash(self) -> str:

@@ -113,6 +113,18 @@ DEFAULTS = {
     # 0.91 over 32 rows (the defaults before the chunk change: 3.88).
     "nccl": Params(alpha=2e-5, beta=1 / 335e9, gamma=1 / 1e12, ports=3, link_beta=1 / 239e9,
                    local_alpha=3e-5),
+    # The same groups where plans run on peer memory (executors/peer.py: one kernel per call;
+    # the nccl transport's ``model_name``). α: 2.0 µs a further step (ring all_reduce at 4
+    # KiB on 4 x H100, BENCHMARKS.md §6); β: 333 GB/s per message, each of a GPU's peers at
+    # once at that rate (its NVLinks: the bench's plain-copy ceiling moved 342 GB/s of bus
+    # bandwidth); γ: a received block is reduced in the pass that reads it, so a reduction
+    # costs little beyond its bytes' transfer; local_alpha 1 µs per local operation. Not
+    # fitted: set from those measurements and judged on every stored 4 x H100 peer-memory run
+    # (sessions 12, 14, 15, 16: untuned auto's worst size 1.01-1.09 of the best measured
+    # algorithm, against 1.32-1.36 with the send/recv model above) and the 2-GPU ones (1.04-
+    # 1.32, the same as with it).
+    "nccl_peer": Params(alpha=2e-6, beta=1 / 333e9, gamma=1e-13, ports=3,
+                        link_beta=1 / 333e9, local_alpha=1e-6),
 }
 # Ranks of one host stream reductions of operands past the cache from shared memory
 # bandwidth: 8 MPI ranks (16-core host) reduced 32 MiB blocks at ~0.74 ns/B against
@@ -190,16 +202,18 @@ def _params_from(entry, path: str, transport: str) -> Params:
                          f"gamma >= 0 ({exc})") from exc
 
 
-def load_params(transport: str, path: str | None = None) -> Params:
+def load_params(transport: str, path: str | None = None, model: str | None = None) -> Params:
     """The parameters for ``transport``: from the tuning file (``path``, else the file named by
-    ``COLLECTIVES_TUNING``) when it has an entry for it, else ``DEFAULTS``. A named file that
-    cannot be read is a ValueError: silently falling back could make ranks disagree."""
+    ``COLLECTIVES_TUNING``) when it has an entry for it, else ``DEFAULTS`` under ``model``
+    (where a transport's groups run plans on another medium: ``nccl_peer``), else under
+    ``transport``. A named file that cannot be read is a ValueError: silently falling back
+    could make ranks disagree."""
     path = settings.TUNING() if path is None else path
     if path:
         entry = read_tuning(path).get(transport)
         if entry is not None:
             return _params_from(entry, path, transport)
-    return default_params(transport)
+    return default_params(model or transport)
 
 
 def save_params(path: str, transport: str, params: Params) -> None:

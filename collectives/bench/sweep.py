@@ -130,7 +130,7 @@ def sweep(group, config: Config, bench, on_record=None) -> list[dict]:
     if config.progress and rank == 0:
         from .report import Progress
         progress = Progress(len(rows) * rounds)
-    params = cost.load_params(group.transport.name)
+    params = group.table.params           # the model auto ranks with (its transport's)
     native = group.transport.native
     native_name = getattr(native, "name", None) or group.backend if native is not None else None
     with bench.running():

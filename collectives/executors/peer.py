@@ -66,6 +66,7 @@ import numpy as np
 
 from .. import settings
 from ..algorithms import pushed
+from ..algorithms.schedule import build_plan
 from ..errors import CollectiveTimeout, TransportError
 from ..kernels import cuda_peer
 from . import nccl
@@ -231,18 +232,32 @@ PIPELINE_PUSHERS = 2
 def pipelined(plan, dtype, least: int, blocks: int) -> bool:
     """Whether ``plan`` runs as ``pipelined_reduce_scatter``: on 2 to 8 ranks, a direct
     reduce_scatter whose every rank's block has the same count, or a two_shot all_reduce
-    whose count the ranks divide evenly, the block of at least ``least`` bytes
+    whose count the ranks divide evenly (or a plan that is their schedule), the block of at
+    least ``least`` bytes
     (COLLECTIVES_PEER_PIPELINE_BYTES; 0: never), with thread blocks to split into pushers and
     reducers; decided alike on every rank (what it looks at is alike on every rank)."""
     if not least or not 2 <= plan.size <= cuda_peer.IN_PLACE_MAX_WORLD or blocks < 2:
         return False
-    if plan.collective == "reduce_scatter" and plan.algorithm == "direct":
+    if plan.collective == "reduce_scatter":
         counts = plan.args[0]
-        return len(set(counts)) == 1 and counts[0] * dtype.itemsize >= least
-    if plan.collective == "all_reduce" and plan.algorithm == "two_shot":
+        return len(set(counts)) == 1 and counts[0] * dtype.itemsize >= least and \
+            _schedule_of(plan, "direct")
+    if plan.collective == "all_reduce":
         count = plan.args[0]
-        return count % plan.size == 0 and count // plan.size * dtype.itemsize >= least
+        return count % plan.size == 0 and count // plan.size * dtype.itemsize >= least and \
+            _schedule_of(plan, "two_shot")
     return False
+
+
+def _schedule_of(plan, algorithm: str) -> bool:
+    """Whether ``plan`` is ``algorithm``'s schedule on every rank (recursive doubling's
+    all_reduce is two_shot's on 2 ranks): a kernel written for that schedule then runs this
+    plan exactly, bitwise its result."""
+    if plan.algorithm == algorithm:
+        return True
+    return all(other.steps == build_plan(plan.collective, algorithm, other.rank, other.size,
+                                         *other.args).steps
+               for other in pushed.plans_of(plan))
 
 
 class _Elsewhere:

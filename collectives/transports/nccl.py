@@ -233,6 +233,13 @@ class NcclTransport(Transport):
         self._aborted = False
         self.native = NcclNative(self)
 
+    @property
+    def model_name(self) -> str:
+        """Whose cost-model defaults ``auto`` ranks this group's schedules with: peer memory's
+        where the group runs plans there (``nccl_peer``: a step costs 2 µs, not a group
+        call's 20), else NCCL send/recv's (params.DEFAULTS)."""
+        return "nccl_peer" if getattr(self, "peer_executor", None) is not None else "nccl"
+
     # -- what the executor needs ---------------------------------------------------------
 
     def call_scope(self, buffers):

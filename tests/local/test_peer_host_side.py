@@ -545,6 +545,12 @@ def test_two_shot_all_reduce_of_large_even_blocks_runs_pipelined_before_leaving_
     assert kernel(build_plan("all_reduce", "two_shot", 1, 4, 16 * big + 1)) == \
         "nccl send/recv"                                          # uneven, over the limit
     assert kernel(build_plan("all_reduce", "ring", 1, 4, 16 * big)) == "nccl send/recv"
+    # recursive doubling's all_reduce is two_shot's schedule on 2 ranks (untuned auto's pick
+    # there from 64 MiB), not on 4
+    assert kernel(build_plan("all_reduce", "recursive_doubling", 1, 2, 2 * big)) == \
+        "pipelined_all_reduce"
+    assert kernel(build_plan("all_reduce", "recursive_doubling", 1, 4, 16 * big)) == \
+        "nccl send/recv"
     executor.pipeline = 0
     assert kernel(build_plan("all_reduce", "two_shot", 1, 4, 16 * big)) == "nccl send/recv"
 

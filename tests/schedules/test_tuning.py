@@ -491,3 +491,38 @@ def test_save_keeps_other_world_sizes_and_drops_nothing_it_can_read_back(tmp_pat
     with pytest.raises(ValueError, match="algorithm one of"):
         tuning.save(path, "local", params,
                     {("all_reduce", 8): [{"bytes": 64, "algorithm": "fast"}]})
+
+
+def test_groups_on_peer_memory_rank_with_peer_memory_s_model_and_a_file_still_wins(tmp_path):
+    """An nccl group whose plans run on peer memory (``model_name`` nccl_peer) ranks them with
+    that medium's defaults, not NCCL send/recv's (a group call's 20 µs a step and 30 µs a
+    launched reduction made untuned auto pick recursive doubling for reduce_scatter at every
+    size on 4 x H100, 1.07-1.37x slower than direct); calibrated parameters in a tuning
+    file's nccl entry win over either; the model takes part in the digest."""
+    peer = tuning.DecisionTable(4, "nccl", model="nccl_peer")
+    sendrecv = tuning.DecisionTable(4, "nccl")
+    assert peer.params == cost.DEFAULTS["nccl_peer"]
+    assert sendrecv.params == cost.DEFAULTS["nccl"] and peer.hash != sendrecv.hash
+    for nbytes in (4096, 1 << 20, 16 << 20, 1 << 30):
+        assert peer.algorithm("reduce_scatter", nbytes) == "direct"
+        assert sendrecv.algorithm("reduce_scatter", nbytes) == "recursive_doubling"
+    # all_reduce: direct while a step's cost decides, then two_shot (whose large calls the
+    # pipelined kernel runs); on 2 ranks recursive doubling, which is two_shot's schedule there
+    assert [peer.algorithm("all_reduce", n) for n in (4096, 65536, 1 << 20, 1 << 30)] == \
+        ["direct", "direct", "two_shot", "two_shot"]
+    two = tuning.DecisionTable(2, "nccl", model="nccl_peer")
+    assert two.algorithm("all_reduce", 1 << 30) in ("two_shot", "recursive_doubling")
+    path = tmp_path / "tuning.json"
+    calibrated = cost.Params(alpha=7e-6, beta=1 / 9e10, gamma=1 / 9e11)
+    cost.save_params(str(path), "nccl", calibrated)
+    assert tuning.DecisionTable(4, "nccl", tuning=str(path), model="nccl_peer").params == \
+        calibrated
+
+
+def test_an_nccl_transport_names_its_model_by_where_its_plans_run():
+    from types import SimpleNamespace
+    from collectives.transports.nccl import NcclTransport
+    transport = NcclTransport.__new__(NcclTransport)
+    assert transport.model_name == "nccl"
+    transport.peer_executor = SimpleNamespace()
+    assert transport.model_name == "nccl_peer"
