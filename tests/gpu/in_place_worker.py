@@ -24,7 +24,8 @@ from __future__ import annotations
 import numpy as np
 
 # peer_job, beside this file, puts the checkout on the path
-from peer_job import Tally, contents, leave_failed_group, peer_executor_of, start
+from peer_job import (Tally, capture, contents, leave_failed_group, peer_executor_of,
+                      start)
 from collectives.errors import CollectiveTimeout, TransportError  # noqa: E402
 from collectives.kernels import cuda_peer  # noqa: E402
 
@@ -131,15 +132,10 @@ def main():
     stream = cupy.cuda.Stream(non_blocking=True)
     count = 70001
     buf = in_heap("int32", count, 0)
+    def call():
+        group.prepare("all_reduce", input=buf, output=buf, algorithm="two_shot")()
+    graph = capture(stream, call)
     with stream:
-        def call():
-            group.prepare("all_reduce", input=buf, output=buf, algorithm="two_shot")()
-        for _ in range(2):
-            call()
-        stream.synchronize()
-        stream.begin_capture()
-        call()
-        graph = stream.end_capture()
         for replay in range(4):
             parts = [contents(70 + replay, r, count, "int32") for r in range(p)]
             buf.set(parts[rank], stream=stream)

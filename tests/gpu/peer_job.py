@@ -1,8 +1,9 @@
 """What the peer-memory workers (``peer_worker.py``, ``in_place_worker.py``,
 ``pipelined_worker.py``) share, each one rank under ``mpiexec``: their start
 (``gpu_jobs.launch``'s arguments, a traceback before the job's limit, the pid for killing a
-hung job, the nccl group), their test data, their tally of checks and its ``RESULT`` line
-(``gpu_jobs.check_results``), and their exit from a group they failed on purpose."""
+hung job, the nccl group), their graph capture, their test data, their tally of checks and
+its ``RESULT`` line (``gpu_jobs.check_results``), and their exit from a group they failed on
+purpose."""
 from __future__ import annotations
 
 import argparse
@@ -33,6 +34,18 @@ def start(timeout: float = 60.0):
         with open(os.path.join(args.pid_dir, f"pid.{group.rank}"), "w") as f:
             f.write(str(os.getpid()))
     return group, cupy, args
+
+
+def capture(stream, call):
+    """A CUDA graph of ``call()`` on ``stream``, captured after two calls made eagerly (the
+    group's memory grown and the plan cached before capture, which cannot grow memory)."""
+    with stream:
+        for _ in range(2):
+            call()
+        stream.synchronize()
+        stream.begin_capture()
+        call()
+        return stream.end_capture()
 
 
 def contents(seed, rank, count, dtype):

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from peer_job import Tally, leave_failed_group, start  # beside this file: puts the checkout
+from peer_job import (Tally, capture, leave_failed_group,  # beside this file: puts the checkout
+                      start)
 from collectives.errors import CollectiveTimeout, TransportError  # noqa: E402  on the path
 
 
@@ -82,13 +83,8 @@ def main():
 
         def call():
             group.prepare("all_reduce", input=d_in, output=d_out, algorithm=algorithm)()
+        graph = capture(stream, call)
         with stream:
-            for _ in range(2):
-                call()                      # eager first: staging grown, plan cached
-            stream.synchronize()
-            stream.begin_capture()
-            call()
-            graph = stream.end_capture()
             for replay in range(4):
                 mine = inputs(replay, p, count)
                 d_in.set(mine[rank], stream=stream)

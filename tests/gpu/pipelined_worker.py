@@ -20,8 +20,8 @@ on every rank), so that calls of a few MiB cut into many chunks and many shares.
 4. Large: 64 MiB per rank's block with the default chunk size; an all_reduce of p such
    blocks in place.
 5. A rank that never arrives (rank 0 skips a call all made before): every other rank's call
-   ends at its timeout naming rank 0; its output not written (no chunk came from every peer); no kernel
-   left spinning. The group is failed after it, so it comes last.
+   ends at its timeout naming rank 0; its output not written (no chunk came from every
+   peer); no kernel left spinning. The group is failed after it, so it comes last.
 
 Prints ``RESULT {...}`` per rank (``gpu_jobs.check_results``).
 """
@@ -33,7 +33,8 @@ import numpy as np
 
 os.environ["COLLECTIVES_PEER_PIPELINE_BYTES"] = "4K"
 # peer_job, beside this file, puts the checkout on the path
-from peer_job import Tally, contents, leave_failed_group, peer_executor_of, start  # noqa: E402
+from peer_job import (Tally, capture, contents, leave_failed_group,  # noqa: E402
+                      peer_executor_of, start)
 from collectives.errors import CollectiveTimeout, TransportError  # noqa: E402
 from collectives.executors import peer as peer_executor  # noqa: E402
 from collectives.ops import ReduceOp  # noqa: E402
@@ -154,15 +155,10 @@ def main():
     count = 70001
     src = cupy.zeros(count * p, cupy.int32)
     out = cupy.zeros(count, cupy.int32)
+    def call():
+        group.prepare("reduce_scatter", input=src, output=out, algorithm="direct")()
+    graph = capture(stream, call)
     with stream:
-        def call():
-            group.prepare("reduce_scatter", input=src, output=out, algorithm="direct")()
-        for _ in range(2):
-            call()
-        stream.synchronize()
-        stream.begin_capture()
-        call()
-        graph = stream.end_capture()
         for replay in range(4):
             inputs = [contents(70 + replay, r, count * p, "int32") for r in range(p)]
             src.set(inputs[rank], stream=stream)
