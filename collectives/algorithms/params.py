@@ -121,7 +121,7 @@ DEFAULTS = {
     # costs little beyond its bytes' transfer; local_alpha 1 µs per local operation. Not
     # fitted: set from those measurements and judged on every stored 4 x H100 peer-memory run
     # (sessions 12, 14, 15, 16: untuned auto's worst size 1.01-1.09 of the best measured
-    # algorithm, against 1.32-1.36 with the send/recv model above) and the 2-GPU ones (1.04-
+    # algorithm, against 1.32-1.38 with the send/recv model above) and the 2-GPU ones (1.20-
     # 1.32, the same as with it).
     "nccl_peer": Params(alpha=2e-6, beta=1 / 333e9, gamma=1e-13, ports=3,
                         link_beta=1 / 333e9, local_alpha=1e-6),

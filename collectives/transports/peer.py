@@ -122,7 +122,7 @@ class PeerMemory:
             # the error words (kind, step, peer): 0s until a kernel reports; None once closed
             self.words = (ctypes.c_int32 * 4).from_address(self._error_host)
             self.error_ptr = self._error_host    # unified addressing: the same pointer
-        self.data_ptr, self.capacity, self.peer_data = 0, 0, []
+        self.data_ptr, self.capacity = 0, 0
         self.peer_data, self.peer_data_array = [], None
         self.inbox_ptr, self.inbox_half = 0, 0
         self.peer_inbox, self.peer_inbox_array = [], None
