@@ -279,7 +279,8 @@ cdef class Lane:
         found = known.launches.get(key)
         if found is None:
             held = executor._entries.get((id(plan), shape.dtype, shape.op, seeded, place != 0))
-            if held is None or held[0] is not plan or type(held[1]) is self.elsewhere:
+            if held is None or held[0] is not plan or type(held[1]) is self.elsewhere or \
+                    held[1].finish is not None:     # copies between two launches: Python's
                 return False
             found = known.launches[key] = _Launch(held[1])
         launch = <_Launch>found

@@ -4,8 +4,9 @@ kernel, ``transports/peer.py`` for the mapped memory).
 
 Per call on the host: a cached look-up of the plan's program (lowered once, uploaded once),
 a check of the error words (host memory, no synchronization), and one kernel launch on the
-caller's stream. Nothing waits on the host; like the NCCL executor, the result is ordered on
-the caller's stream.
+caller's stream (a large all_reduce: two, with copies by the copy engines between them).
+Nothing waits on the host; like the NCCL executor, the result is ordered on the caller's
+stream.
 
 Where it does not apply it hands the plan to the NCCL executor: a plan built by hand (the
 other ranks' plans cannot be derived), a dtype or reduction the kernel does not have
@@ -46,12 +47,15 @@ place on symmetric (or registered) memory, up to COLLECTIVES_PEER_IN_PLACE_BYTES
 on the interpreter's words; 4 x H100, 4 MiB 30.4 against 34.6 µs; 2 x H100, 16 MiB 58.8
 against 72.3, BENCHMARKS.md §6; by default 64 MiB on 2 ranks, 8 MiB on more). Which
 kernel a rank runs depends on its own buffer, so the kernel checks that every peer runs it
-too (error kind 4 otherwise). Another, off by default until its GPU tests have passed on 4
-GPUs: a direct reduce_scatter of large blocks (COLLECTIVES_PEER_PIPELINE_BYTES), where the
-program's pass that reduces the received blocks follows its pushes (4 x H100, 1 GiB: pushes
-2338 µs, then the reduction 433, against NCCL's 2503 in all): ``pipelined_reduce_scatter``
-runs them beside each other, some thread blocks pushing chunk after chunk while the others
-reduce each chunk as it arrives (2 x H100: 64 MiB-1 GiB at 1.16-1.25 of NCCL's own).
+too (error kind 4 otherwise). Another: a direct reduce_scatter of large blocks
+(COLLECTIVES_PEER_PIPELINE_BYTES), where the program's pass that reduces the received blocks
+follows its pushes (4 x H100, 1 GiB: pushes 2338 µs, then the reduction 433, against NCCL's
+2503 in all): ``pipelined_reduce_scatter`` runs them beside each other, some thread blocks
+pushing chunk after chunk while the others reduce each chunk as it arrives (4 x H100, 64 MiB-
+1 GiB: 1.08-1.16 of NCCL's own). A two_shot all_reduce of such blocks runs on it too, then
+reads every peer's reduced block into the caller's output: from
+COLLECTIVES_PEER_COPY_ENGINE_BYTES a block with the copy engines, between two launches of the
+kernel (``_gather_by_copies``), which move more over NVLink than thread blocks' loads do.
 
 Errors: a kernel that timed out or saw a peer abort leaves (kind, step, peer) in the error
 words; the next call on this group, and ``synchronize``, raise CollectiveTimeout or
@@ -109,7 +113,7 @@ class _Entry:
     four buffer addresses. ~1 µs of host time, where CuPy's generic launch costs ~7."""
     __slots__ = ("program", "code", "tallies", "function", "blocks", "staging", "scratch_at",
                  "inbox", "lines", "values", "params", "pointers", "layout", "timeout",
-                 "staged", "kernel")
+                 "staged", "kernel", "finish", "copies")
 
     def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded,
                  symmetric=False, direct=False):
@@ -149,6 +153,9 @@ class _Entry:
         self.layout = self.timeout = None
         self.values[15].value = int(DEFAULT_TIMEOUT * 1e9)
         self.staged = program.output_staged
+        # a pipelined all_reduce gathered by the copy engines: the kernel's second launch
+        # (its code), and the copies between the two launches (set by place)
+        self.finish = self.copies = None
 
     def in_place(self, plan, dtype, op, fences):
         """Run as ``two_shot_in_place`` instead of the program: its "program" is the
@@ -159,27 +166,39 @@ class _Entry:
         self.function = cuda_peer.in_place_kernel(op, dtype, fences, plan.size).kernel.ptr
         self.kernel = "two_shot_in_place"
 
-    def pipelined(self, plan, dtype, op, fences):
+    def pipelined(self, plan, dtype, op, fences, copy_engine=0):
         """Run as ``pipelined_reduce_scatter`` instead of the program: its "program" is (count
         per rank, chunks, pushers, gather). A reduce_scatter takes the program's blocks,
         parameters and staging (its scratch slots, one per peer, are where the pushes land);
         a two_shot all_reduce (gather) the same slots from the staging memory's start, its
-        reduced block after them, and writes the caller's output itself (nothing staged)."""
+        reduced block after them, and writes the caller's output itself (nothing staged):
+        with thread blocks, or where a rank's block has at least ``copy_engine`` bytes
+        (COLLECTIVES_PEER_COPY_ENGINE_BYTES; 0: never) with the copy engines, a copy per
+        peer between the kernel's two launches (gather 2, then 3)."""
         import cupy
-        gather = plan.collective == "all_reduce"
-        count = plan.args[0] // plan.size if gather else plan.args[0][plan.rank]
-        chunks = int(min(PIPELINE_MAX_CHUNKS, max(
-            1, count * dtype.itemsize // PIPELINE_CHUNK_BYTES)))
+        all_reduce = plan.collective == "all_reduce"
+        count = plan.args[0] // plan.size if all_reduce else plan.args[0][plan.rank]
+        block = count * dtype.itemsize
+        chunks = int(min(PIPELINE_MAX_CHUNKS, max(1, block // PIPELINE_CHUNK_BYTES)))
         pushers = max(1, self.blocks * PIPELINE_PUSHERS // 4)
+        copied = all_reduce and copy_engine and block >= copy_engine
+        gather = 2 if copied else int(all_reduce)
         self.code = cupy.asarray(np.array([count, chunks, pushers, gather], np.int64))
         self.values[0].value = self.code.data.ptr
-        if gather:
+        if all_reduce:
             self.scratch_at, self.staged = 0, False
             self.values[9].value = 0
-        self.staging = max(256 if gather else self.staging, _align(
-            self.scratch_at + (plan.size - 1 + gather) * count * dtype.itemsize))
+        self.staging = max(256 if all_reduce else self.staging, _align(
+            self.scratch_at + (plan.size - 1 + all_reduce) * block))
         self.function = cuda_peer.pipelined_kernel(op, dtype, fences, plan.size).kernel.ptr
-        self.kernel = "pipelined_all_reduce" if gather else "pipelined_reduce_scatter"
+        self.kernel = "pipelined_all_reduce" if all_reduce else "pipelined_reduce_scatter"
+        if copied:
+            self.finish = cupy.asarray(np.array([count, chunks, pushers, 3], np.int64))
+            # (peer, where its block goes in the output, where it lies in the peer's staging
+            # memory, bytes): peers in the order the pushes go
+            self.copies = [(q, q * block, (plan.size - 1) * block, block) for q in (
+                (plan.rank + s) % plan.size for s in range(1, plan.size))]
+            self.kernel += "_copy_engines"
 
     def place(self, memory):
         """Set the values that come from the group's memory (which moves when it grows)."""
@@ -299,13 +318,15 @@ class PeerExecutor:
         self.direct = settings.PEER_DIRECT()
         self.in_place = in_place_limit(settings.PEER_IN_PLACE_BYTES(), transport.size)
         self.pipeline = settings.PEER_PIPELINE_BYTES()
+        self.copy_engine = settings.PEER_COPY_ENGINE_BYTES()
         # What every rank must share: each shapes the programs or their blocks, so a rank
         # that differs would corrupt a call or wait for words no block writes. The group
         # compares them with its decision table's sources when it is made.
         self.agreed = {s.name: s() for s in (
             settings.PEER_EAGER_BYTES, settings.PEER_LINE_BYTES, settings.PEER_DIRECT,
             settings.PEER_MAX_BYTES, settings.PEER_BLOCKS, settings.PEER_BLOCK_BYTES,
-            settings.PEER_IN_PLACE_BYTES, settings.PEER_PIPELINE_BYTES)}
+            settings.PEER_IN_PLACE_BYTES, settings.PEER_PIPELINE_BYTES,
+            settings.PEER_COPY_ENGINE_BYTES)}
         self.failed = None
         self._entries = {}
         transport.before_close(lambda: memory.close(abort_peers=transport._aborted))
@@ -354,6 +375,28 @@ class PeerExecutor:
         values[6].value = caller_out
         _launch(entry.function, entry.blocks, 1, 1, cuda_peer.THREADS, 1, 1, 0,
                 stream.ptr, entry.params, 0)
+        if entry.finish is not None:
+            self._gather_by_copies(entry, stream, caller_out)
+
+    def _gather_by_copies(self, entry, stream, output):
+        """A pipelined all_reduce's gather by the copy engines, after the kernel's first
+        launch (``gather`` 2: it ends once every peer has reduced its block): each peer's
+        reduced block copied from that peer's staging memory into its place in ``output``,
+        on the caller's stream; then the kernel's second launch (``gather`` 3, one block),
+        which tells every peer, waits until every peer has read this rank's block, and ends
+        the call. Measured on 4 x H100, 768 MiB from 3 peers, every GPU at once: 2216 µs,
+        against 2527 at best for thread blocks' loads (BENCHMARKS.md §6)."""
+        runtime, peers = self.cupy.cuda.runtime, self.memory.peer_data
+        for q, at, reduced_at, nbytes in entry.copies:
+            runtime.memcpyAsync(output + at, peers[q] + reduced_at, nbytes,
+                                runtime.memcpyDefault, stream.ptr)
+        values = entry.values
+        values[0].value = entry.finish.data.ptr
+        try:
+            _launch(entry.function, 1, 1, 1, cuda_peer.THREADS, 1, 1, 0, stream.ptr,
+                    entry.params, 0)
+        finally:
+            values[0].value = entry.code.data.ptr
 
     def _fit(self, entry, stream, operation, rank, timeout=None):
         """Grow the group's memory to what ``entry`` needs (collective: every rank's entry
@@ -390,7 +433,7 @@ class PeerExecutor:
             if symmetric and not seeded and not over and in_place(plan, dtype, self.in_place):
                 entry.in_place(plan, dtype, op, self.fences)    # this rank's buffer: in place
             elif self.pipeline and pipelined(plan, dtype, self.pipeline, entry.blocks):
-                entry.pipelined(plan, dtype, op, self.fences)   # stages nothing
+                entry.pipelined(plan, dtype, op, self.fences, self.copy_engine)
             elif over:
                 entry = elsewhere
         if len(self._entries) > 4096:

@@ -1119,6 +1119,19 @@ two_shot_in_place(const i64* code_at, int n, const i64* tallies, char* in, char*
     if (stop) return;
     end_call(flags, call, sent, received, ones, ones, WORLD, &last_out);
 }
+/* pipelined_reduce_scatter's waits: until thread blocks [first, first + of) of every peer
+   have said message ``m`` of this call (their delivered words here at received + m), the
+   block's threads sharing the words out; false once the call stops. */
+__device__ bool peers_said(const Ctx& c, const u64* received, i64 first, i64 of, u64 m,
+                           int step) {
+    for (i64 w = threadIdx.x; w < (WORLD - 1) * of; w += blockDim.x) {
+        const int i = (int)(w / of), q = i < c.rank ? i : i + 1;
+        if (!wait_for(c, c.flags + DELIVERED_WORDS + (u64)q * MAX_BLOCKS + first + w % of,
+                      received[q] + m, step, q))
+            return false;
+    }
+    return true;
+}
 /* direct reduce_scatter of large blocks with its pushes and reductions overlapped
    (``cuda_peer.pipelined_kernel``, one build per world size WORLD). The program sends every
    block of the input to its rank, waits, then reduces the p copies of its own block: the
@@ -1151,8 +1164,17 @@ two_shot_in_place(const i64* code_at, int n, const i64* tallies, char* in, char*
    only after q has reduced it, so after every pusher here has pushed it; the own block is
    read and written by the same thread. The tallies move on by 2 ``chunks`` + 1.
 
+   Or the GPU's copy engines read the peers' reduced blocks, where SM loads over NVLink are
+   slower (4 x H100, 768 MiB from 3 peers, every GPU at once: 2216 µs against 2527 at best;
+   BENCHMARKS.md §6): the call is then two launches with the copies between them on the
+   stream. The first (``gather`` 2) pushes and reduces as above, then block 0 waits until
+   every reducer of every peer has stored its last chunk, and ends without ending the call;
+   the executor's copies read each peer's block; the second launch (``gather`` 3, one block)
+   says it has read everything, waits for every peer's word, and ends the call.
+
    Parameters as run_program's; ``code_at``: count (elements of each rank's block), chunks,
-   pushers, gather. */
+   pushers, gather (0 a reduce_scatter; an all_reduce: 1 its gather by thread blocks, 2
+   before the copy engines' gather, 3 after it). */
 extern "C" __global__ void __launch_bounds__(THREADS)
 pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in, char* out,
                          char* scratch, char* caller_out, const u64* peer_data_at,
@@ -1182,10 +1204,12 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
     const i64 reduced_at = (i64)(WORLD - 1) * count;     /* elements into staging's scratch */
     Ctx c = {flags, peer_flags, error, rank, WORLD, deadline};
     const u64 call = call_number;
-    scrub_lines(c, (char*)peer_lines_at[rank], lines_half, call, &stop);
     const u64 epoch = ((call + 1) << STEP_BITS) - 1;
-    if (blockIdx.x == 0 && t < WORLD && !stop)
-        release((u64*)peer_flags[t] + SEEN_WORDS + rank, epoch);
+    if (gather != 3) {          /* the call's start (gather 3 goes on with a started call) */
+        scrub_lines(c, (char*)peer_lines_at[rank], lines_half, call, &stop);
+        if (blockIdx.x == 0 && t < WORLD && !stop)
+            release((u64*)peer_flags[t] + SEEN_WORDS + rank, epoch);
+    }
     /* chunk k of a rank's block: 16-byte units [units k / chunks, units (k + 1) / chunks),
        shared out among ``of`` blocks alike on every rank; this block (``me``) takes its part */
     const i64 units = (count + VEC - 1) / VEC;
@@ -1196,7 +1220,9 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
         if (lo > count) lo = count; \
         if (hi > count) hi = count; \
     } while (0)
-    if (blockIdx.x < pushers) {
+    if (gather == 3) {
+        /* the end of a copy-engine gather: nothing more to push or reduce */
+    } else if (blockIdx.x < pushers) {
         /* every peer's epoch of this call: its previous call no longer reads its slots */
         if (t < WORLD && t != rank && !stop &&
             !wait_for(c, flags + SEEN_WORDS + t, epoch, 0, t))
@@ -1234,15 +1260,8 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
            slots in staging memory, where peers read it */
         S* dst[2] = {(S*)out + (gather ? (i64)rank * count : 0), (S*)scratch + reduced_at};
         for (i64 k = 0; k < chunks && !stop; k++) {
-            /* chunk k from every pusher of every peer */
-            for (i64 w = t; w < (WORLD - 1) * pushers; w += blockDim.x) {
-                const int i = (int)(w / pushers), q = i < rank ? i : i + 1;
-                const u64* word = flags + DELIVERED_WORDS + (u64)q * MAX_BLOCKS + w % pushers;
-                if (!wait_for(c, word, received[q] + (u64)k + 1, 1, q)) {
-                    stop = 1;
-                    break;
-                }
-            }
+            if (!peers_said(c, received, 0, pushers, (u64)k + 1, 1))   /* from every pusher */
+                stop = 1;
             __syncthreads();
             if (stop) break;
             i64 lo, hi;
@@ -1261,16 +1280,9 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
        reduced block, each chunk once every reducer of that peer has said it; then says it
        has read everything, and waits until the same block of every peer has */
     const i64 reducers = gridDim.x - pushers;
-    for (i64 k = 0; gather && k < chunks && !stop; k++) {
-        for (i64 w = t; w < (WORLD - 1) * reducers; w += blockDim.x) {
-            const int i = (int)(w / reducers), q = i < rank ? i : i + 1;
-            const u64* word = flags + DELIVERED_WORDS + (u64)q * MAX_BLOCKS + pushers
-                              + w % reducers;
-            if (!wait_for(c, word, received[q] + (u64)(chunks + k) + 1, 2, q)) {
-                stop = 1;
-                break;
-            }
-        }
+    for (i64 k = 0; gather == 1 && k < chunks && !stop; k++) {
+        if (!peers_said(c, received, pushers, reducers, (u64)(chunks + k) + 1, 2))
+            stop = 1;
         __syncthreads();
         if (stop) break;
         i64 lo, hi;
@@ -1288,7 +1300,17 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
         copy_batch(dst, from, bytes, WORLD - 1);
         __syncthreads();
     }
-    if (gather && t < WORLD && t != rank && !stop) {
+    /* gather 2: the copy engines read every peer's reduced block once this launch ends (the
+       executor's copies, then this kernel again as gather 3, one block); block 0 waits here
+       until every reducer of every peer has stored its last chunk. The call goes on there:
+       no end here. */
+    if (gather == 2) {
+        if (blockIdx.x == 0 && !stop &&
+            !peers_said(c, received, pushers, reducers, 2 * (u64)chunks, 2))
+            stop = 1;
+        return;
+    }
+    if ((gather == 1 || gather == 3) && t < WORLD && t != rank && !stop) {
         release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS + blockIdx.x,
                 sent[t] + 2 * (u64)chunks + 1);
         if (!wait_for(c, flags + DELIVERED_WORDS + (u64)t * MAX_BLOCKS + blockIdx.x,

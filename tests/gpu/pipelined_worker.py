@@ -2,21 +2,25 @@
 ``mpiexec -n N``: a direct reduce_scatter of large blocks, which runs with some thread blocks
 pushing chunk after chunk while the others reduce each chunk as it arrives.
 
-The group is made with COLLECTIVES_PEER_PIPELINE_BYTES=4K and chunks of 64 KiB (both alike
-on every rank), so that calls of a few MiB cut into many chunks and many shares.
+The group is made with COLLECTIVES_PEER_PIPELINE_BYTES=4K, chunks of 64 KiB and
+COLLECTIVES_PEER_COPY_ENGINE_BYTES=256K (all alike on every rank), so that calls of a few MiB
+cut into many chunks and many shares, and all_reduces of blocks from 256 KiB gather with the
+copy engines (two launches, the copies between them), smaller ones with thread blocks.
 
 1. Results: every dtype and op below, counts per rank from 1 to past 64 chunks, bitwise
    equal to numpy's reduction in rank order (the program's order: direct.reduce_scatter);
    each call checked to have run as ``pipelined_reduce_scatter`` from the threshold on and
    as the program below it.
 1b. two_shot all_reduces of p equal blocks, out of place and in place (the kernel's gather:
-   every peer's reduced block read straight into the output), bitwise against numpy in
-   rank order, and the kernel each ran; an uneven count runs as the program.
+   every peer's reduced block read straight into the output, by thread blocks or the copy
+   engines), bitwise against numpy in rank order, and the kernel each ran; an uneven count
+   runs as the program.
 2. Alternation: pipelined calls between program calls of the same group (reduce_scatter
    below the threshold, all_reduce two_shot, all_gather direct, whose output is staged
    where the all_reduce's reduced block lay), as message tallies, epochs and call numbers
    must survive; every result checked.
-3. A CUDA graph: the pipelined call captured once, replayed with new input each time.
+3. A CUDA graph: the pipelined call captured once, replayed with new input each time; and an
+   all_reduce gathered by the copy engines (two launches and the copies in one graph).
 4. Large: 64 MiB per rank's block with the default chunk size; an all_reduce of p such
    blocks in place.
 5. A rank that never arrives (rank 0 skips a call all made before): every other rank's call
@@ -32,6 +36,7 @@ import os
 import numpy as np
 
 os.environ["COLLECTIVES_PEER_PIPELINE_BYTES"] = "4K"
+os.environ["COLLECTIVES_PEER_COPY_ENGINE_BYTES"] = "256K"
 # peer_job, beside this file, puts the checkout on the path
 from peer_job import (Tally, capture, contents, leave_failed_group,  # noqa: E402
                       peer_executor_of, start)
@@ -83,7 +88,11 @@ def main():
         if not kernels or (collective == "reduce_scatter" and len(kernels) != 1):
             failures.append(f"{collective} {count} {dtype} {op}: entries running "
                             f"{sorted(kernels)}")
-        return kernels == {"pipelined_" + collective}
+        want = "pipelined_" + collective
+        if collective == "all_reduce" and \
+                count // p * np.dtype(dtype).itemsize >= executor.copy_engine:
+            want += "_copy_engines"
+        return kernels == {want}
 
     def case(seed, count, dtype, op, label, expect=None):
         inputs = [contents(seed, r, count * p, dtype) for r in range(p)]
@@ -167,6 +176,22 @@ def main():
             tally.check(f"graph replay {replay}", out, reference(inputs, rank, count, "sum"))
     if not ran(count, "int32", "sum"):
         failures.append("the graph's call did not run pipelined")
+    count = (1 << 16) * p                   # 256 KiB blocks: the copy engines gather
+    src = cupy.zeros(count, cupy.float32)
+    out = cupy.zeros(count, cupy.float32)
+    def call():
+        group.prepare("all_reduce", input=src, output=out, algorithm="two_shot")()
+    graph = capture(stream, call)
+    with stream:
+        for replay in range(3):
+            inputs = [contents(80 + replay, r, count, "float32") for r in range(p)]
+            src.set(inputs[rank], stream=stream)
+            graph.launch(stream)
+            stream.synchronize()
+            tally.check(f"all_reduce graph replay {replay}", out,
+                        reference(inputs, 0, count, "sum"), bitwise=True)
+    if not ran(count, "float32", "sum", "all_reduce"):
+        failures.append("the graph's all_reduce did not gather with the copy engines")
 
     # 4. large, the default chunk size
     peer_executor.PIPELINE_CHUNK_BYTES = 4 << 20

@@ -105,8 +105,8 @@ class KernelEntry:
     def in_place(self, plan, dtype, op, fences):
         self.kernel = "two_shot_in_place"
 
-    def pipelined(self, plan, dtype, op, fences):
-        self.kernel = "pipelined_" + plan.collective
+    def pipelined(self, plan, dtype, op, fences, copy_engine=0):
+        self.kernel = "pipelined_" + plan.collective      # (its gather: test_peer_lane.py)
 
 
 def test_calls_above_the_size_limit_leave_peer_memory_only_where_a_plan_stages_output(
@@ -482,6 +482,7 @@ def choosing_executor(monkeypatch, in_place):
     executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 128, 0
     executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
     executor.most, executor.in_place, executor.pipeline = 32 << 20, in_place, 16 << 20
+    executor.copy_engine = 16 << 20
 
     def kernel(plan, symmetric=False):
         entry = executor._entry(plan, np.dtype(np.float32), None, object(), False, symmetric)

@@ -15,6 +15,7 @@ import pytest
 
 from collectives import executors
 from collectives.executors import peer as peer_executor
+from collectives.transports import peer as peer_memory
 from collectives.group import ConcurrentCalls, ProcessGroup
 
 lane_module = pytest.importorskip("collectives.executors._peer_lane",
@@ -330,3 +331,61 @@ def test_with_overlap_the_lane_launches_the_same_kernel_allowed_to_start_early(m
     again = rig.call("all_reduce", inp, out, algorithm="two_shot")
     assert (first[0], again[0]) == ("python", "lane") and first[1:6] == again[1:6]
     assert again[6] == (1, 1, 1, 1, 0, [(6, 1)])
+
+
+def test_a_large_pipelined_all_reduce_is_two_launches_with_a_copy_per_peer_between(
+        monkeypatch):
+    """A two_shot all_reduce run pipelined whose rank's block reaches
+    COLLECTIVES_PEER_COPY_ENGINE_BYTES: the kernel launched with the program's blocks and
+    gather 2, then the peer's reduced block (after the p - 1 scratch slots of its staging
+    memory) copied by the copy engines into its place in the output, on the caller's
+    stream, then the kernel again with one block and gather 3, and the entry's code as
+    before; every call so, the lane leaving such calls to Python. A block below the
+    threshold, or the setting 0: one launch, gather 1, from the lane when repeated."""
+    rig = Rig(monkeypatch)
+    executor, mem = rig.executor, rig.memory
+    executor.pipeline, executor.copy_engine = 256, 1 << 20
+    # rank 1's memory: each allocation's handle opened here at an address of its own
+    monkeypatch.setattr(peer_memory, "_all_gather", lambda transport, blob, *how: [blob] * 2)
+    mem.cupy.cuda.runtime.ipcOpenMemHandle = lambda handle, flags: \
+        int.from_bytes(handle, "little") + (1 << 40)
+    uploaded, addresses = {}, iter(range(1 << 32, 1 << 33, 4096))
+
+    def upload(a):
+        ptr = next(addresses)
+        uploaded[ptr] = np.array(a)
+        return SimpleNamespace(data=SimpleNamespace(ptr=ptr))
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(asarray=upload))
+    monkeypatch.setattr(peer_executor.cuda_peer, "pipelined_kernel", lambda *a: SimpleNamespace(
+        kernel=SimpleNamespace(ptr=4343)))
+    runtime = SimpleNamespace(memcpyDefault=4, memcpyAsync=lambda *a: rig.launches.append(
+        ("copy",) + a))
+    executor.cupy.cuda.runtime = runtime
+    threads = peer_executor.cuda_peer.THREADS
+    block = 1 << 20                                  # bytes of each rank's block
+    inp, out = DeviceArray(1 << 24, block // 2), DeviceArray(2 << 24, block // 2)
+
+    def gathers(launch):                             # the kernel's code as launched
+        return uploaded[launch[5][0]].tolist()
+    for call in range(3):
+        count = len(rig.launches)
+        rig.call("all_reduce", inp, out, algorithm="two_shot")
+        first, copy, second = rig.launches[count:]
+        peer = mem.peer_data[1]
+        assert peer == mem.data_ptr + (1 << 40)
+        assert first[:2] == ("python", 4343) and first[2] > 1 and first[3] == threads
+        assert gathers(first)[3] == 2 and gathers(second) == gathers(first)[:3] + [3]
+        assert copy == ("copy", (2 << 24) + block, peer + block, block, 4, 5), call
+        assert second[:5] == ("python", 4343, 1, threads, 5)
+        entry = next(e for _, e in executor._entries.values())
+        assert entry.values[0].value == first[5][0]  # the first launch's code again
+
+    small = DeviceArray(3 << 24, block // 2 - 8)      # blocks 16 bytes below the threshold
+    gathered = [rig.call("all_reduce", small, small, algorithm="two_shot") for _ in range(2)]
+    assert [g[0] for g in gathered] == ["python", "lane"]
+    assert [gathers(g)[3] for g in gathered] == [1, 1] and rig.launches[-1] is gathered[-1]
+    executor.copy_engine = 0
+    executor._entries.clear()
+    rig.group._lane.clear()
+    got = rig.call("all_reduce", inp, out, algorithm="two_shot")
+    assert gathers(got)[3] == 1 and rig.launches[-2][0] != "copy"

@@ -100,9 +100,10 @@ class Group:
         copied into its output at the call's start (as the caller's stream does before the
         kernel); ranks in ``in_place`` run such two_shot all_reduces as
         ``two_shot_in_place`` does (their outputs symmetric), the others the program.
-        ``pipelined`` (chunks, pushers): every rank runs direct reduce_scatters and two_shot
-        all_reduces as ``pipelined_reduce_scatter`` does, its first ``pushers`` workers
-        pushing and the others reducing."""
+        ``pipelined`` (chunks, pushers) or (chunks, pushers, copy_engines): every rank runs
+        direct reduce_scatters and two_shot all_reduces as ``pipelined_reduce_scatter``
+        does, its first ``pushers`` workers pushing and the others reducing; with
+        ``copy_engines`` the all_reduces' gather is the copy engines' (``_copied_gather``)."""
         barriers = [[0] * self.workers for _ in range(self.size)]
         running = []
         for rank in range(self.size):
@@ -151,12 +152,13 @@ class Group:
                 sends = recvs = [int(q != rank) for q in range(self.size)]
                 finished = output
             elif pipelined and (plan.collective, plan.algorithm) in PIPELINED:
-                chunks, pushers = pipelined
+                chunks, pushers, *copy_engines = pipelined
                 gather = plan.collective == "all_reduce"
+                copied = gather and bool(copy_engines) and copy_engines[0]
                 count = plan.args[0] // self.size if gather else plan.args[0][rank]
                 yield from self._pipelined(rank, w, count, output if input is None else input,
                                            output, reduce, piece, deadline, chunks, pushers,
-                                           gather)
+                                           gather, barriers if copied else None)
                 sends = recvs = [((2 * chunks + 1) if gather else chunks) * (q != rank)
                                  for q in range(self.size)]
                 finished = None
@@ -232,7 +234,7 @@ class Group:
                                     "its block")
 
     def _pipelined(self, rank, w, count, input, output, reduce, piece, deadline, chunks,
-                   pushers, gather=False):
+                   pushers, gather=False, barriers=None):
         """``pipelined_reduce_scatter`` (kernels/cuda_peer.cu) on worker ``w`` of ``rank``:
         worker 0's epoch; a pusher (w < pushers) waits for every peer's epoch of this call,
         then pushes its share of chunk after chunk of every peer's block into that peer's
@@ -248,7 +250,8 @@ class Group:
         then every worker, its pushes or reductions done, reads its share of each peer's
         chunk k once every reducer of that peer has said so, into the peer's block of
         output, says it has read everything (2 ``chunks`` + 1) and waits until the same
-        worker of every peer has."""
+        worker of every peer has. With ``barriers`` (the rank's, ``_barrier``) the copy
+        engines gather instead: ``_copied_gather``."""
         call, size = self.calls[rank], self.size
         area = self.out if gather else self.scratch
         reduced_at = (size - 1) * count
@@ -288,7 +291,10 @@ class Group:
             yield from self._reduce_chunks(rank, w, count, input, output, reduce, piece, wait,
                                            chunks, pushers, chunk_share, area[rank], gather,
                                            reduced_at)
-        if gather:
+        if gather and barriers is not None:
+            yield from self._copied_gather(rank, w, count, output, piece, wait, chunks,
+                                           pushers, reduced_at, barriers, deadline)
+        elif gather:
             yield from self._gather(rank, w, count, output, piece, wait, chunks, pushers,
                                     chunk_share, reduced_at)
 
@@ -353,6 +359,44 @@ class Group:
             if q != rank and self.pipelined_waits["read"]:
                 target = self.received[rank, q] + 2 * chunks + 1
                 yield from wait(lambda: self.delivered[rank, q, w] >= target, 2, q,
+                                "its reads")
+
+    def _copied_gather(self, rank, w, count, output, piece, wait, chunks, pushers,
+                       reduced_at, barriers, deadline):
+        """The copy engines' gather of a pipelined all_reduce (``gather`` 2, then 3): worker
+        0 waits until every reducer of every peer has said its last chunk, and the first
+        launch ends (a barrier of the rank's workers); then the copies, one piece at a time
+        like any worker's, each peer's reduced block into its place in output; then the
+        second launch (after the copies, on the stream: a barrier again), whose one worker
+        says it has read everything and waits until every peer has."""
+        size = self.size
+        if w == 0:
+            for q in range(size):
+                if q == rank or not self.pipelined_waits["reduced"]:
+                    continue
+                for j in range(pushers, self.workers):
+                    target = self.received[rank, q] + 2 * chunks
+                    yield from wait(lambda: self.delivered[rank, q, j] >= target, 2, q,
+                                    "its reduced block")
+        yield from self._barrier(rank, w, barriers, 2, deadline)
+        if w == 0:
+            for s in range(1, size):
+                q = (rank + s) % size
+                for a in range(0, count, piece):
+                    b = min(count, a + piece)
+                    output[q * count + a:q * count + b] = \
+                        self.out[q][reduced_at + a:reduced_at + b]
+                    yield
+        yield from self._barrier(rank, w, barriers, 2, deadline)
+        if w != 0:
+            return
+        for q in range(size):
+            if q != rank:
+                self.delivered[q, rank, 0] = self.sent[rank, q] + 2 * chunks + 1
+        for q in range(size):
+            if q != rank and self.pipelined_waits["read"]:
+                target = self.received[rank, q] + 2 * chunks + 1
+                yield from wait(lambda: self.delivered[rank, q, 0] >= target, 2, q,
                                 "its reads")
 
     def _call(self, rank, w, program, input, output, reduce, piece, barriers, deadline):

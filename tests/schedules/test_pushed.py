@@ -814,12 +814,14 @@ def _pipelined_calls(p, counts, seed, kinds=KINDS):
     return calls, checks
 
 
-def _run_pipelined(p, counts, seed, workers=4, chunks=3, pushers=2, waits=None, kinds=KINDS):
+def _run_pipelined(p, counts, seed, workers=4, chunks=3, pushers=2, waits=None, kinds=KINDS,
+                   copy_engines=False):
     group = Group(p, workers=workers, seed=seed, align=4, staging=1 << 14)
     if waits:
         group.pipelined_waits.update(waits)
     calls, checks = _pipelined_calls(p, counts, seed, kinds)
-    group.run(calls, seeded=True, eager=4, lines=2, pipelined=(chunks, pushers))
+    group.run(calls, seeded=True, eager=4, lines=2,
+              pipelined=(chunks, pushers, copy_engines))
     return [f"call {i} ({kind}) rank {r}" for i, (kind, want, outs) in enumerate(checks)
             for r in range(p) if not np.array_equal(outs[r], want[r])]
 
@@ -842,31 +844,37 @@ ALL_REDUCES = ("pipelined all_reduce", "all_gather", "pipelined",
                "pipelined all_reduce in place", "direct all_reduce", "ring reduce_scatter")
 
 
+@pytest.mark.parametrize("copy_engines", [False, True], ids=["thread blocks", "copy engines"])
 @pytest.mark.parametrize("p", [2, 3, 4])
-def test_pipelined_all_reduce_alternates_with_programs(p):
+def test_pipelined_all_reduce_alternates_with_programs(p, copy_engines):
     """two_shot all_reduces run by the same kernel (each rank's reduced block read by its
-    peers straight into their outputs, chunk by chunk), out of place and in place, every
-    rank's output the sum in rank order, between programs that stage outputs where its
-    slots and reduced block lie, reduce_scatters of the same kernel, and back to back."""
+    peers straight into their outputs, chunk by chunk by thread blocks, or whole by the copy
+    engines between the kernel's two launches), out of place and in place, every rank's
+    output the sum in rank order, between programs that stage outputs where its slots and
+    reduced block lie, reduce_scatters of the same kernel, and back to back."""
     for seed in range(5):
         for chunks, pushers in ((1, 1), (3, 2), (5, 3)):
             wrong = _run_pipelined(p, (40, 1, 9, 3, 37, 2, 5, 64, 12, 8, 33, 4), seed,
-                                   chunks=chunks, pushers=pushers, kinds=ALL_REDUCES)
+                                   chunks=chunks, pushers=pushers, kinds=ALL_REDUCES,
+                                   copy_engines=copy_engines)
             assert wrong == [], (seed, chunks, pushers)
-        assert _run_pipelined(p, (40, 40, 7, 40), seed,
-                              kinds=("pipelined all_reduce",)) == [], seed
+        assert _run_pipelined(p, (40, 40, 7, 40), seed, kinds=("pipelined all_reduce",),
+                              copy_engines=copy_engines) == [], seed
 
 
+@pytest.mark.parametrize("copy_engines", [False, True], ids=["thread blocks", "copy engines"])
 @pytest.mark.parametrize("wait", ["reduced", "read"])
-def test_pipelined_all_reduce_needs_both_of_its_waits(wait):
-    """Without the wait for every reducer of a peer a pusher reads that peer's reduced chunk
-    before it is there; without the wait for every peer's reads a rank's next call (an
-    all_gather whose receives land where its reduced block lies) overwrites it while a slow
-    peer still reads it. Each gives wrong results in some interleaving."""
+def test_pipelined_all_reduce_needs_both_of_its_waits(wait, copy_engines):
+    """Without the wait for every reducer of a peer a rank reads that peer's reduced chunk
+    (block) before it is there; without the wait for every peer's reads a rank's next call
+    (an all_gather whose receives land where its reduced block lies) overwrites it while a
+    slow peer still reads it. Each gives wrong results in some interleaving (fewer of them
+    with the copy engines, whose copies run as one worker: 5 of the first 60 seeds)."""
     wrong = []
-    for seed in range(12):
+    for seed in range(30 if copy_engines else 12):
         wrong += _run_pipelined(3, (40, 40, 40, 40), seed, waits={wait: False},
-                                kinds=("pipelined all_reduce", "all_gather"))
+                                kinds=("pipelined all_reduce", "all_gather"),
+                                copy_engines=copy_engines)
     assert wrong
 
 
