@@ -213,20 +213,25 @@ class _Entry:
         self.layout = memory.layout
 
 
-# COLLECTIVES_PEER_IN_PLACE_BYTES=auto, by world size: up to where one pass of reads from
-# every peer was measured faster than the program's pushes (BENCHMARKS.md §6). On 2 ranks
-# each rank reads half the vector from its one peer: 16 MiB 58.8 against 72.3 µs, 64 MiB 209
-# against 239 (2 x H100; above 64 MiB a 2-rank two_shot's message passes
+# COLLECTIVES_PEER_IN_PLACE_BYTES=auto, by world size (None: any other): up to where one
+# pass of reads from every peer was measured faster than the program's pushes (BENCHMARKS.md
+# §6). On 2 ranks each rank reads half the vector from its one peer: 16 MiB 58.8 against
+# 72.3 µs, 64 MiB 209 against 239 (2 x H100; above 64 MiB a 2-rank two_shot's message passes
 # COLLECTIVES_PEER_MAX_BYTES and the call leaves peer memory). On 4 ranks reads fall behind
 # from 16 MiB (90.9 against 89.6 µs; 64 MiB 334 against 306).
-IN_PLACE_AUTO_BYTES = {2: 64 << 20}
-IN_PLACE_BYTES = 8 << 20
+IN_PLACE_AUTO = {2: 64 << 20, None: 8 << 20}
+# COLLECTIVES_PEER_COPY_ENGINE_BYTES=auto: from where the copy engines' gather was measured
+# ahead of thread blocks' (NCCL's time / ours, BENCHMARKS.md §6). 4 x H100: 1 GiB calls (256
+# MiB blocks) 1.01 against 0.91, 256 MiB 1.01 against 0.93, but 64 MiB 0.97 against 1.02 (a
+# fixed ~17 µs of two launches and no gather beside the reductions). 2 GPUs: behind or even
+# at every size (64M / 256M / 1G 1.03 / 1.09 / 1.05 against 1.21 / 1.15 / 1.03): never.
+COPY_ENGINE_AUTO = {2: 0, None: 64 << 20}
 
 
-def in_place_limit(setting, world: int) -> int:
-    """The bytes up to which two_shot runs in place on ``world`` ranks: the setting's value,
-    or for ``auto`` the measured limit of this world size."""
-    return IN_PLACE_AUTO_BYTES.get(world, IN_PLACE_BYTES) if setting == "auto" else setting
+def by_world(setting, world: int, measured: dict) -> int:
+    """A byte limit on ``world`` ranks: the setting's value, or for ``auto`` the limit
+    measured for this world size (``measured``: by world size, None for any other)."""
+    return measured.get(world, measured[None]) if setting == "auto" else setting
 
 
 def in_place(plan, dtype, most: int) -> bool:
@@ -316,9 +321,11 @@ class PeerExecutor:
         self.fences = int(settings.PEER_FENCES())
         self.most = settings.PEER_MAX_BYTES()
         self.direct = settings.PEER_DIRECT()
-        self.in_place = in_place_limit(settings.PEER_IN_PLACE_BYTES(), transport.size)
+        self.in_place = by_world(settings.PEER_IN_PLACE_BYTES(), transport.size,
+                                 IN_PLACE_AUTO)
         self.pipeline = settings.PEER_PIPELINE_BYTES()
-        self.copy_engine = settings.PEER_COPY_ENGINE_BYTES()
+        self.copy_engine = by_world(settings.PEER_COPY_ENGINE_BYTES(), transport.size,
+                                    COPY_ENGINE_AUTO)
         # What every rank must share: each shapes the programs or their blocks, so a rank
         # that differs would corrupt a call or wait for words no block writes. The group
         # compares them with its decision table's sources when it is made.

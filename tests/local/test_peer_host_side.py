@@ -461,7 +461,8 @@ def test_in_place_limit_auto_is_the_measured_limit_of_the_world_size_and_a_value
     """COLLECTIVES_PEER_IN_PLACE_BYTES=auto (the default) gives 64 MiB on 2 ranks, where one
     pass of reads beat the program's pushes at 16 and 64 MiB, and 8 MiB on more; a value set
     applies to every world size; what the variable may say is checked when it is read."""
-    limit = peer_executor.in_place_limit
+    def limit(setting, world):
+        return peer_executor.by_world(setting, world, peer_executor.IN_PLACE_AUTO)
     assert settings.PEER_IN_PLACE_BYTES.default == "auto"
     assert limit("auto", 2) == 64 << 20
     assert [limit("auto", n) for n in range(3, 9)] == [8 << 20] * 6
@@ -471,6 +472,20 @@ def test_in_place_limit_auto_is_the_measured_limit_of_the_world_size_and_a_value
     with pytest.raises(ValueError, match="COLLECTIVES_PEER_IN_PLACE_BYTES='fast': expected "
                                          "auto or a number of bytes"):
         settings.PEER_IN_PLACE_BYTES.parse("fast")
+
+
+def test_copy_engine_limit_auto_is_64m_blocks_past_2_ranks_and_never_on_2():
+    """COLLECTIVES_PEER_COPY_ENGINE_BYTES=auto (the default): the copy engines gather a
+    pipelined all_reduce's blocks from 64 MiB on 3 or more ranks (measured ahead on 4 x H100
+    from 256 MiB calls, behind at 64 MiB), never on 2 (behind or even there); a value set
+    applies to every world size."""
+    def limit(setting, world):
+        return peer_executor.by_world(setting, world, peer_executor.COPY_ENGINE_AUTO)
+    assert settings.PEER_COPY_ENGINE_BYTES.default == "auto"
+    assert limit("auto", 2) == 0
+    assert [limit("auto", n) for n in range(3, 9)] == [64 << 20] * 6
+    assert limit(16 << 20, 2) == 16 << 20 and limit(0, 4) == 0
+    assert settings.PEER_COPY_ENGINE_BYTES.parse("256K") == 256 << 10
 
 
 def choosing_executor(monkeypatch, in_place):
