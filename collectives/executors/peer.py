@@ -276,12 +276,13 @@ def pipelined(plan, dtype, least: int, blocks: int) -> bool:
 def _schedule_of(plan, algorithm: str) -> bool:
     """Whether ``plan`` is ``algorithm``'s schedule on every rank (recursive doubling's
     all_reduce is two_shot's on 2 ranks): a kernel written for that schedule then runs this
-    plan exactly, bitwise its result."""
+    plan exactly, bitwise its result. The schedules are compared as built: the plan called
+    may read input first (an all_reduce out of place), which such a kernel does itself."""
     if plan.algorithm == algorithm:
         return True
-    return all(other.steps == build_plan(plan.collective, algorithm, other.rank, other.size,
-                                         *other.args).steps
-               for other in pushed.plans_of(plan))
+    return all(build_plan(plan.collective, plan.algorithm, r, plan.size, *plan.args).steps ==
+               build_plan(plan.collective, algorithm, r, plan.size, *plan.args).steps
+               for r in range(plan.size))
 
 
 class _Elsewhere:

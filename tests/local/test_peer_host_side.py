@@ -565,6 +565,10 @@ def test_two_shot_all_reduce_of_large_even_blocks_runs_pipelined_before_leaving_
     # there from 64 MiB), not on 4
     assert kernel(build_plan("all_reduce", "recursive_doubling", 1, 2, 2 * big)) == \
         "pipelined_all_reduce"
+    # called out of place, the group passes the plan that reads input first (the kernel
+    # reads input itself): the same schedule
+    assert kernel(read_input_first(build_plan("all_reduce", "recursive_doubling", 1, 2,
+                                              2 * big), 2 * big)) == "pipelined_all_reduce"
     assert kernel(build_plan("all_reduce", "recursive_doubling", 1, 4, 16 * big)) == \
         "nccl send/recv"
     executor.pipeline = 0
