@@ -55,7 +55,10 @@ pushing chunk after chunk while the others reduce each chunk as it arrives (4 x 
 1 GiB: 1.08-1.16 of NCCL's own). A two_shot all_reduce of such blocks runs on it too, then
 reads every peer's reduced block into the caller's output: from
 COLLECTIVES_PEER_COPY_ENGINE_BYTES a block with the copy engines, between two launches of the
-kernel (``_gather_by_copies``), which move more over NVLink than thread blocks' loads do.
+kernel (``_gather_by_copies``), which move more over NVLink than thread blocks' loads do. A
+direct all_gather of such blocks runs so too (``copies_around``: each rank's input staged,
+then copied out of every peer's staging memory), whatever its output, where the program
+would stage its output or leave peer memory.
 
 Errors: a kernel that timed out or saw a peer abort leaves (kind, step, peer) in the error
 words; the next call on this group, and ``synchronize``, raise CollectiveTimeout or
@@ -113,7 +116,7 @@ class _Entry:
     four buffer addresses. ~1 µs of host time, where CuPy's generic launch costs ~7."""
     __slots__ = ("program", "code", "tallies", "function", "blocks", "staging", "scratch_at",
                  "inbox", "lines", "values", "params", "pointers", "layout", "timeout",
-                 "staged", "kernel", "finish", "copies")
+                 "staged", "kernel", "finish", "finish_function", "copies", "own")
 
     def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded,
                  symmetric=False, direct=False):
@@ -153,9 +156,9 @@ class _Entry:
         self.layout = self.timeout = None
         self.values[15].value = int(DEFAULT_TIMEOUT * 1e9)
         self.staged = program.output_staged
-        # a pipelined all_reduce gathered by the copy engines: the kernel's second launch
-        # (its code), and the copies between the two launches (set by place)
-        self.finish = self.copies = None
+        # a call whose copy engines copy (_gather_by_copies): the kernel that ends it and its
+        # code, the peers' blocks to copy, and this rank's own (from its input), or None
+        self.finish = self.finish_function = self.copies = self.own = None
 
     def in_place(self, plan, dtype, op, fences):
         """Run as ``two_shot_in_place`` instead of the program: its "program" is the
@@ -192,13 +195,40 @@ class _Entry:
             self.scratch_at + (plan.size - 1 + all_reduce) * block))
         self.function = cuda_peer.pipelined_kernel(op, dtype, fences, plan.size).kernel.ptr
         self.kernel = "pipelined_all_reduce" if all_reduce else "pipelined_reduce_scatter"
-        if copied:
-            self.finish = cupy.asarray(np.array([count, chunks, pushers, 3], np.int64))
-            # (peer, where its block goes in the output, where it lies in the peer's staging
-            # memory, bytes): peers in the order the pushes go
-            self.copies = [(q, q * block, (plan.size - 1) * block, block) for q in (
-                (plan.rank + s) % plan.size for s in range(1, plan.size))]
+        if copied:      # every peer's reduced block lies after its p - 1 slots
+            self._copies_after(plan, dtype, op, fences, block, (plan.size - 1) * block,
+                               2 * chunks + 1)
             self.kernel += "_copy_engines"
+
+    def copied(self, plan, dtype, op, fences):
+        """Run a direct all_gather with the copy engines (``copies_around``): the first
+        launch copies this rank's input into its staging memory and waits until every peer
+        has; then every peer's block copied out of that peer's staging memory, and this
+        rank's own from its input; the second launch ends the call. Nothing staged on the
+        way out."""
+        import cupy
+        block = plan.args[0][plan.rank] * dtype.itemsize
+        self.function = cuda_peer.copies_kernel(op, dtype, fences, plan.size).kernel.ptr
+        self.code = cupy.asarray(np.array([block, 0, 1], np.int64))
+        self.values[0].value = self.code.data.ptr
+        self.scratch_at, self.staged = 0, False
+        self.values[9].value = 0
+        self.staging = max(256, _align(block))
+        self._copies_after(plan, dtype, op, fences, block, 0, 2)
+        self.own = (plan.rank * block, block)
+        self.kernel = "copies_all_gather"
+
+    def _copies_after(self, plan, dtype, op, fences, block, at, message):
+        """The copies of every peer's ``block`` bytes lying ``at`` bytes into its staging
+        memory, into the peer's place in the output, then ``copies_around``'s end (mode 1)
+        with ``message``."""
+        import cupy
+        self.finish_function = cuda_peer.copies_kernel(op, dtype, fences, plan.size).kernel.ptr
+        self.finish = cupy.asarray(np.array([0, 1, message], np.int64))
+        # (peer, where its block goes in the output, where it lies in the peer's staging
+        # memory, bytes): peers in the order the pushes go
+        self.copies = [(q, q * block, at, block) for q in (
+            (plan.rank + s) % plan.size for s in range(1, plan.size))]
 
     def place(self, memory):
         """Set the values that come from the group's memory (which moves when it grows)."""
@@ -273,6 +303,18 @@ def pipelined(plan, dtype, least: int, blocks: int) -> bool:
     return False
 
 
+def copied(plan, dtype, least: int) -> bool:
+    """Whether ``plan`` runs with the copy engines (``_Entry.copied``): a direct all_gather
+    on 2 to 8 ranks whose every rank's block is alike and at least ``least`` bytes
+    (COLLECTIVES_PEER_COPY_ENGINE_BYTES; 0: never); decided alike on every rank."""
+    if not least or plan.collective != "all_gather" or \
+            not 2 <= plan.size <= cuda_peer.IN_PLACE_MAX_WORLD:
+        return False
+    counts = plan.args[0]
+    return len(set(counts)) == 1 and counts[0] * dtype.itemsize >= least and \
+        _schedule_of(plan, "direct")
+
+
 def _schedule_of(plan, algorithm: str) -> bool:
     """Whether ``plan`` is ``algorithm``'s schedule on every rank (recursive doubling's
     all_reduce is two_shot's on 2 ranks): a kernel written for that schedule then runs this
@@ -337,6 +379,7 @@ class PeerExecutor:
             settings.PEER_COPY_ENGINE_BYTES)}
         self.failed = None
         self._entries = {}
+        self.side = None           # the stream of the copy of a rank's own block (all_gather)
         transport.before_close(lambda: memory.close(abort_peers=transport._aborted))
 
     def __call__(self, plan, transport, buffers, reduce=None, *, tag=0, timeout=None,
@@ -384,24 +427,35 @@ class PeerExecutor:
         _launch(entry.function, entry.blocks, 1, 1, cuda_peer.THREADS, 1, 1, 0,
                 stream.ptr, entry.params, 0)
         if entry.finish is not None:
-            self._gather_by_copies(entry, stream, caller_out)
+            self._gather_by_copies(entry, stream, values[3].value, caller_out)
 
-    def _gather_by_copies(self, entry, stream, output):
-        """A pipelined all_reduce's gather by the copy engines, after the kernel's first
-        launch (``gather`` 2: it ends once every peer has reduced its block): each peer's
-        reduced block copied from that peer's staging memory into its place in ``output``,
-        on the caller's stream; then the kernel's second launch (``gather`` 3, one block),
-        which tells every peer, waits until every peer has read this rank's block, and ends
-        the call. Measured on 4 x H100, 768 MiB from 3 peers, every GPU at once: 2216 µs,
-        against 2527 at best for thread blocks' loads (BENCHMARKS.md §6)."""
+    def _gather_by_copies(self, entry, stream, input, output):
+        """The rest of a call whose first launch ended once every peer's blocks were ready
+        in its staging memory (a pipelined all_reduce's reduced blocks, an all_gather's
+        inputs): each peer's block copied by the copy engines from that peer's staging
+        memory into its place in ``output``, on the caller's stream, and this rank's own
+        from ``input`` beside them (a side stream, joined after); then ``copies_around``'s
+        end (one block), which tells every peer, waits until every peer has read this
+        rank's block, and ends the call. Measured on 4 x H100, 768 MiB from 3 peers, every
+        GPU at once: 2216 µs, against 2527 at best for thread blocks' loads (BENCHMARKS.md
+        §6)."""
         runtime, peers = self.cupy.cuda.runtime, self.memory.peer_data
-        for q, at, reduced_at, nbytes in entry.copies:
-            runtime.memcpyAsync(output + at, peers[q] + reduced_at, nbytes,
+        if entry.own is not None:
+            if self.side is None:
+                self.side = self.cupy.cuda.Stream(non_blocking=True)
+            at, nbytes = entry.own
+            self.side.wait_event(stream.record())
+            runtime.memcpyAsync(output + at, input, nbytes, runtime.memcpyDefault,
+                                self.side.ptr)
+        for q, at, src_at, nbytes in entry.copies:
+            runtime.memcpyAsync(output + at, peers[q] + src_at, nbytes,
                                 runtime.memcpyDefault, stream.ptr)
+        if entry.own is not None:
+            stream.wait_event(self.side.record())
         values = entry.values
         values[0].value = entry.finish.data.ptr
         try:
-            _launch(entry.function, 1, 1, 1, cuda_peer.THREADS, 1, 1, 0, stream.ptr,
+            _launch(entry.finish_function, 1, 1, 1, cuda_peer.THREADS, 1, 1, 0, stream.ptr,
                     entry.params, 0)
         finally:
             values[0].value = entry.code.data.ptr
@@ -442,6 +496,8 @@ class PeerExecutor:
                 entry.in_place(plan, dtype, op, self.fences)    # this rank's buffer: in place
             elif self.pipeline and pipelined(plan, dtype, self.pipeline, entry.blocks):
                 entry.pipelined(plan, dtype, op, self.fences, self.copy_engine)
+            elif copied(plan, dtype, self.copy_engine):         # every rank alike, whatever
+                entry.copied(plan, dtype, op, self.fences)      # its output (symmetric too)
             elif over:
                 entry = elsewhere
         if len(self._entries) > 4096:

@@ -1164,17 +1164,14 @@ __device__ bool peers_said(const Ctx& c, const u64* received, i64 first, i64 of,
    only after q has reduced it, so after every pusher here has pushed it; the own block is
    read and written by the same thread. The tallies move on by 2 ``chunks`` + 1.
 
-   Or the GPU's copy engines read the peers' reduced blocks, where SM loads over NVLink are
-   slower (4 x H100, 768 MiB from 3 peers, every GPU at once: 2216 µs against 2527 at best;
-   BENCHMARKS.md §6): the call is then two launches with the copies between them on the
-   stream. The first (``gather`` 2) pushes and reduces as above, then block 0 waits until
-   every reducer of every peer has stored its last chunk, and ends without ending the call;
-   the executor's copies read each peer's block; the second launch (``gather`` 3, one block)
-   says it has read everything, waits for every peer's word, and ends the call.
+   Or the GPU's copy engines read the peers' reduced blocks (``gather`` 2): this kernel
+   pushes and reduces as above, then block 0 waits until every reducer of every peer has
+   stored its last chunk, and it ends without ending the call; the executor's copies read
+   each peer's reduced block, and copies_around (mode 1, message 2 ``chunks`` + 1) ends it.
 
    Parameters as run_program's; ``code_at``: count (elements of each rank's block), chunks,
-   pushers, gather (0 a reduce_scatter; an all_reduce: 1 its gather by thread blocks, 2
-   before the copy engines' gather, 3 after it). */
+   pushers, gather (0 a reduce_scatter; an all_reduce: 1 its gather by thread blocks, 2 by
+   the copy engines). */
 extern "C" __global__ void __launch_bounds__(THREADS)
 pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in, char* out,
                          char* scratch, char* caller_out, const u64* peer_data_at,
@@ -1204,12 +1201,10 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
     const i64 reduced_at = (i64)(WORLD - 1) * count;     /* elements into staging's scratch */
     Ctx c = {flags, peer_flags, error, rank, WORLD, deadline};
     const u64 call = call_number;
+    scrub_lines(c, (char*)peer_lines_at[rank], lines_half, call, &stop);
     const u64 epoch = ((call + 1) << STEP_BITS) - 1;
-    if (gather != 3) {          /* the call's start (gather 3 goes on with a started call) */
-        scrub_lines(c, (char*)peer_lines_at[rank], lines_half, call, &stop);
-        if (blockIdx.x == 0 && t < WORLD && !stop)
-            release((u64*)peer_flags[t] + SEEN_WORDS + rank, epoch);
-    }
+    if (blockIdx.x == 0 && t < WORLD && !stop)
+        release((u64*)peer_flags[t] + SEEN_WORDS + rank, epoch);
     /* chunk k of a rank's block: 16-byte units [units k / chunks, units (k + 1) / chunks),
        shared out among ``of`` blocks alike on every rank; this block (``me``) takes its part */
     const i64 units = (count + VEC - 1) / VEC;
@@ -1220,9 +1215,7 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
         if (lo > count) lo = count; \
         if (hi > count) hi = count; \
     } while (0)
-    if (gather == 3) {
-        /* the end of a copy-engine gather: nothing more to push or reduce */
-    } else if (blockIdx.x < pushers) {
+    if (blockIdx.x < pushers) {
         /* every peer's epoch of this call: its previous call no longer reads its slots */
         if (t < WORLD && t != rank && !stop &&
             !wait_for(c, flags + SEEN_WORDS + t, epoch, 0, t))
@@ -1301,16 +1294,15 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
         __syncthreads();
     }
     /* gather 2: the copy engines read every peer's reduced block once this launch ends (the
-       executor's copies, then this kernel again as gather 3, one block); block 0 waits here
-       until every reducer of every peer has stored its last chunk. The call goes on there:
-       no end here. */
+       executor's copies, then copies_around's mode 1 ends the call); block 0 waits here
+       until every reducer of every peer has stored its last chunk. */
     if (gather == 2) {
         if (blockIdx.x == 0 && !stop &&
             !peers_said(c, received, pushers, reducers, 2 * (u64)chunks, 2))
             stop = 1;
         return;
     }
-    if ((gather == 1 || gather == 3) && t < WORLD && t != rank && !stop) {
+    if (gather == 1 && t < WORLD && t != rank && !stop) {
         release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS + blockIdx.x,
                 sent[t] + 2 * (u64)chunks + 1);
         if (!wait_for(c, flags + DELIVERED_WORDS + (u64)t * MAX_BLOCKS + blockIdx.x,
@@ -1318,6 +1310,74 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
             stop = 1;
     }
 #undef CHUNK_SHARE
+    __syncthreads();
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+    if (stop) return;
+    end_call(flags, call, sent, received, tally, tally, WORLD, &last_out);
+}
+/* The launches around a call's copies by the copy engines (the executor's
+   ``_gather_by_copies``: a cudaMemcpyAsync per peer out of its staging memory, where
+   thread blocks' loads over NVLink move less; 4 x H100, 768 MiB from 3 peers, every GPU at
+   once: 2216 µs against 2527 at best, BENCHMARKS.md §6). ``code_at``: bytes, mode, message.
+
+   Mode 0, before the copies, at the call's start (a direct all_gather of ``bytes`` per
+   rank): every block copies its share of the rank's input into the rank's staging memory,
+   says so to every peer (message ``message``, 1, in its delivered word), and block 0 waits
+   until every block of every peer has; the call does not end. The rank writes its staging
+   memory before any word of this call: every peer has ended the call before, and a call
+   of this kernel (or of pipelined_reduce_scatter's gather) ends only once no peer reads the
+   rank's staging memory any more (mode 1); no peer writes it in this call.
+
+   Mode 1, after the copies (one block): says it has read everything (message ``message``
+   in word 0), waits until every peer has said so, and ends the call, the tallies moving
+   on by ``message``: so a rank's next call cannot change what a peer still reads. It ends
+   a pipelined all_reduce gathered by the copy engines too (message 2 chunks + 1).
+
+   Parameters as run_program's. */
+extern "C" __global__ void __launch_bounds__(THREADS)
+copies_around(const i64* code_at, int n, const i64* tallies, char* in, char* out,
+              char* scratch, char* caller_out, const u64* peer_data_at,
+              const u64* peer_flags_at, u64 scratch_at, u64* flags, int* error, int rank,
+              int size, int itemsize, u64 timeout_ns, const u64* peer_inbox_at,
+              u64 inbox_half, const u64* peer_lines_at, u64 lines_half, u64 place,
+              const u64* peer_heaps) {
+    __shared__ int stop, last_out;
+    __shared__ u64 deadline, call_number;
+    __shared__ u64 peer_flags[WORLD], sent[WORLD], received[WORLD], tally[WORLD];
+    const int t = threadIdx.x;
+    if (t < WORLD) peer_flags[t] = peer_flags_at[t];
+    world_call_start(flags, error, timeout_ns, sent, received, &deadline, &call_number, &stop);
+    const i64 bytes = code_at[0], mode = code_at[1];
+    const u64 message = (u64)code_at[2], call = call_number;
+    Ctx c = {flags, peer_flags, error, rank, WORLD, deadline};
+    if (mode == 0) {
+        scrub_lines(c, (char*)peer_lines_at[rank], lines_half, call, &stop);
+        if (blockIdx.x == 0 && t < WORLD && !stop)
+            release((u64*)peer_flags[t] + SEEN_WORDS + rank, ((call + 1) << STEP_BITS) - 1);
+        const i64 units = (bytes + 15) / 16;        /* 16-byte units, shared out */
+        i64 lo = units * blockIdx.x / gridDim.x * 16;
+        i64 hi = units * (blockIdx.x + 1) / gridDim.x * 16;
+        if (hi > bytes) hi = bytes;
+        if (lo > hi) lo = hi;
+        if (!stop) copy_range(scratch + lo, in + lo, hi - lo, t, blockDim.x);
+        __syncthreads();        /* the block's stores, then one release per peer */
+        if (t < WORLD && t != rank && !stop)
+            release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS
+                    + blockIdx.x, sent[t] + message);
+        if (blockIdx.x == 0 && !stop && !peers_said(c, received, 0, gridDim.x, message, 1))
+            stop = 1;
+        return;
+    }
+    if (t < WORLD) tally[t] = t != rank ? message : 0;
+    if (t < WORLD && t != rank && !stop) {
+        release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS + blockIdx.x,
+                sent[t] + message);
+        if (!wait_for(c, flags + DELIVERED_WORDS + (u64)t * MAX_BLOCKS + blockIdx.x,
+                      received[t] + message, 2, t))
+            stop = 1;
+    }
     __syncthreads();
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

@@ -170,3 +170,11 @@ def pipelined_kernel(op, dtype, fences: int, world: int):
     """The compiled ``pipelined_reduce_scatter`` for ``op`` on ``dtype`` and ``world``
     ranks: a direct reduce_scatter whose pushes and reductions overlap."""
     return _world_module(op, dtype, fences, world).get_function("pipelined_reduce_scatter")
+
+
+@functools.lru_cache(maxsize=None)
+def copies_kernel(op, dtype, fences: int, world: int):
+    """The compiled ``copies_around`` for ``world`` ranks: the launches before and after a
+    call's copies by the copy engines (a direct all_gather; the end of a pipelined
+    all_reduce gathered so)."""
+    return _world_module(op, dtype, fences, world).get_function("copies_around")

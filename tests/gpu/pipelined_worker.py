@@ -15,12 +15,17 @@ copy engines (two launches, the copies between them), smaller ones with thread b
    every peer's reduced block read straight into the output, by thread blocks or the copy
    engines), bitwise against numpy in rank order, and the kernel each ran; an uneven count
    runs as the program.
+1c. direct all_gathers, every dtype: blocks from 256 KiB run with the copy engines (each
+   rank's input staged, every peer's block copied out of the peer's staging memory), smaller
+   ones as the program; bitwise the inputs in rank order, and the kernel each ran.
 2. Alternation: pipelined calls between program calls of the same group (reduce_scatter
    below the threshold, all_reduce two_shot, all_gather direct, whose output is staged
    where the all_reduce's reduced block lay), as message tallies, epochs and call numbers
-   must survive; every result checked.
+   must survive, and all_gathers by the copy engines before program all_gathers that
+   receive where they staged; every result checked.
 3. A CUDA graph: the pipelined call captured once, replayed with new input each time; and an
-   all_reduce gathered by the copy engines (two launches and the copies in one graph).
+   all_reduce gathered by the copy engines (two launches and the copies in one graph), and
+   an all_gather by them (the side stream's copy of the rank's own block too).
 4. Large: 64 MiB per rank's block with the default chunk size; an all_reduce of p such
    blocks in place.
 5. A rank that never arrives (rank 0 skips a call all made before): every other rank's call
@@ -130,6 +135,28 @@ def main():
     group.prepare("all_reduce", input=d, output=d, algorithm="two_shot")()
     tally.check("all_reduce of an uneven count", d, reference(ints, 0, count, "sum"))
 
+    # 1c. direct all_gathers: the copy engines from 256 KiB blocks, the program below
+    def gathered(block, dtype):
+        """The kernels the executor's entries run for a direct all_gather of ``block``."""
+        return {getattr(entry, "kernel", "nccl send/recv")
+                for key, (plan, entry) in executor._entries.items()
+                if plan.collective == "all_gather" and plan.algorithm == "direct" and
+                plan.args[0][rank] == block and key[1] == np.dtype(dtype)}
+
+    def all_gather(seed, block, dtype, label):
+        inputs = [contents(seed, r, block, dtype) for r in range(p)]
+        out = cupy.zeros(block * p, dtype)
+        group.prepare("all_gather", input=cupy.asarray(inputs[rank]), output=out,
+                      algorithm="direct")()
+        tally.check(label, out, np.concatenate(inputs), bitwise=True)
+        want = "copies_all_gather" if block * np.dtype(dtype).itemsize >= \
+            executor.copy_engine else "run_program"
+        if gathered(block, dtype) != {want}:
+            failures.append(f"{label}: ran {sorted(gathered(block, dtype))}, not {want}")
+    for seed, dtype in enumerate(("float32", "float16", "int32", "int64")):
+        for block in (1000, (1 << 18) + 5):
+            all_gather(200 + seed, block, dtype, f"all_gather {dtype} {block} per rank")
+
     # 2. pipelined calls between program calls
     for round_ in range(3):
         case(20 + round_, (1 << 16) + 1, "float32", "sum", f"round {round_}: pipelined", True)
@@ -153,6 +180,7 @@ def main():
                       algorithm="two_shot")()
         tally.check(f"round {round_}: pipelined all_reduce", out,
                     reference(floats, 0, (1 << 16) * p, "sum"), bitwise=True)
+        all_gather(210 + round_, 1 << 16, "float32", f"round {round_}: copied all_gather")
         gathered = cupy.zeros(4099 * p, cupy.int32)
         group.prepare("all_gather", input=cupy.asarray(ints[rank]), output=gathered,
                       algorithm="direct")()
@@ -192,6 +220,22 @@ def main():
                         reference(inputs, 0, count, "sum"), bitwise=True)
     if not ran(count, "float32", "sum", "all_reduce"):
         failures.append("the graph's all_reduce did not gather with the copy engines")
+    block = 1 << 16
+    src = cupy.zeros(block, cupy.float32)
+    out = cupy.zeros(block * p, cupy.float32)
+    def call():
+        group.prepare("all_gather", input=src, output=out, algorithm="direct")()
+    graph = capture(stream, call)
+    with stream:
+        for replay in range(3):
+            inputs = [contents(90 + replay, r, block, "float32") for r in range(p)]
+            src.set(inputs[rank], stream=stream)
+            graph.launch(stream)
+            stream.synchronize()
+            tally.check(f"all_gather graph replay {replay}", out, np.concatenate(inputs),
+                        bitwise=True)
+    if gathered(block, "float32") != {"copies_all_gather"}:
+        failures.append("the graph's all_gather did not run with the copy engines")
 
     # 4. large, the default chunk size
     peer_executor.PIPELINE_CHUNK_BYTES = 4 << 20

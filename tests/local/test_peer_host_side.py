@@ -78,6 +78,7 @@ def test_a_call_handed_to_send_recv_gets_the_buffers_its_plan_reads(monkeypatch)
     monkeypatch.setattr(peer_executor.nccl, "execute",
                         lambda plan, transport, buffers, *a, **k: calls.append(dict(buffers)))
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
+    executor.copy_engine, executor.side = 0, None
     executor.failed, executor._entries = None, {}
     executor.memory = SimpleNamespace(error=lambda: None, words=[0, 0, 0, 0], heaps=[])
     executor.transport = SimpleNamespace(rank=0)
@@ -119,6 +120,7 @@ def test_calls_above_the_size_limit_leave_peer_memory_only_where_a_plan_stages_o
     runs it at 0.98). Below the limit, or with no limit, everything stays."""
     monkeypatch.setattr(peer_executor, "_Entry", KernelEntry)
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
+    executor.copy_engine, executor.side = 0, None
     executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 4, 0
     executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
     executor.in_place, executor.pipeline = 8 << 20, 0
@@ -145,6 +147,7 @@ def test_two_shot_in_place_on_symmetric_memory_runs_as_one_pass_and_nothing_else
     alike, whatever its buffer."""
     monkeypatch.setattr(peer_executor, "_Entry", KernelEntry)
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
+    executor.copy_engine, executor.side = 0, None
     executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 4, 0
     executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
     executor.most, executor.in_place, executor.pipeline = 32 << 20, 8 << 20, 0
@@ -194,6 +197,7 @@ def test_each_call_sets_its_buffers_the_memory_only_when_it_moved_and_its_deadli
     capturing = []
     stream = SimpleNamespace(ptr=5, is_capturing=lambda: bool(capturing))
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
+    executor.copy_engine, executor.side = 0, None
     executor.failed, executor._entries, executor.memory = None, {}, mem
     executor.transport = SimpleNamespace(rank=0)
     executor.cupy = SimpleNamespace(cuda=SimpleNamespace(get_current_stream=lambda: stream))
@@ -494,6 +498,7 @@ def choosing_executor(monkeypatch, in_place):
     ``kernel(plan, symmetric=False)``: what a float32 call of ``plan`` runs."""
     monkeypatch.setattr(peer_executor, "_Entry", KernelEntry)
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
+    executor.copy_engine, executor.side = 0, None
     executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 128, 0
     executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
     executor.most, executor.in_place, executor.pipeline = 32 << 20, in_place, 16 << 20
@@ -654,6 +659,8 @@ def test_memory_whose_growth_failed_keeps_no_freed_pointer_and_fails_the_group(m
     assert (mem.data_ptr, mem.capacity, mem.peer_data) == (0, 0, [])
 
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
+
+    executor.copy_engine, executor.side = 0, None
     executor.failed, executor.memory = None, mem
     entry = SimpleNamespace(staging=16 << 20, inbox=256, lines=256, place=lambda m: None)
     stream = SimpleNamespace(is_capturing=lambda: False)
@@ -662,3 +669,23 @@ def test_memory_whose_growth_failed_keeps_no_freed_pointer_and_fails_the_group(m
     assert isinstance(executor.failed, CollectiveTimeout)
     with pytest.raises(CollectiveTimeout):
         executor(build_plan("all_gather", "direct", 0, 2, (4, 4)), None, {}, dtype=np.float32)
+
+
+def test_direct_all_gather_of_large_even_blocks_is_the_copy_engines_and_nothing_else():
+    """``copied``: a direct all_gather (or a plan that is its schedule) on 2 to 8 ranks whose
+    every rank's block is alike and at least COLLECTIVES_PEER_COPY_ENGINE_BYTES; not 9 ranks,
+    uneven blocks, smaller ones, other collectives or schedules, or the setting 0."""
+    f32, big = np.dtype(np.float32), 16 << 20                     # 64 MiB of float32
+    least = 64 << 20
+
+    def copied(collective, algorithm, p, args, least=least):
+        return peer_executor.copied(build_plan(collective, algorithm, 1, p, args), f32, least)
+    assert all(copied("all_gather", "direct", p, (big,) * p) for p in range(2, 9))
+    assert not copied("all_gather", "direct", 9, (big,) * 9)
+    assert not copied("all_gather", "direct", 4, (big, big, big, big - 4))
+    assert not copied("all_gather", "direct", 4, (big - 1,) * 4)
+    assert not copied("all_gather", "direct", 4, (big,) * 4, least=0)
+    assert not copied("all_gather", "ring", 4, (big,) * 4)
+    assert copied("all_gather", "recursive_doubling", 2, (big,) * 2)   # direct's on 2 ranks
+    assert not copied("all_reduce", "direct", 4, 4 * big)
+    assert not copied("reduce_scatter", "direct", 4, (big,) * 4)

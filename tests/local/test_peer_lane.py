@@ -95,6 +95,7 @@ class Rig:
         self.stream = Stream(5)
         streams = self
         executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
+        executor.copy_engine, executor.side = 0, None
         executor.failed, executor._entries, executor.memory = None, {}, mem
         executor.limit, executor.eager, executor.lines, executor.fences = 4, 1 << 20, 1 << 16, 0
         executor.most, executor.direct, executor.in_place, executor.pipeline = 0, False, 0, 0
@@ -333,39 +334,58 @@ def test_with_overlap_the_lane_launches_the_same_kernel_allowed_to_start_early(m
     assert again[6] == (1, 1, 1, 1, 0, [(6, 1)])
 
 
+def copy_engine_rig(monkeypatch):
+    """A rig whose executor gathers with the copy engines from 1 MiB blocks, rank 1's memory
+    mapped here at an address of its own, and every kernel's code as uploaded; the copies
+    recorded among the launches as ("copy", dst, src, bytes, kind, stream), the side
+    stream's events as ("event", ...)."""
+    rig = Rig(monkeypatch)
+    executor, mem = rig.executor, rig.memory
+    executor.pipeline, executor.copy_engine = 256, 1 << 20
+    monkeypatch.setattr(peer_memory, "_all_gather", lambda transport, blob, *how: [blob] * 2)
+    mem.cupy.cuda.runtime.ipcOpenMemHandle = lambda handle, flags: \
+        int.from_bytes(handle, "little") + (1 << 40)
+    rig.uploaded, addresses = {}, iter(range(1 << 32, 1 << 33, 4096))
+
+    def upload(a):
+        ptr = next(addresses)
+        rig.uploaded[ptr] = np.array(a)
+        return SimpleNamespace(data=SimpleNamespace(ptr=ptr))
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(asarray=upload))
+    monkeypatch.setattr(peer_executor.cuda_peer, "pipelined_kernel", lambda *a: SimpleNamespace(
+        kernel=SimpleNamespace(ptr=4343)))
+    monkeypatch.setattr(peer_executor.cuda_peer, "copies_kernel", lambda *a: SimpleNamespace(
+        kernel=SimpleNamespace(ptr=4444)))
+
+    class SideStream(Stream):
+        def wait_event(self, event):
+            rig.launches.append(("side waits", event))
+
+        def record(self):
+            return ("event", self.ptr)
+    executor.cupy.cuda.runtime = SimpleNamespace(
+        memcpyDefault=4, memcpyAsync=lambda *a: rig.launches.append(("copy",) + a))
+    executor.cupy.cuda.Stream = lambda non_blocking: SideStream(7)
+    return rig
+
+
 def test_a_large_pipelined_all_reduce_is_two_launches_with_a_copy_per_peer_between(
         monkeypatch):
     """A two_shot all_reduce run pipelined whose rank's block reaches
     COLLECTIVES_PEER_COPY_ENGINE_BYTES: the kernel launched with the program's blocks and
     gather 2, then the peer's reduced block (after the p - 1 scratch slots of its staging
     memory) copied by the copy engines into its place in the output, on the caller's
-    stream, then the kernel again with one block and gather 3, and the entry's code as
-    before; every call so, the lane leaving such calls to Python. A block below the
-    threshold, or the setting 0: one launch, gather 1, from the lane when repeated."""
-    rig = Rig(monkeypatch)
-    executor, mem = rig.executor, rig.memory
-    executor.pipeline, executor.copy_engine = 256, 1 << 20
-    # rank 1's memory: each allocation's handle opened here at an address of its own
-    monkeypatch.setattr(peer_memory, "_all_gather", lambda transport, blob, *how: [blob] * 2)
-    mem.cupy.cuda.runtime.ipcOpenMemHandle = lambda handle, flags: \
-        int.from_bytes(handle, "little") + (1 << 40)
-    uploaded, addresses = {}, iter(range(1 << 32, 1 << 33, 4096))
-
-    def upload(a):
-        ptr = next(addresses)
-        uploaded[ptr] = np.array(a)
-        return SimpleNamespace(data=SimpleNamespace(ptr=ptr))
-    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(asarray=upload))
-    monkeypatch.setattr(peer_executor.cuda_peer, "pipelined_kernel", lambda *a: SimpleNamespace(
-        kernel=SimpleNamespace(ptr=4343)))
-    runtime = SimpleNamespace(memcpyDefault=4, memcpyAsync=lambda *a: rig.launches.append(
-        ("copy",) + a))
-    executor.cupy.cuda.runtime = runtime
+    stream, then copies_around's end (one block, mode 1, message 2 chunks + 1), and the
+    entry's code as before; every call so, the lane leaving such calls to Python. A block
+    below the threshold, or the setting 0: one launch, gather 1, from the lane when
+    repeated."""
+    rig = copy_engine_rig(monkeypatch)
+    executor, mem, uploaded = rig.executor, rig.memory, rig.uploaded
     threads = peer_executor.cuda_peer.THREADS
     block = 1 << 20                                  # bytes of each rank's block
     inp, out = DeviceArray(1 << 24, block // 2), DeviceArray(2 << 24, block // 2)
 
-    def gathers(launch):                             # the kernel's code as launched
+    def code(launch):                                # the kernel's code as launched
         return uploaded[launch[5][0]].tolist()
     for call in range(3):
         count = len(rig.launches)
@@ -374,18 +394,57 @@ def test_a_large_pipelined_all_reduce_is_two_launches_with_a_copy_per_peer_betwe
         peer = mem.peer_data[1]
         assert peer == mem.data_ptr + (1 << 40)
         assert first[:2] == ("python", 4343) and first[2] > 1 and first[3] == threads
-        assert gathers(first)[3] == 2 and gathers(second) == gathers(first)[:3] + [3]
+        count_, chunks, pushers, gather = code(first)
+        assert gather == 2 and code(second) == [0, 1, 2 * chunks + 1]
         assert copy == ("copy", (2 << 24) + block, peer + block, block, 4, 5), call
-        assert second[:5] == ("python", 4343, 1, threads, 5)
+        assert second[:5] == ("python", 4444, 1, threads, 5)
         entry = next(e for _, e in executor._entries.values())
         assert entry.values[0].value == first[5][0]  # the first launch's code again
 
     small = DeviceArray(3 << 24, block // 2 - 8)      # blocks 16 bytes below the threshold
     gathered = [rig.call("all_reduce", small, small, algorithm="two_shot") for _ in range(2)]
     assert [g[0] for g in gathered] == ["python", "lane"]
-    assert [gathers(g)[3] for g in gathered] == [1, 1] and rig.launches[-1] is gathered[-1]
-    executor.copy_engine = 0
+    assert [code(g)[3] for g in gathered] == [1, 1] and rig.launches[-1] is gathered[-1]
+    executor.copy_engine, executor.side = 0, None
     executor._entries.clear()
     rig.group._lane.clear()
     got = rig.call("all_reduce", inp, out, algorithm="two_shot")
-    assert gathers(got)[3] == 1 and rig.launches[-2][0] != "copy"
+    assert code(got)[3] == 1 and rig.launches[-2][0] != "copy"
+
+
+def test_a_large_direct_all_gather_stages_its_input_and_the_copy_engines_gather_it(
+        monkeypatch):
+    """A direct all_gather whose every rank's block reaches COLLECTIVES_PEER_COPY_ENGINE_BYTES:
+    copies_around's first launch (mode 0: the input, its bytes, into this rank's staging
+    memory; message 1) with the program's blocks, then the peer's block copied out of the
+    start of its staging memory into its place in the output on the caller's stream, and
+    this rank's own from its input on a side stream that waits for the caller's and is
+    joined before copies_around's end (one block, mode 1, message 2); every call so, from
+    Python. Smaller blocks, another schedule, or the setting 0: the program."""
+    rig = copy_engine_rig(monkeypatch)
+    executor, mem, uploaded = rig.executor, rig.memory, rig.uploaded
+    threads = peer_executor.cuda_peer.THREADS
+    block = 1 << 20
+    inp, out = DeviceArray(1 << 24, block // 4), DeviceArray(2 << 24, block // 2)
+    for call in range(2):
+        count = len(rig.launches)
+        rig.call("all_gather", inp, out, algorithm="direct")
+        first, side_waits, own, peers, second = rig.launches[count:]
+        assert first[:2] == ("python", 4444) and first[2] > 1 and first[3] == threads
+        assert uploaded[first[5][0]].tolist() == [block, 0, 1]
+        assert first[5][3] == 1 << 24 and first[5][5] == mem.data_ptr    # input, staging
+        assert side_waits == ("side waits", ("event", 5))
+        assert own == ("copy", 2 << 24, 1 << 24, block, 4, 7)            # rank 0's block
+        assert peers == ("copy", (2 << 24) + block, mem.peer_data[1], block, 4, 5)
+        assert second[:5] == ("python", 4444, 1, threads, 5)
+        assert uploaded[second[5][0]].tolist() == [0, 1, 2]
+        assert rig.stream.waited[-1] == ("event", 7), call              # the side joined
+    small = DeviceArray(3 << 24, block // 4 - 4)
+    for algorithm in ("direct", "ring"):
+        got = rig.call("all_gather", small, DeviceArray(4 << 24, block // 2 - 8),
+                       algorithm=algorithm)
+        assert got[1] != 4444 and rig.launches[-2][0] != "copy", algorithm
+    executor.copy_engine, executor.side = 0, None
+    executor._entries.clear()
+    rig.group._lane.clear()
+    assert rig.call("all_gather", inp, out, algorithm="direct")[1] != 4444

@@ -84,11 +84,13 @@ class Group:
         self.finished = [[] for _ in range(size)]     # per rank: in-place results, in order
         self.in_place_waits = {"epochs": True, "delivered": True}
         # ``pipelined_reduce_scatter``'s waits, turned off one at a time by a test (the last
-        # two in all_reduces only)
-        self.pipelined_waits = {"epochs": True, "chunks": True, "reduced": True, "read": True}
+        # two in all_reduces only; "read" and "staged" in the copy engines' all_gathers)
+        self.pipelined_waits = {"epochs": True, "chunks": True, "reduced": True, "read": True,
+                                "staged": True}
 
     def run(self, calls, reduce=np.add, *, piece=3, deadline=100000, absent=(), eager=0,
-            lines=0, seeded=False, symmetric=(), direct=False, in_place=(), pipelined=None):
+            lines=0, seeded=False, symmetric=(), direct=False, in_place=(), pipelined=None,
+            copied=False):
         """Several calls, each a list ``[(plan, input, output)]`` of one entry per rank
         (arrays float64 or None). A rank starts its next call when it has finished the
         previous one, whatever the others do (as kernels on one stream). Ranks in ``absent``
@@ -103,7 +105,9 @@ class Group:
         ``pipelined`` (chunks, pushers) or (chunks, pushers, copy_engines): every rank runs
         direct reduce_scatters and two_shot all_reduces as ``pipelined_reduce_scatter``
         does, its first ``pushers`` workers pushing and the others reducing; with
-        ``copy_engines`` the all_reduces' gather is the copy engines' (``_copied_gather``)."""
+        ``copy_engines`` the all_reduces' gather is the copy engines' (``_copied_gather``).
+        ``copied``: direct all_gathers of alike blocks run as the copy engines' do
+        (``_copied_all_gather``)."""
         barriers = [[0] * self.workers for _ in range(self.size)]
         running = []
         for rank in range(self.size):
@@ -113,7 +117,7 @@ class Group:
             for w in range(self.workers):
                 running.append(self._worker(rank, w, mine, reduce, piece, barriers, deadline,
                                             eager, lines, seeded, rank in symmetric,
-                                            direct, rank in in_place, pipelined))
+                                            direct, rank in in_place, pipelined, copied))
         while running:
             worker = self.random.choice(running)
             try:
@@ -138,7 +142,7 @@ class Group:
                                "its own workers")
 
     def _worker(self, rank, w, calls, reduce, piece, barriers, deadline, eager, lines,
-                seeded, symmetric, direct, in_place, pipelined):
+                seeded, symmetric, direct, in_place, pipelined, copied):
         for plan, input, output in calls:
             if isinstance(input, InPlace):        # what the caller's stream put there first
                 if w == 0:
@@ -161,6 +165,12 @@ class Group:
                                            gather, barriers if copied else None)
                 sends = recvs = [((2 * chunks + 1) if gather else chunks) * (q != rank)
                                  for q in range(self.size)]
+                finished = None
+            elif copied and (plan.collective, plan.algorithm) == ("all_gather", "direct") and \
+                    len(set(plan.args[0])) == 1:
+                yield from self._copied_all_gather(rank, w, plan.args[0][rank], input, output,
+                                                   piece, deadline, barriers)
+                sends = recvs = [2 * (q != rank) for q in range(self.size)]
                 finished = None
             else:
                 program = pushed.lower(plan, eager, lines, seeded and input is not None and
@@ -398,6 +408,55 @@ class Group:
                 target = self.received[rank, q] + 2 * chunks + 1
                 yield from wait(lambda: self.delivered[rank, q, 0] >= target, 2, q,
                                 "its reads")
+
+    def _copied_all_gather(self, rank, w, count, input, output, piece, deadline, barriers):
+        """A direct all_gather as the copy engines run it (``copies_around``, then the
+        executor's copies, then its end): the rank's epoch; every worker copies its share of
+        the input into the rank's staging memory (``out``) and says so to every peer
+        (message 1); worker 0 waits until every worker of every peer has, and the first
+        launch ends (a barrier); the copies, one piece at a time, each peer's block out of
+        its staging memory and the rank's own from its input; then the second launch
+        (a barrier again), whose one worker says it has read everything (message 2) and
+        waits until every peer has."""
+        size = self.size
+        if w == 0:
+            self.epoch[rank] = pushed.in_place_epoch(self.calls[rank])
+        lo, hi = count * w // self.workers, count * (w + 1) // self.workers
+        for a in range(lo, hi, piece):
+            b = min(hi, a + piece)
+            self.out[rank][a:b] = input[a:b]
+            yield
+        for q in range(size):
+            if q != rank:
+                self.delivered[q, rank, w] = self.sent[rank, q] + 1
+        if w == 0:
+            for q in range(size):
+                if q == rank or not self.pipelined_waits["staged"]:
+                    continue
+                for j in range(self.workers):
+                    target = self.received[rank, q] + 1
+                    yield from self._until(lambda: self.delivered[rank, q, j] >= target,
+                                           deadline, rank, 0, q, "its staged input")
+        yield from self._barrier(rank, w, barriers, 0, deadline)
+        if w == 0:
+            for s in range(size):
+                q = (rank + s) % size
+                source = input if q == rank else self.out[q]
+                for a in range(0, count, piece):
+                    b = min(count, a + piece)
+                    output[q * count + a:q * count + b] = source[a:b]
+                    yield
+        yield from self._barrier(rank, w, barriers, 1, deadline)
+        if w != 0:
+            return
+        for q in range(size):
+            if q != rank:
+                self.delivered[q, rank, 0] = self.sent[rank, q] + 2
+        for q in range(size):
+            if q != rank and self.pipelined_waits["read"]:
+                target = self.received[rank, q] + 2
+                yield from self._until(lambda: self.delivered[rank, q, 0] >= target,
+                                       deadline, rank, 1, q, "its reads")
 
     def _call(self, rank, w, program, input, output, reduce, piece, barriers, deadline):
         workers = self.workers

@@ -806,9 +806,10 @@ def _pipelined_calls(p, counts, seed, kinds=KINDS):
             calls.append([(build_plan("all_reduce", "two_shot", r, p, n * p), InPlace(data[r]),
                            outs[r]) for r in range(p)])
             checks.append((kind, [total] * p, outs))
-        else:
+        else:                                  # "all_gather" (direct), "ring all_gather"
+            algorithm = "ring" if kind == "ring all_gather" else "direct"
             outs = [np.full(n * p, np.nan) for _ in range(p)]
-            calls.append([(build_plan("all_gather", "direct", r, p, (n,) * p),
+            calls.append([(build_plan("all_gather", algorithm, r, p, (n,) * p),
                            data[r][:n], outs[r]) for r in range(p)])
             checks.append((kind, [np.concatenate([d[:n] for d in data])] * p, outs))
     return calls, checks
@@ -816,12 +817,14 @@ def _pipelined_calls(p, counts, seed, kinds=KINDS):
 
 def _run_pipelined(p, counts, seed, workers=4, chunks=3, pushers=2, waits=None, kinds=KINDS,
                    copy_engines=False):
+    """``copy_engines``: the all_reduces' gather and the direct all_gathers are the copy
+    engines'."""
     group = Group(p, workers=workers, seed=seed, align=4, staging=1 << 14)
     if waits:
         group.pipelined_waits.update(waits)
     calls, checks = _pipelined_calls(p, counts, seed, kinds)
     group.run(calls, seeded=True, eager=4, lines=2,
-              pipelined=(chunks, pushers, copy_engines))
+              pipelined=(chunks, pushers, copy_engines), copied=copy_engines)
     return [f"call {i} ({kind}) rank {r}" for i, (kind, want, outs) in enumerate(checks)
             for r in range(p) if not np.array_equal(outs[r], want[r])]
 
@@ -873,7 +876,7 @@ def test_pipelined_all_reduce_needs_both_of_its_waits(wait, copy_engines):
     wrong = []
     for seed in range(30 if copy_engines else 12):
         wrong += _run_pipelined(3, (40, 40, 40, 40), seed, waits={wait: False},
-                                kinds=("pipelined all_reduce", "all_gather"),
+                                kinds=("pipelined all_reduce", "ring all_gather"),
                                 copy_engines=copy_engines)
     assert wrong
 
@@ -889,3 +892,38 @@ def test_pipelined_reduce_scatter_needs_both_of_its_waits(wait):
         wrong += _run_pipelined(3, (40, 40, 40, 40), seed, waits={wait: False},
                                 kinds=("pipelined",))
     assert wrong
+
+
+COPIED = ("all_gather", "pipelined all_reduce", "ring all_gather", "direct all_reduce",
+          "pipelined", "all_gather", "ring reduce_scatter", "pipelined all_reduce in place")
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_copy_engines_all_gather_alternates_with_programs(p):
+    """Direct all_gathers as the copy engines run them (each rank's input staged, every
+    peer's block copied out of the peer's staging memory), every rank's output every input
+    in rank order, between programs that stage into the same memory, the pipelined kernel's
+    calls (its all_reduces gathered by the copy engines too), and back to back."""
+    for seed in range(5):
+        wrong = _run_pipelined(p, (40, 1, 9, 3, 37, 2, 5, 64, 12, 8, 33, 4), seed,
+                               kinds=COPIED, copy_engines=True)
+        assert wrong == [], seed
+        assert _run_pipelined(p, (40, 40, 7, 40), seed, kinds=("all_gather",),
+                              copy_engines=True) == [], seed
+
+
+@pytest.mark.parametrize("wait, kinds", [
+    ("staged", ("direct all_reduce", "all_gather")),
+    ("read", ("ring all_gather", "all_gather"))])
+def test_copy_engines_all_gather_needs_both_of_its_waits(wait, kinds):
+    """Without the wait for every peer's staged input a rank copies a peer's block before it
+    is there (a peer still in its call before: 3 of these 30 seeds); without the wait for
+    every peer's reads a rank's next call (a ring all_gather receiving into its staging
+    memory) overwrites the block a slow peer still copies. Each gives wrong results in some
+    interleaving."""
+    wrong = []
+    for seed in range(30):
+        wrong += _run_pipelined(3, (40, 40, 40, 40), seed, waits={wait: False}, kinds=kinds,
+                                copy_engines=True)
+    assert wrong
+
