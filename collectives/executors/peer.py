@@ -250,18 +250,26 @@ class _Entry:
 # COLLECTIVES_PEER_MAX_BYTES and the call leaves peer memory). On 4 ranks reads fall behind
 # from 16 MiB (90.9 against 89.6 µs; 64 MiB 334 against 306).
 IN_PLACE_AUTO = {2: 64 << 20, None: 8 << 20}
-# COLLECTIVES_PEER_COPY_ENGINE_BYTES=auto: from where the copy engines' gather was measured
-# ahead of thread blocks' (NCCL's time / ours, BENCHMARKS.md §6). 4 x H100: 1 GiB calls (256
-# MiB blocks) 1.01 against 0.91, 256 MiB 1.01 against 0.93, but 64 MiB 0.97 against 1.02 (a
-# fixed ~17 µs of two launches and no gather beside the reductions). 2 GPUs: behind or even
-# at every size (64M / 256M / 1G 1.03 / 1.09 / 1.05 against 1.21 / 1.15 / 1.03): never.
-COPY_ENGINE_AUTO = {2: 0, None: 64 << 20}
+# COLLECTIVES_PEER_COPY_ENGINE_BYTES=auto, by collective and world size: from where the copy
+# engines were measured ahead (NCCL's time / ours, BENCHMARKS.md §6). A pipelined all_reduce's
+# gather, against thread blocks': 4 x H100, 1 GiB calls (256 MiB blocks) 1.01 against 0.91,
+# 256 MiB 1.01 against 0.93, but 64 MiB 0.97 against 1.02 (a fixed ~17 µs of two launches,
+# and no gather beside the reductions); 2 GPUs behind or even at every size (64M / 256M / 1G
+# 1.03 / 1.09 / 1.05 against 1.21 / 1.15 / 1.03): never. A direct all_gather, against the
+# program (staged output): 64 MiB calls 1.03 against 0.98 on 4 x H100, 1.08 against 1.02 on 2.
+COPY_ENGINE_AUTO = {"all_reduce": {2: 0, None: 64 << 20}, "all_gather": {None: 16 << 20}}
 
 
 def by_world(setting, world: int, measured: dict) -> int:
     """A byte limit on ``world`` ranks: the setting's value, or for ``auto`` the limit
     measured for this world size (``measured``: by world size, None for any other)."""
     return measured.get(world, measured[None]) if setting == "auto" else setting
+
+
+def copy_engine_limits(setting, world: int) -> dict:
+    """COLLECTIVES_PEER_COPY_ENGINE_BYTES on ``world`` ranks, per collective it applies to."""
+    return {collective: by_world(setting, world, measured)
+            for collective, measured in COPY_ENGINE_AUTO.items()}
 
 
 def in_place(plan, dtype, most: int) -> bool:
@@ -367,8 +375,8 @@ class PeerExecutor:
         self.in_place = by_world(settings.PEER_IN_PLACE_BYTES(), transport.size,
                                  IN_PLACE_AUTO)
         self.pipeline = settings.PEER_PIPELINE_BYTES()
-        self.copy_engine = by_world(settings.PEER_COPY_ENGINE_BYTES(), transport.size,
-                                    COPY_ENGINE_AUTO)
+        self.copy_engine = copy_engine_limits(settings.PEER_COPY_ENGINE_BYTES(),
+                                              transport.size)
         # What every rank must share: each shapes the programs or their blocks, so a rank
         # that differs would corrupt a call or wait for words no block writes. The group
         # compares them with its decision table's sources when it is made.
@@ -495,9 +503,10 @@ class PeerExecutor:
             if symmetric and not seeded and not over and in_place(plan, dtype, self.in_place):
                 entry.in_place(plan, dtype, op, self.fences)    # this rank's buffer: in place
             elif self.pipeline and pipelined(plan, dtype, self.pipeline, entry.blocks):
-                entry.pipelined(plan, dtype, op, self.fences, self.copy_engine)
-            elif copied(plan, dtype, self.copy_engine):         # every rank alike, whatever
-                entry.copied(plan, dtype, op, self.fences)      # its output (symmetric too)
+                entry.pipelined(plan, dtype, op, self.fences,
+                                self.copy_engine.get("all_reduce", 0))
+            elif copied(plan, dtype, self.copy_engine.get("all_gather", 0)):   # whatever
+                entry.copied(plan, dtype, op, self.fences)      # its output: every rank alike
             elif over:
                 entry = elsewhere
         if len(self._entries) > 4096:

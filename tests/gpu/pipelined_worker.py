@@ -95,7 +95,7 @@ def main():
                             f"{sorted(kernels)}")
         want = "pipelined_" + collective
         if collective == "all_reduce" and \
-                count // p * np.dtype(dtype).itemsize >= executor.copy_engine:
+                count // p * np.dtype(dtype).itemsize >= executor.copy_engine["all_reduce"]:
             want += "_copy_engines"
         return kernels == {want}
 
@@ -136,7 +136,7 @@ def main():
     tally.check("all_reduce of an uneven count", d, reference(ints, 0, count, "sum"))
 
     # 1c. direct all_gathers: the copy engines from 256 KiB blocks, the program below
-    def gathered(block, dtype):
+    def ran_all_gather(block, dtype):
         """The kernels the executor's entries run for a direct all_gather of ``block``."""
         return {getattr(entry, "kernel", "nccl send/recv")
                 for key, (plan, entry) in executor._entries.items()
@@ -150,9 +150,9 @@ def main():
                       algorithm="direct")()
         tally.check(label, out, np.concatenate(inputs), bitwise=True)
         want = "copies_all_gather" if block * np.dtype(dtype).itemsize >= \
-            executor.copy_engine else "run_program"
-        if gathered(block, dtype) != {want}:
-            failures.append(f"{label}: ran {sorted(gathered(block, dtype))}, not {want}")
+            executor.copy_engine["all_gather"] else "run_program"
+        if ran_all_gather(block, dtype) != {want}:
+            failures.append(f"{label}: ran {sorted(ran_all_gather(block, dtype))}, not {want}")
     for seed, dtype in enumerate(("float32", "float16", "int32", "int64")):
         for block in (1000, (1 << 18) + 5):
             all_gather(200 + seed, block, dtype, f"all_gather {dtype} {block} per rank")
@@ -234,7 +234,7 @@ def main():
             stream.synchronize()
             tally.check(f"all_gather graph replay {replay}", out, np.concatenate(inputs),
                         bitwise=True)
-    if gathered(block, "float32") != {"copies_all_gather"}:
+    if ran_all_gather(block, "float32") != {"copies_all_gather"}:
         failures.append("the graph's all_gather did not run with the copy engines")
 
     # 4. large, the default chunk size

@@ -78,7 +78,7 @@ def test_a_call_handed_to_send_recv_gets_the_buffers_its_plan_reads(monkeypatch)
     monkeypatch.setattr(peer_executor.nccl, "execute",
                         lambda plan, transport, buffers, *a, **k: calls.append(dict(buffers)))
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
-    executor.copy_engine, executor.side = 0, None
+    executor.copy_engine, executor.side = {}, None
     executor.failed, executor._entries = None, {}
     executor.memory = SimpleNamespace(error=lambda: None, words=[0, 0, 0, 0], heaps=[])
     executor.transport = SimpleNamespace(rank=0)
@@ -120,7 +120,7 @@ def test_calls_above_the_size_limit_leave_peer_memory_only_where_a_plan_stages_o
     runs it at 0.98). Below the limit, or with no limit, everything stays."""
     monkeypatch.setattr(peer_executor, "_Entry", KernelEntry)
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
-    executor.copy_engine, executor.side = 0, None
+    executor.copy_engine, executor.side = {}, None
     executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 4, 0
     executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
     executor.in_place, executor.pipeline = 8 << 20, 0
@@ -147,7 +147,7 @@ def test_two_shot_in_place_on_symmetric_memory_runs_as_one_pass_and_nothing_else
     alike, whatever its buffer."""
     monkeypatch.setattr(peer_executor, "_Entry", KernelEntry)
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
-    executor.copy_engine, executor.side = 0, None
+    executor.copy_engine, executor.side = {}, None
     executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 4, 0
     executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
     executor.most, executor.in_place, executor.pipeline = 32 << 20, 8 << 20, 0
@@ -197,7 +197,7 @@ def test_each_call_sets_its_buffers_the_memory_only_when_it_moved_and_its_deadli
     capturing = []
     stream = SimpleNamespace(ptr=5, is_capturing=lambda: bool(capturing))
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
-    executor.copy_engine, executor.side = 0, None
+    executor.copy_engine, executor.side = {}, None
     executor.failed, executor._entries, executor.memory = None, {}, mem
     executor.transport = SimpleNamespace(rank=0)
     executor.cupy = SimpleNamespace(cuda=SimpleNamespace(get_current_stream=lambda: stream))
@@ -478,17 +478,18 @@ def test_in_place_limit_auto_is_the_measured_limit_of_the_world_size_and_a_value
         settings.PEER_IN_PLACE_BYTES.parse("fast")
 
 
-def test_copy_engine_limit_auto_is_64m_blocks_past_2_ranks_and_never_on_2():
-    """COLLECTIVES_PEER_COPY_ENGINE_BYTES=auto (the default): the copy engines gather a
-    pipelined all_reduce's blocks from 64 MiB on 3 or more ranks (measured ahead on 4 x H100
-    from 256 MiB calls, behind at 64 MiB), never on 2 (behind or even there); a value set
-    applies to every world size."""
-    def limit(setting, world):
-        return peer_executor.by_world(setting, world, peer_executor.COPY_ENGINE_AUTO)
+def test_copy_engine_limits_auto_are_the_measured_ones_and_a_value_applies_to_both():
+    """COLLECTIVES_PEER_COPY_ENGINE_BYTES=auto (the default): a pipelined all_reduce's
+    blocks from 64 MiB on 3 or more ranks (ahead on 4 x H100 from 256 MiB calls, behind at
+    64 MiB), never on 2 (behind or even there); a direct all_gather's from 16 MiB on any
+    (ahead at 64 MiB calls on 2 and 4 GPUs); a value set applies to both, everywhere."""
+    limits = peer_executor.copy_engine_limits
     assert settings.PEER_COPY_ENGINE_BYTES.default == "auto"
-    assert limit("auto", 2) == 0
-    assert [limit("auto", n) for n in range(3, 9)] == [64 << 20] * 6
-    assert limit(16 << 20, 2) == 16 << 20 and limit(0, 4) == 0
+    assert limits("auto", 2) == {"all_reduce": 0, "all_gather": 16 << 20}
+    assert all(limits("auto", n) == {"all_reduce": 64 << 20, "all_gather": 16 << 20}
+               for n in range(3, 9))
+    assert limits(1 << 20, 2) == {"all_reduce": 1 << 20, "all_gather": 1 << 20}
+    assert limits(0, 4) == {"all_reduce": 0, "all_gather": 0}
     assert settings.PEER_COPY_ENGINE_BYTES.parse("256K") == 256 << 10
 
 
@@ -498,11 +499,11 @@ def choosing_executor(monkeypatch, in_place):
     ``kernel(plan, symmetric=False)``: what a float32 call of ``plan`` runs."""
     monkeypatch.setattr(peer_executor, "_Entry", KernelEntry)
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
-    executor.copy_engine, executor.side = 0, None
+    executor.copy_engine, executor.side = {}, None
     executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 128, 0
     executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
     executor.most, executor.in_place, executor.pipeline = 32 << 20, in_place, 16 << 20
-    executor.copy_engine = 16 << 20
+    executor.copy_engine = {"all_reduce": 16 << 20}
 
     def kernel(plan, symmetric=False):
         entry = executor._entry(plan, np.dtype(np.float32), None, object(), False, symmetric)
@@ -660,7 +661,7 @@ def test_memory_whose_growth_failed_keeps_no_freed_pointer_and_fails_the_group(m
 
     executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
 
-    executor.copy_engine, executor.side = 0, None
+    executor.copy_engine, executor.side = {}, None
     executor.failed, executor.memory = None, mem
     entry = SimpleNamespace(staging=16 << 20, inbox=256, lines=256, place=lambda m: None)
     stream = SimpleNamespace(is_capturing=lambda: False)

@@ -95,7 +95,7 @@ class Rig:
         self.stream = Stream(5)
         streams = self
         executor = peer_executor.PeerExecutor.__new__(peer_executor.PeerExecutor)
-        executor.copy_engine, executor.side = 0, None
+        executor.copy_engine, executor.side = {}, None
         executor.failed, executor._entries, executor.memory = None, {}, mem
         executor.limit, executor.eager, executor.lines, executor.fences = 4, 1 << 20, 1 << 16, 0
         executor.most, executor.direct, executor.in_place, executor.pipeline = 0, False, 0, 0
@@ -341,7 +341,8 @@ def copy_engine_rig(monkeypatch):
     stream's events as ("event", ...)."""
     rig = Rig(monkeypatch)
     executor, mem = rig.executor, rig.memory
-    executor.pipeline, executor.copy_engine = 256, 1 << 20
+    executor.pipeline = 256
+    executor.copy_engine = {"all_reduce": 1 << 20, "all_gather": 1 << 20}
     monkeypatch.setattr(peer_memory, "_all_gather", lambda transport, blob, *how: [blob] * 2)
     mem.cupy.cuda.runtime.ipcOpenMemHandle = lambda handle, flags: \
         int.from_bytes(handle, "little") + (1 << 40)
@@ -405,7 +406,7 @@ def test_a_large_pipelined_all_reduce_is_two_launches_with_a_copy_per_peer_betwe
     gathered = [rig.call("all_reduce", small, small, algorithm="two_shot") for _ in range(2)]
     assert [g[0] for g in gathered] == ["python", "lane"]
     assert [code(g)[3] for g in gathered] == [1, 1] and rig.launches[-1] is gathered[-1]
-    executor.copy_engine, executor.side = 0, None
+    executor.copy_engine, executor.side = {}, None
     executor._entries.clear()
     rig.group._lane.clear()
     got = rig.call("all_reduce", inp, out, algorithm="two_shot")
@@ -444,7 +445,7 @@ def test_a_large_direct_all_gather_stages_its_input_and_the_copy_engines_gather_
         got = rig.call("all_gather", small, DeviceArray(4 << 24, block // 2 - 8),
                        algorithm=algorithm)
         assert got[1] != 4444 and rig.launches[-2][0] != "copy", algorithm
-    executor.copy_engine, executor.side = 0, None
+    executor.copy_engine, executor.side = {}, None
     executor._entries.clear()
     rig.group._lane.clear()
     assert rig.call("all_gather", inp, out, algorithm="direct")[1] != 4444
