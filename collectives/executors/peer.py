@@ -56,9 +56,9 @@ pushing chunk after chunk while the others reduce each chunk as it arrives (4 x 
 reads every peer's reduced block into the caller's output: from
 COLLECTIVES_PEER_COPY_ENGINE_BYTES a block with the copy engines, between two launches of the
 kernel (``_gather_by_copies``), which move more over NVLink than thread blocks' loads do. A
-direct all_gather of such blocks runs so too (``copies_around``: each rank's input staged,
-then copied out of every peer's staging memory), whatever its output, where the program
-would stage its output or leave peer memory.
+direct all_gather of such blocks may run so too (``copies_around``: each rank's input
+staged, then copied out of every peer's staging memory; whatever each rank's output, so
+not by default: the program is far ahead with symmetric outputs).
 
 Errors: a kernel that timed out or saw a peer abort leaves (kind, step, peer) in the error
 words; the next call on this group, and ``synchronize``, raise CollectiveTimeout or
@@ -255,9 +255,12 @@ IN_PLACE_AUTO = {2: 64 << 20, None: 8 << 20}
 # gather, against thread blocks': 4 x H100, 1 GiB calls (256 MiB blocks) 1.01 against 0.91,
 # 256 MiB 1.01 against 0.93, but 64 MiB 0.97 against 1.02 (a fixed ~17 µs of two launches,
 # and no gather beside the reductions); 2 GPUs behind or even at every size (64M / 256M / 1G
-# 1.03 / 1.09 / 1.05 against 1.21 / 1.15 / 1.03): never. A direct all_gather, against the
-# program (staged output): 64 MiB calls 1.03 against 0.98 on 4 x H100, 1.08 against 1.02 on 2.
-COPY_ENGINE_AUTO = {"all_reduce": {2: 0, None: 64 << 20}, "all_gather": {None: 16 << 20}}
+# 1.03 / 1.09 / 1.05 against 1.21 / 1.15 / 1.03): never. A direct all_gather: never under
+# auto. Against the program with a staged output it was measured ahead (64 MiB calls 1.03
+# against 0.98 on 4 x H100, 1.08 against 1.02 on 2), but it must run alike on every rank,
+# whatever each rank's output, and with symmetric outputs the program is far ahead (1.22 and
+# 1.38 there); above COLLECTIVES_PEER_MAX_BYTES, against NCCL send/recv, it is not measured.
+COPY_ENGINE_AUTO = {"all_reduce": {2: 0, None: 64 << 20}, "all_gather": {None: 0}}
 
 
 def by_world(setting, world: int, measured: dict) -> int:
@@ -505,8 +508,8 @@ class PeerExecutor:
             elif self.pipeline and pipelined(plan, dtype, self.pipeline, entry.blocks):
                 entry.pipelined(plan, dtype, op, self.fences,
                                 self.copy_engine.get("all_reduce", 0))
-            elif copied(plan, dtype, self.copy_engine.get("all_gather", 0)):   # whatever
-                entry.copied(plan, dtype, op, self.fences)      # its output: every rank alike
+            elif copied(plan, dtype, self.copy_engine.get("all_gather", 0)):   # every rank
+                entry.copied(plan, dtype, op, self.fences)          # alike, whatever output
             elif over:
                 entry = elsewhere
         if len(self._entries) > 4096:

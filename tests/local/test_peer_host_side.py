@@ -109,6 +109,9 @@ class KernelEntry:
     def pipelined(self, plan, dtype, op, fences, copy_engine=0):
         self.kernel = "pipelined_" + plan.collective      # (its gather: test_peer_lane.py)
 
+    def copied(self, plan, dtype, op, fences):
+        self.kernel = "copies_all_gather"
+
 
 def test_calls_above_the_size_limit_leave_peer_memory_only_where_a_plan_stages_output(
         monkeypatch):
@@ -481,12 +484,12 @@ def test_in_place_limit_auto_is_the_measured_limit_of_the_world_size_and_a_value
 def test_copy_engine_limits_auto_are_the_measured_ones_and_a_value_applies_to_both():
     """COLLECTIVES_PEER_COPY_ENGINE_BYTES=auto (the default): a pipelined all_reduce's
     blocks from 64 MiB on 3 or more ranks (ahead on 4 x H100 from 256 MiB calls, behind at
-    64 MiB), never on 2 (behind or even there); a direct all_gather's from 16 MiB on any
-    (ahead at 64 MiB calls on 2 and 4 GPUs); a value set applies to both, everywhere."""
+    64 MiB), never on 2 (behind or even there); a direct all_gather never (the program is
+    far ahead with symmetric outputs); a value set applies to both, everywhere."""
     limits = peer_executor.copy_engine_limits
     assert settings.PEER_COPY_ENGINE_BYTES.default == "auto"
-    assert limits("auto", 2) == {"all_reduce": 0, "all_gather": 16 << 20}
-    assert all(limits("auto", n) == {"all_reduce": 64 << 20, "all_gather": 16 << 20}
+    assert limits("auto", 2) == {"all_reduce": 0, "all_gather": 0}
+    assert all(limits("auto", n) == {"all_reduce": 64 << 20, "all_gather": 0}
                for n in range(3, 9))
     assert limits(1 << 20, 2) == {"all_reduce": 1 << 20, "all_gather": 1 << 20}
     assert limits(0, 4) == {"all_reduce": 0, "all_gather": 0}
@@ -503,7 +506,7 @@ def choosing_executor(monkeypatch, in_place):
     executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 128, 0
     executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
     executor.most, executor.in_place, executor.pipeline = 32 << 20, in_place, 16 << 20
-    executor.copy_engine = {"all_reduce": 16 << 20}
+    executor.copy_engine = {"all_reduce": 16 << 20, "all_gather": 16 << 20}
 
     def kernel(plan, symmetric=False):
         entry = executor._entry(plan, np.dtype(np.float32), None, object(), False, symmetric)
@@ -690,3 +693,24 @@ def test_direct_all_gather_of_large_even_blocks_is_the_copy_engines_and_nothing_
     assert copied("all_gather", "recursive_doubling", 2, (big,) * 2)   # direct's on 2 ranks
     assert not copied("all_reduce", "direct", 4, 4 * big)
     assert not copied("reduce_scatter", "direct", 4, (big,) * 4)
+
+
+def test_all_gathers_take_the_copy_engines_whatever_the_outputs_once_a_value_is_set(
+        monkeypatch):
+    """With COLLECTIVES_PEER_COPY_ENGINE_BYTES set (16 MiB here), a direct all_gather of alike
+    blocks from that size runs with the copy engines, with a symmetric output too (every
+    rank must run it alike) and above COLLECTIVES_PEER_MAX_BYTES; smaller blocks and other
+    schedules keep the program. Under auto (all_gather: 0) it never does."""
+    executor, kernel = choosing_executor(monkeypatch, in_place=8 << 20)
+    big = 4 << 20                                                 # 16 MiB of float32
+    assert kernel(build_plan("all_gather", "direct", 1, 4, (big,) * 4)) == "copies_all_gather"
+    assert kernel(build_plan("all_gather", "direct", 1, 4, (big,) * 4), symmetric=True) == \
+        "copies_all_gather"
+    assert kernel(build_plan("all_gather", "direct", 1, 4, (4 * big,) * 4)) == \
+        "copies_all_gather"                                       # 64 MiB blocks: over
+    assert kernel(build_plan("all_gather", "direct", 1, 4, (big - 1,) * 4)) == "run_program"
+    assert kernel(build_plan("all_gather", "ring", 1, 4, (big,) * 4)) == "run_program"
+    executor._entries.clear()
+    executor.copy_engine = peer_executor.copy_engine_limits("auto", 4)
+    assert kernel(build_plan("all_gather", "direct", 1, 4, (big,) * 4)) == "run_program"
+    assert kernel(build_plan("all_gather", "direct", 1, 4, (4 * big,) * 4)) == "nccl send/recv"
