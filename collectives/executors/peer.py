@@ -4,7 +4,7 @@ kernel, ``transports/peer.py`` for the mapped memory).
 
 Per call on the host: a cached look-up of the plan's program (lowered once, uploaded once),
 a check of the error words (host memory, no synchronization), and one kernel launch on the
-caller's stream (a large all_reduce: two, with copies by the copy engines between them).
+caller's stream (two, with copies by the copy engines between them, where those gather).
 Nothing waits on the host; like the NCCL executor, the result is ordered on the caller's
 stream.
 
@@ -177,7 +177,7 @@ class _Entry:
         reduced block after them, and writes the caller's output itself (nothing staged):
         with thread blocks, or where a rank's block has at least ``copy_engine`` bytes
         (COLLECTIVES_PEER_COPY_ENGINE_BYTES; 0: never) with the copy engines, a copy per
-        peer between the kernel's two launches (gather 2, then 3)."""
+        peer after this kernel (gather 2), then ``copies_around``'s end."""
         import cupy
         all_reduce = plan.collective == "all_reduce"
         count = plan.args[0] // plan.size if all_reduce else plan.args[0][plan.rank]

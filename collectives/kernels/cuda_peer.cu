@@ -1119,9 +1119,9 @@ two_shot_in_place(const i64* code_at, int n, const i64* tallies, char* in, char*
     if (stop) return;
     end_call(flags, call, sent, received, ones, ones, WORLD, &last_out);
 }
-/* pipelined_reduce_scatter's waits: until thread blocks [first, first + of) of every peer
-   have said message ``m`` of this call (their delivered words here at received + m), the
-   block's threads sharing the words out; false once the call stops. */
+/* The waits of pipelined_reduce_scatter and copies_around: until thread blocks [first,
+   first + of) of every peer have said message ``m`` of this call (their delivered words here
+   at received + m), the block's threads sharing the words out; false once the call stops. */
 __device__ bool peers_said(const Ctx& c, const u64* received, i64 first, i64 of, u64 m,
                            int step) {
     for (i64 w = threadIdx.x; w < (WORLD - 1) * of; w += blockDim.x) {
