@@ -158,11 +158,11 @@ class Group:
             elif pipelined and (plan.collective, plan.algorithm) in PIPELINED:
                 chunks, pushers, *copy_engines = pipelined
                 gather = plan.collective == "all_reduce"
-                copied = gather and bool(copy_engines) and copy_engines[0]
+                by_copies = gather and bool(copy_engines) and copy_engines[0]
                 count = plan.args[0] // self.size if gather else plan.args[0][rank]
                 yield from self._pipelined(rank, w, count, output if input is None else input,
                                            output, reduce, piece, deadline, chunks, pushers,
-                                           gather, barriers if copied else None)
+                                           gather, barriers if by_copies else None)
                 sends = recvs = [((2 * chunks + 1) if gather else chunks) * (q != rank)
                                  for q in range(self.size)]
                 finished = None
@@ -373,12 +373,13 @@ class Group:
 
     def _copied_gather(self, rank, w, count, output, piece, wait, chunks, pushers,
                        reduced_at, barriers, deadline):
-        """The copy engines' gather of a pipelined all_reduce (``gather`` 2, then 3): worker
-        0 waits until every reducer of every peer has said its last chunk, and the first
-        launch ends (a barrier of the rank's workers); then the copies, one piece at a time
-        like any worker's, each peer's reduced block into its place in output; then the
-        second launch (after the copies, on the stream: a barrier again), whose one worker
-        says it has read everything and waits until every peer has."""
+        """The copy engines' gather of a pipelined all_reduce (``gather`` 2, then
+        ``copies_around``'s end): worker 0 waits until every reducer of every peer has said
+        its last chunk, and the first launch ends (a barrier of the rank's workers); then
+        the copies, one piece at a time like any worker's, each peer's reduced block into
+        its place in output; then the second launch (after the copies, on the stream: a
+        barrier again), whose one worker says it has read everything and waits until every
+        peer has."""
         size = self.size
         if w == 0:
             for q in range(size):
