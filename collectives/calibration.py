@@ -78,6 +78,15 @@ def calibrate(group, *, repeats: int = 15, pingpong_bytes=PINGPONG_BYTES,
     from .ops import ReduceOp
 
     transport, rank, size = group.transport, group.rank, group.size
+    model = getattr(transport, "model_name", transport.name)
+    if model != transport.name:         # alike on every rank: decided when the group was made
+        raise ValueError(
+            f"calibrate on rank {rank}: this {transport.name} group runs its plans on another "
+            f"medium than {transport.name} send/recv (the cost model {model!r}), which a "
+            f"ping-pong over send/recv does not measure, and its fit would replace that "
+            f"model's defaults in the tuning file; leave out --calibrate (--tune alone records "
+            f"the measured winners), or set COLLECTIVES_GPU_PATH=nccl to run and calibrate on "
+            f"send/recv")
     xp = transport.xp
     tag = group.next_tag()
     default = load_params(transport.name)

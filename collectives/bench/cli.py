@@ -187,13 +187,15 @@ def calibrate_groups(groups, path: str, timeout: float):
     return params
 
 
-def tune(path: str, rows, transport: str, itemsize: int) -> None:
+def tune(path: str, rows, transport: str, itemsize: int, model: str | None = None) -> None:
     """``--tune``: the run's winners into the tuning file, what the decision table reads
     (``tuning.decisions_from_records``: the least median over rounds where it beats the
     runner-up by more than the noise of a median, else the one faster round by round, else
     the winner at the nearest decided size, else the model's pick), with the medians
-    behind each. Rank 0 only, after the sweep."""
-    params = cost.load_params(transport)
+    behind each. Rank 0 only, after the sweep. ``model``: whose defaults the group ranks
+    with where the file has no entry for ``transport`` (its ``model_name``: ``nccl_peer`` on
+    peer memory), the parameters saved beside the decisions."""
+    params = cost.load_params(transport, model=model)
     decisions = tuning.decisions_from_records(rows, params, itemsize)
     tuning.save(path, transport, params, decisions)
     chosen = [row for table in decisions.values() for row in table]
@@ -345,7 +347,8 @@ def run_groups(args, config: Config, groups) -> int:
         if args.plot:
             report.write_plot(args.plot, records, meta)
         if args.tune:
-            tune(args.tune, records, group.transport.name, parse_dtype(config.dtype).itemsize)
+            tune(args.tune, records, group.transport.name, parse_dtype(config.dtype).itemsize,
+                 getattr(group.transport, "model_name", None))
         print(f"# {len(records)} rows, {wrong} wrong elements", flush=True)
         if wrong:
             print(f"bench: {wrong} wrong elements (rows with wrong > 0 above)", file=sys.stderr)

@@ -514,3 +514,38 @@ def test_a_calibrated_socket_file_keeps_the_spill_term(tmp_path):
     assert (got.spill_bytes, got.spill_factor) == (4 * MIB, 2.0)
     assert cost.cheapest("all_gather", 4, 64 * MIB, candidates=["recursive_doubling", "ring"],
                        params=got)[0] == "ring"
+
+
+def test_calibrate_refuses_a_group_whose_plans_run_on_another_medium():
+    """An nccl group on peer memory ranks its schedules with the ``nccl_peer`` model; a
+    ping-pong over NCCL send/recv measures the other medium, and its fit would replace those
+    defaults in the tuning file (the seventeenth session's note): ``calibrate`` refuses,
+    naming the operation, the rank and what to do, before anything moves."""
+    from types import SimpleNamespace
+
+    moved = []
+    transport = SimpleNamespace(name="nccl", model_name="nccl_peer", xp=None,
+                                isend=lambda *a: moved.append(a),
+                                irecv=lambda *a: moved.append(a))
+    group = SimpleNamespace(transport=transport, rank=1, size=2, next_tag=lambda: 0)
+    with pytest.raises(ValueError, match=r"calibrate on rank 1: this nccl group runs its "
+                                         r"plans on another medium .*'nccl_peer'.*--tune"):
+        calibration.calibrate(group)
+    assert moved == []
+
+
+def test_tune_saves_the_parameters_of_the_group_s_model(tmp_path, monkeypatch):
+    """``--tune`` on an nccl group on peer memory saves the ``nccl_peer`` defaults beside its
+    decisions (it saved NCCL send/recv's, α 20 µs a step, which the group then ranked its
+    undecided sizes with); a group whose model is its transport's saves that one's."""
+    from collectives.bench import cli
+
+    monkeypatch.delenv("COLLECTIVES_TUNING", raising=False)
+    saved = {}
+    monkeypatch.setattr(cli.tuning, "decisions_from_records", lambda rows, params, size: {})
+    monkeypatch.setattr(cli.tuning, "save", lambda path, transport, params, decisions:
+                        saved.update({transport: params}))
+    cli.tune(str(tmp_path / "t.json"), [], "nccl", 4, "nccl_peer")
+    assert saved["nccl"] == cost.DEFAULTS["nccl_peer"] != cost.DEFAULTS["nccl"]
+    cli.tune(str(tmp_path / "t.json"), [], "nccl", 4)
+    assert saved["nccl"] == cost.DEFAULTS["nccl"]
