@@ -65,9 +65,10 @@ lowering=lowered.overlapped)`` prices it).
 
 Parameters come per transport (``DEFAULTS``, or a tuning file named by ``COLLECTIVES_TUNING``
 that calibration + ``save_params`` write); a group whose transport runs its plans on another
-medium ranks with that medium's defaults (``nccl_peer``: the transport's ``model_name``). Every rank must see the same parameters, or ranks
-may choose different algorithms for one call and deadlock: calibration broadcasts rank 0's
-fit, and a job's ranks must share one tuning file. What no such model captures, a tuning run
+medium ranks with that medium's defaults (``nccl_peer``: the transport's ``model_name``).
+Every rank must see the same parameters, or ranks may choose different algorithms for one
+call and deadlock: calibration broadcasts rank 0's fit, and a job's ranks must share one
+tuning file. What no such model captures, a tuning run
 can: ``bench.py --tune FILE`` stores each measured row's ratio to its prediction in the same
 file, and ``ranking`` scales the predictions by them (``measured.py``).
 """
