@@ -449,3 +449,24 @@ def test_a_large_direct_all_gather_stages_its_input_and_the_copy_engines_gather_
     executor._entries.clear()
     rig.group._lane.clear()
     assert rig.call("all_gather", inp, out, algorithm="direct")[1] != 4444
+
+
+def test_copies_that_cannot_be_queued_fail_the_group_for_every_later_call(monkeypatch):
+    """A copy (or the second launch) that fails to be queued after the first launch began
+    the call: the error is raised, and every later call of the group raises it too, before
+    anything is launched (the call's words are half moved: no call may go on from them)."""
+    rig = copy_engine_rig(monkeypatch)
+    block = 1 << 20
+    inp, out = DeviceArray(1 << 24, block // 2), DeviceArray(2 << 24, block // 2)
+
+    def refuse(*args):
+        raise RuntimeError("cudaErrorInvalidValue: invalid argument")
+    rig.executor.cupy.cuda.runtime.memcpyAsync = refuse
+    with pytest.raises(RuntimeError, match="invalid argument"):
+        rig.call("all_reduce", inp, out, algorithm="two_shot")
+    launched = len(rig.launches)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="invalid argument"):
+            rig.call("all_reduce", inp, out, algorithm="two_shot")
+    assert len(rig.launches) == launched
+
