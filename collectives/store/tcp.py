@@ -84,7 +84,8 @@ class TCPStore(Store):
             except OSError as exc:
                 if sock is not None:
                     sock.close()
-                last = exc
+                if last is None or not isinstance(exc, TimeoutError):
+                    last = exc      # an attempt cut by the deadline says less than a refusal
                 if exc.errno not in (errno.ECONNREFUSED, errno.ECONNRESET, errno.ETIMEDOUT,
                                      errno.EHOSTUNREACH, errno.ENETUNREACH, None):
                     raise StoreError(f"{self._describe()}: cannot connect: {exc}") from None

@@ -177,6 +177,36 @@ def test_connection_cap_refuses_extras_and_clients_retry(monkeypatch):
         store.close()
 
 
+def test_a_timeout_after_a_busy_server_reports_the_refusal_not_the_cut_attempt():
+    """A client whose deadline ends during an attempt (the server accepted and said nothing)
+    after the server had closed an earlier one unanswered (busy): the StoreTimeout names the
+    refusal, the more telling of the two (it said "timed out", which made
+    test_connection_cap_refuses_extras_and_clients_retry fail on a loaded machine)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held = []
+
+    def serve():
+        first = True
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            if first:
+                conn.close()             # busy: closed before any challenge
+                first = False
+            else:
+                held.append(conn)        # accepted, never answered: the attempt times out
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        with pytest.raises(StoreTimeout) as info:
+            TCPStore("127.0.0.1", listener.getsockname()[1], timeout=0.5, secret=SECRET)
+        assert "closed the connection before its challenge" in str(info.value)
+    finally:
+        listener.close()
+        _close_all(held)
+
+
 SERVER_WITH_FEW_FDS = """
 import os, resource, sys
 from collectives.store import TCPStore
