@@ -552,6 +552,7 @@ class PeerExecutor:
             # call could name ``call`` after a jump back)
             runtime.memset(memory.flags_ptr + 8 * cuda_peer.DIRECT_WORDS, 0,
                            8 * cuda_peer.MAX_RANKS)
+            runtime.deviceSynchronize()     # (the legacy stream orders no other)
 
     def check(self, operation="synchronize"):
         """Raise what a kernel of this group reported (no synchronization)."""

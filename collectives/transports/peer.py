@@ -36,6 +36,7 @@ Never uses NVLink multicast (cuMulticastCreate): only point-to-point mappings.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import socket
@@ -114,9 +115,11 @@ class PeerMemory:
         runtime = cupy.cuda.runtime
         with cupy.cuda.Device(transport.device):
             self.flags_ptr = runtime.malloc(FLAG_BYTES)
-            runtime.memset(self.flags_ptr, 0, FLAG_BYTES)
+            with self._landed() as stream:
+                runtime.memsetAsync(self.flags_ptr, 0, FLAG_BYTES, stream.ptr)
             self.peer_flags, self._opened = self._share(self.flags_ptr)
-            self.peer_flags_array = cupy.asarray(np.array(self.peer_flags, np.uint64))
+            with self._landed():
+                self.peer_flags_array = cupy.asarray(np.array(self.peer_flags, np.uint64))
             self._error_host = runtime.hostAlloc(16, _MAPPED)
             ctypes.memset(self._error_host, 0, 16)
             # the error words (kind, step, peer): 0s until a kernel reports; None once closed
@@ -132,12 +135,22 @@ class PeerMemory:
         # the peers' addresses in one device array, [heap][rank], that never moves
         self.heaps = []
         self.places = {}            # place()'s answers that cannot change while heaps do not
-        with cupy.cuda.Device(transport.device):
+        with cupy.cuda.Device(transport.device), self._landed():
             self.peer_heaps_array = cupy.zeros(MAX_HEAPS * self.size, np.uint64)
         self.last_stream = None
         self.layout = object()      # replaced whenever an area moves (ensure)
 
     # -- opening -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _landed(self):
+        """Writes of what kernels read (the peers' addresses) on a stream of their own,
+        finished on leaving: a kernel may run on any stream, and one copy queued on the
+        caller's current stream behind long work would land after kernels on another."""
+        stream = self.cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            yield stream
+        stream.synchronize()
 
     def _share(self, start, offset: int = 0, what: str = "peer memory",
                timeout: float | None = None) -> tuple:
@@ -220,14 +233,16 @@ class PeerMemory:
         array) of a new allocation of ``nbytes`` on every rank (collective)."""
         runtime = self.cupy.cuda.runtime
         ptr = runtime.malloc(nbytes)
-        if zeroed:
-            runtime.memset(ptr, 0, nbytes)
+        if zeroed:      # (cudaMemset's legacy stream does not order non-blocking ones)
+            with self._landed() as stream:
+                runtime.memsetAsync(ptr, 0, nbytes, stream.ptr)
         try:
             peers, _ = self._share(ptr, what=what, timeout=timeout)
         except TransportError:
             runtime.free(ptr)
             raise
-        return ptr, peers, self.cupy.asarray(np.array(peers, np.uint64))
+        with self._landed():
+            return ptr, peers, self.cupy.asarray(np.array(peers, np.uint64))
 
     def _slot(self, what: str) -> int:
         """The heap slot the next symmetric allocation or registration takes (every rank
@@ -245,8 +260,9 @@ class PeerMemory:
     def _keep(self, h: int, heap: _Heap) -> None:
         self.heaps[h] = heap
         self.places.clear()
-        self.peer_heaps_array[h * self.size:(h + 1) * self.size] = \
-            self.cupy.asarray(np.array(heap.peers, np.uint64))
+        with self._landed():
+            self.peer_heaps_array[h * self.size:(h + 1) * self.size] = \
+                self.cupy.asarray(np.array(heap.peers, np.uint64))
 
     def symmetric(self, nbytes: int):
         """A new symmetric allocation of ``nbytes`` on this rank, mapped by every peer
@@ -310,7 +326,8 @@ class PeerMemory:
         runtime = self.cupy.cuda.runtime
         with self.cupy.cuda.Device(self.transport.device):
             runtime.deviceSynchronize()          # no kernel of this rank writes through it
-            self.peer_heaps_array[h * self.size:(h + 1) * self.size] = 0
+            with self._landed():
+                self.peer_heaps_array[h * self.size:(h + 1) * self.size] = 0
             for q in self.heaps[h].opened:
                 runtime.ipcCloseMemHandle(q)
         self.heaps[h] = None
@@ -424,16 +441,23 @@ def _all_gather(transport, blob: bytes, what: str = "peer memory",
                 timeout: float | None = None) -> list:
     """Every rank's ``blob`` (all of one length) through the group's NCCL communicator,
     waited for at most ``timeout`` seconds (the transport's own when None): past it the
-    communicator is aborted and CollectiveTimeout names ``what`` and this rank."""
+    communicator is aborted and CollectiveTimeout names ``what`` and this rank.
+
+    The blob's copy to the device, the all_gather and the copy back all run on one stream of
+    their own, in that order. The copy to the device once ran on the caller's current stream
+    and the all_gather on this one, unordered: behind long work queued by the caller (a
+    bench's 256 MiB fills) the all_gather read the send buffer before the blob reached it,
+    and the ranks opened stale handles (cudaErrorInvalidValue on 4 x H100; a stale handle of
+    an allocation already open maps the wrong memory)."""
     cupy = transport.xp
     n = len(blob)
     with cupy.cuda.Device(transport.device):
-        send = cupy.asarray(np.frombuffer(blob, np.uint8))
-        recv = cupy.empty(n * transport.size, np.uint8)
         stream = cupy.cuda.Stream(non_blocking=True)
-        transport.comm.allGather(send.data.ptr, recv.data.ptr, n, _NCCL_UINT8, stream.ptr)
-        limit = transport.timeout if timeout is None else timeout
         with stream:
+            send = cupy.asarray(np.frombuffer(blob, np.uint8))
+            recv = cupy.empty(n * transport.size, np.uint8)
+            transport.comm.allGather(send.data.ptr, recv.data.ptr, n, _NCCL_UINT8, stream.ptr)
+            limit = transport.timeout if timeout is None else timeout
             try:
                 transport.synchronize(limit, what)
             except CollectiveTimeout:
@@ -442,7 +466,7 @@ def _all_gather(transport, blob: bytes, what: str = "peer memory",
                     f"group (over NCCL, growing or opening peer memory) waited {limit} s for "
                     f"some rank that did not make this call; the NCCL communicator was "
                     f"aborted") from None
-        out = recv.get().tobytes()
+            out = recv.get().tobytes()
     return [out[r * n:(r + 1) * n] for r in range(transport.size)]
 
 

@@ -18,6 +18,10 @@ collective-by-collective suite (``nccl_worker.py``) does not reach on the peer p
    then every rank's; all_reduce (two_shot, ring), all_gather and all_to_all (direct), in
    place and out of place, against numpy. Deregistered, the buffer is staged again (its
    place 0) and the same call still right.
+5. Symmetric memory, then a registered buffer, made while the caller's stream still runs
+   a long kernel (as a bench's 256 MiB fills): the handles' exchange once copied them to the
+   device on that stream and read them on another, so every rank opened stale handles
+   (cudaErrorInvalidValue); then an all_gather into each, against numpy.
 3. A rank that never arrives: rank 1 skips one all_reduce; every other rank's kernel stops at
    the call's timeout and the next use of the group raises CollectiveTimeout naming rank 1;
    rank 1's next call finds the abort and does nothing, and its next synchronize raises
@@ -160,6 +164,38 @@ def main():
                 want = np.concatenate([m[rank * n:(rank + 1) * n] for m in mine])
             check(f"{kind} output ({'rank 0 only' if mixed else 'every rank'}) "
                   f"{collective} {algorithm}", d_out, want)
+
+    # 5. symmetric memory and a registered buffer made while the caller's stream is busy
+    spin = cupy.RawKernel(r'''extern "C" __global__ void spin(long long cycles) {
+        long long start = clock64(); while (clock64() - start < cycles) {} }''', "spin")
+    busy = cupy.cuda.Stream(non_blocking=True)
+    count = 1 << 20
+    for kind in ("symmetric", "registered"):
+        group.transport.synchronize(30.0)
+        group.bench_host.barrier()
+        with busy:
+            spin((1,), (1,), (np.int64(300_000_000),))        # ~0.2 s queued before the handles
+            try:
+                if kind == "symmetric":
+                    out = group.symmetric_empty(count * p, "float32")
+                else:
+                    out = cupy.empty(count * p, cupy.float32)
+                    group.register_buffer(out)
+            except Exception as exc:      # noqa: BLE001 (the failure is what is checked)
+                failures.append(f"{kind} memory made behind a busy stream: "
+                                f"{type(exc).__name__}: {exc}")
+                continue
+            mine = inputs(60, p, count)
+            d_in = cupy.asarray(mine[rank])
+            out.fill(-1)
+            group.prepare("all_gather", input=d_in, output=out, algorithm="direct")()
+            busy.synchronize()
+        if memory.place(out) == 0:
+            failures.append(f"{kind} memory made behind a busy stream has no place")
+        check(f"all_gather into {kind} memory made behind a busy stream", out,
+              np.concatenate(mine))
+        if kind == "registered":
+            group.deregister_buffer(out)
 
     # 3. rank 1 never arrives at one all_reduce
     group.transport.synchronize(30.0)

@@ -25,7 +25,7 @@ class Runtime:
         self.next += nbytes + 4096
         return self.next
 
-    def memset(self, ptr, value, nbytes):
+    def memsetAsync(self, ptr, value, nbytes, stream):
         self.zeroed.append((ptr, value, nbytes))
 
     def free(self, ptr):
@@ -38,9 +38,28 @@ class Runtime:
         return ptr.to_bytes(peer_memory._HANDLE, "little")      # 64 bytes, as CUDA's
 
 
+class Stream:
+    """A CUDA stream: where the memory's copies went, in order (``Stream.log``)."""
+    log, current = [], None
+
+    def __init__(self, non_blocking=False):
+        self.ptr = id(self)
+
+    def __enter__(self):
+        self.outer, Stream.current = Stream.current, self
+        return self
+
+    def __exit__(self, *exc):
+        Stream.current = self.outer
+        return False
+
+    def synchronize(self):
+        Stream.log.append(("synchronized", self.ptr))
+
+
 def memory(monkeypatch):
     runtime = Runtime()
-    cupy = SimpleNamespace(cuda=SimpleNamespace(runtime=runtime,
+    cupy = SimpleNamespace(cuda=SimpleNamespace(runtime=runtime, Stream=Stream,
                                                 Device=lambda d: contextlib.nullcontext()),
                            asarray=np.asarray)
     monkeypatch.setattr(peer_memory, "_all_gather", lambda transport, blob, *how: [blob])
@@ -642,6 +661,57 @@ def test_an_exchange_a_rank_never_joins_ends_at_the_call_s_timeout_naming_it():
     assert len(caught) == 1 and isinstance(caught[0], CollectiveTimeout), caught
     assert "reduce_scatter on rank 1" in str(caught[0]) and "0.2 s" in str(caught[0])
     assert aborted == [True]
+
+
+def test_handles_and_the_peers_addresses_reach_the_device_on_streams_of_their_own(
+        monkeypatch):
+    """The handle exchange copied its blob to the device on the caller's current stream and
+    ran the all_gather on a stream of its own, unordered with it: behind long work the
+    caller had queued (a bench's 256 MiB fills), the all_gather read the send buffer before
+    the blob reached it, and every rank of a 4 x H100 bench failed to map a 256 MiB symmetric
+    allocation (cudaErrorInvalidValue; a stale handle of an allocation already open would
+    have mapped the wrong memory). Now the copy in, the all_gather and the copy out run on
+    one stream, in that order; and the zeroing of new memory and the table of the peers'
+    addresses, which kernels on any stream read, are written on a stream finished before
+    the call returns."""
+    Stream.log.clear()
+    caller = Stream()
+
+    class Array:
+        def __init__(self, what):
+            Stream.log.append((what, Stream.current.ptr))
+            self.data = SimpleNamespace(ptr=1)
+
+        def get(self):
+            Stream.log.append(("copy out", Stream.current.ptr))
+            return np.zeros(8, np.uint8)
+    cupy = SimpleNamespace(cuda=SimpleNamespace(Device=lambda d: contextlib.nullcontext(),
+                                                Stream=Stream),
+                           asarray=lambda a: Array("copy in"),
+                           empty=lambda n, dtype: Array("receive buffer"))
+    comm = SimpleNamespace(allGather=lambda *a: Stream.log.append(("all_gather", a[-1])))
+    transport = SimpleNamespace(
+        xp=cupy, device=0, size=2, rank=0, timeout=5.0, comm=comm,
+        synchronize=lambda *a: Stream.log.append(("waited", Stream.current.ptr)))
+    with caller:                                  # the caller's stream, busy
+        peer_memory._all_gather(transport, b"handle")
+    streams = {ptr for _, ptr in Stream.log}
+    assert len(streams) == 1 and caller.ptr not in streams, Stream.log
+    assert [what for what, _ in Stream.log] == ["copy in", "receive buffer", "all_gather",
+                                                "waited", "copy out"]
+
+    mem, runtime = memory(monkeypatch)
+    Stream.log.clear()
+    mem.cupy.asarray = lambda a: (Stream.log.append(("upload", Stream.current.ptr)),
+                                  np.asarray(a))[1]
+    runtime.memsetAsync = lambda ptr, value, n, stream: Stream.log.append(("zero", stream))
+    with caller:
+        mem.symmetric(4096)
+    assert [what for what, _ in Stream.log] == ["zero", "synchronized", "upload",
+                                                "synchronized", "upload", "synchronized"]
+    assert all(ptr != caller.ptr for _, ptr in Stream.log)
+    assert [ptr for what, ptr in Stream.log if what != "synchronized"] == \
+        [ptr for what, ptr in Stream.log if what == "synchronized"]
 
 
 def test_memory_whose_growth_failed_keeps_no_freed_pointer_and_fails_the_group(monkeypatch):
