@@ -116,7 +116,8 @@ class _Entry:
     four buffer addresses. ~1 µs of host time, where CuPy's generic launch costs ~7."""
     __slots__ = ("program", "code", "tallies", "function", "blocks", "staging", "scratch_at",
                  "inbox", "lines", "values", "params", "pointers", "layout", "timeout",
-                 "staged", "kernel", "finish", "finish_function", "copies", "own")
+                 "staged", "kernel", "finish", "finish_function", "rounds", "waits", "own",
+                 "aside")
 
     def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded,
                  symmetric=False, direct=False):
@@ -156,9 +157,13 @@ class _Entry:
         self.layout = self.timeout = None
         self.values[15].value = int(DEFAULT_TIMEOUT * 1e9)
         self.staged = program.output_staged
-        # a call whose copy engines copy (_gather_by_copies): the kernel that ends it and its
-        # code, the peers' blocks to copy, and this rank's own (from its input), or None
-        self.finish = self.finish_function = self.copies = self.own = None
+        # a call whose copy engines copy (_by_copies): the kernel that ends it and its code;
+        # the rounds of copies, each (the code of the wait before it or None, [(peer, where
+        # in the output, where in the peer's staging memory, bytes)]) and the waits' codes;
+        # this rank's own block (where in the output, where in the input, bytes) or None;
+        # whether the first launch runs beside the caller's stream (staging the input)
+        self.finish = self.finish_function = self.rounds = self.waits = self.own = None
+        self.aside = False
 
     def in_place(self, plan, dtype, op, fences):
         """Run as ``two_shot_in_place`` instead of the program: its "program" is the
@@ -196,39 +201,58 @@ class _Entry:
         self.function = cuda_peer.pipelined_kernel(op, dtype, fences, plan.size).kernel.ptr
         self.kernel = "pipelined_all_reduce" if all_reduce else "pipelined_reduce_scatter"
         if copied:      # every peer's reduced block lies after its p - 1 slots
-            self._copies_after(plan, dtype, op, fences, block, (plan.size - 1) * block,
-                               2 * chunks + 1)
+            self._copies(plan, dtype, op, fences, [(q, q * block, (plan.size - 1) * block)
+                                                   for q in _peers(plan)], block, 1,
+                         2 * chunks + 1)
             self.kernel += "_copy_engines"
 
     def copied(self, plan, dtype, op, fences):
-        """Run a direct all_gather with the copy engines (``copies_around``): the first
-        launch copies this rank's input into its staging memory and waits until every peer
-        has; then every peer's block copied out of that peer's staging memory, and this
-        rank's own from its input; the second launch ends the call. Nothing staged on the
-        way out."""
+        """Run a direct all_gather or all_to_all with the copy engines (``copies_around``):
+        the first launch, beside the caller's stream, stages this rank's input (an
+        all_to_all: its block for each peer, in the slot of the peer's rank order with this
+        rank skipped) into its staging memory chunk after chunk, saying each; on the
+        caller's stream, for each chunk, a one-block launch waits until every peer has
+        staged it, then the chunk of every peer's block for this rank is copied out of that
+        peer's staging memory into the output: the copies of one chunk run beside the
+        staging of the next. This rank's own block is copied from its input beside them;
+        the last launch ends the call. Nothing staged on the way out."""
         import cupy
-        block = plan.args[0][plan.rank] * dtype.itemsize
-        self.function = cuda_peer.copies_kernel(op, dtype, fences, plan.size).kernel.ptr
-        self.code = cupy.asarray(np.array([block, 0, 1], np.int64))
+        rank, size, itemsize = plan.rank, plan.size, dtype.itemsize
+        all_to_all = plan.collective == "all_to_all"
+        block = (plan.args[0][0][0] if all_to_all else plan.args[0][rank]) * itemsize
+        chunks = copy_chunks(block)
+        if all_to_all:      # the block for peer q in slot q (q < rank) or q - 1 (q > rank)
+            pieces = [(q * block, (q - (q > rank)) * block) for q in range(size) if q != rank]
+            at = [(q, q * block, (rank - (rank > q)) * block) for q in _peers(plan)]
+            self.own = (rank * block, rank * block, block)
+        else:
+            pieces, at = [(0, 0)], [(q, q * block, 0) for q in _peers(plan)]
+            self.own = (rank * block, 0, block)
+        self.function = cuda_peer.copies_kernel(op, dtype, fences, size).kernel.ptr
+        self.code = cupy.asarray(np.array([block, 0, chunks, len(pieces)] +
+                                          [o for piece in pieces for o in piece], np.int64))
         self.values[0].value = self.code.data.ptr
-        self.scratch_at, self.staged = 0, False
+        self.scratch_at, self.staged, self.aside = 0, False, True
         self.values[9].value = 0
-        self.staging = max(256, _align(block))
-        self._copies_after(plan, dtype, op, fences, block, 0, 2)
-        self.own = (plan.rank * block, block)
-        self.kernel = "copies_all_gather"
+        self.staging = max(256, _align(len(pieces) * block))
+        self._copies(plan, dtype, op, fences, at, block, chunks, chunks + 1)
+        self.kernel = f"copies_{plan.collective}"
 
-    def _copies_after(self, plan, dtype, op, fences, block, at, message):
-        """The copies of every peer's ``block`` bytes lying ``at`` bytes into its staging
-        memory, into the peer's place in the output, then ``copies_around``'s end (mode 1)
-        with ``message``."""
+    def _copies(self, plan, dtype, op, fences, at, block, chunks, message):
+        """The copies of every peer's ``block`` bytes, each (peer, where it goes in the
+        output, where it lies in the peer's staging memory) of ``at``, in ``chunks`` rounds
+        (more than one: each after a wait for its chunk, ``copies_around``'s mode 2), then
+        ``copies_around``'s end (mode 1) with ``message``."""
         import cupy
         self.finish_function = cuda_peer.copies_kernel(op, dtype, fences, plan.size).kernel.ptr
         self.finish = cupy.asarray(np.array([0, 1, message], np.int64))
-        # (peer, where its block goes in the output, where it lies in the peer's staging
-        # memory, bytes): peers in the order the pushes go
-        self.copies = [(q, q * block, at, block) for q in (
-            (plan.rank + s) % plan.size for s in range(1, plan.size))]
+        bounds = chunk_bounds(block, chunks)
+        if chunks > 1:
+            self.waits = cupy.asarray(np.array([[0, 2, k + 1, self.blocks]
+                                                for k in range(chunks)], np.int64))
+        self.rounds = [(None if chunks == 1 else self.waits.data.ptr + 32 * k,
+                        [(q, out_at + lo, src_at + lo, hi - lo) for q, out_at, src_at in at])
+                       for k, (lo, hi) in enumerate(bounds)]
 
     def place(self, memory):
         """Set the values that come from the group's memory (which moves when it grows)."""
@@ -260,7 +284,8 @@ IN_PLACE_AUTO = {2: 64 << 20, None: 8 << 20}
 # against 0.98 on 4 x H100, 1.08 against 1.02 on 2), but it must run alike on every rank,
 # whatever each rank's output, and with symmetric outputs the program is far ahead (1.22 and
 # 1.38 there); above COLLECTIVES_PEER_MAX_BYTES, against NCCL send/recv, it is not measured.
-COPY_ENGINE_AUTO = {"all_reduce": {2: 0, None: 64 << 20}, "all_gather": {None: 0}}
+COPY_ENGINE_AUTO = {"all_reduce": {2: 0, None: 64 << 20}, "all_gather": {None: 0},
+                    "all_to_all": {None: 0}}
 
 
 def by_world(setting, world: int, measured: dict) -> int:
@@ -316,14 +341,44 @@ def pipelined(plan, dtype, least: int, blocks: int) -> bool:
 
 def copied(plan, dtype, least: int) -> bool:
     """Whether ``plan`` runs with the copy engines (``_Entry.copied``): a direct all_gather
-    on 2 to 8 ranks whose every rank's block is alike and at least ``least`` bytes
-    (COLLECTIVES_PEER_COPY_ENGINE_BYTES; 0: never); decided alike on every rank."""
-    if not least or plan.collective != "all_gather" or \
+    or all_to_all on 2 to 8 ranks whose every block is alike and at least ``least`` bytes
+    (COLLECTIVES_PEER_COPY_ENGINE_BYTES for the collective; 0: never); decided alike on
+    every rank."""
+    if not least or plan.collective not in ("all_gather", "all_to_all") or \
             not 2 <= plan.size <= cuda_peer.IN_PLACE_MAX_WORLD:
         return False
     counts = plan.args[0]
+    if plan.collective == "all_to_all":
+        counts = [n for row in counts for n in row]
     return len(set(counts)) == 1 and counts[0] * dtype.itemsize >= least and \
         _schedule_of(plan, "direct")
+
+
+# The copy engines' calls staged chunk by chunk (``_Entry.copied``): blocks cut into chunks
+# of at least this many bytes, at most COPY_MAX_CHUNKS of them. Smaller copies move less
+# (4 MiB: 273 GB/s from every peer at once on 4 x H100, against 364 for 256 MiB); each
+# chunk costs a launch that waits (BENCHMARKS.md §6).
+COPY_CHUNK_BYTES = 32 << 20
+COPY_MAX_CHUNKS = 8
+
+
+def copy_chunks(block: int) -> int:
+    """How many chunks a block of ``block`` bytes is staged and copied in (alike on every
+    rank: blocks are)."""
+    return int(min(COPY_MAX_CHUNKS, max(1, block // COPY_CHUNK_BYTES)))
+
+
+def chunk_bounds(nbytes: int, chunks: int) -> list:
+    """[(lo, hi)] in bytes of each chunk of ``nbytes``: 16-byte units shared out as
+    ``copies_around`` does (its mode 0 stages exactly these)."""
+    units = -(-nbytes // 16)
+    return [(min(nbytes, units * k // chunks * 16), min(nbytes, units * (k + 1) // chunks * 16))
+            for k in range(chunks)]
+
+
+def _peers(plan) -> list:
+    """Every peer of ``plan``'s rank, in the order the pushes go (the next rank first)."""
+    return [(plan.rank + s) % plan.size for s in range(1, plan.size)]
 
 
 def _schedule_of(plan, algorithm: str) -> bool:
@@ -390,7 +445,7 @@ class PeerExecutor:
             settings.PEER_COPY_ENGINE_BYTES)}
         self.failed = None
         self._entries = {}
-        self.side = None           # the stream of the copy of a rank's own block (all_gather)
+        self.side = None           # the stream beside the caller's of calls by the copy engines
         transport.before_close(lambda: memory.close(abort_peers=transport._aborted))
 
     def __call__(self, plan, transport, buffers, reduce=None, *, tag=0, timeout=None,
@@ -435,39 +490,56 @@ class PeerExecutor:
         values[3].value = 0 if input is None else input.data.ptr
         values[4].value = memory.data_ptr if entry.staged else caller_out
         values[6].value = caller_out
+        if entry.finish is not None:
+            self._by_copies(entry, stream, values[3].value, caller_out)
+            return
         _launch(entry.function, entry.blocks, 1, 1, cuda_peer.THREADS, 1, 1, 0,
                 stream.ptr, entry.params, 0)
-        if entry.finish is not None:
-            self._gather_by_copies(entry, stream, values[3].value, caller_out)
 
-    def _gather_by_copies(self, entry, stream, input, output):
-        """The rest of a call whose first launch ended once every peer's blocks were ready
-        in its staging memory (a pipelined all_reduce's reduced blocks, an all_gather's
-        inputs): each peer's block copied by the copy engines from that peer's staging
-        memory into its place in ``output``, on the caller's stream, and this rank's own
-        from ``input`` beside them (a side stream, joined after); then ``copies_around``'s
-        end (one block), which tells every peer, waits until every peer has read this
-        rank's block, and ends the call. Measured on 4 x H100, 768 MiB from 3 peers, every
-        GPU at once: 2216 µs, against 2527 at best for thread blocks' loads (BENCHMARKS.md
-        §6). Whatever of it fails to be queued fails the executor: the first launch has
-        begun the call, which no later call may go on from."""
+    def _by_copies(self, entry, stream, input, output):
+        """A call whose peers' blocks the copy engines copy out of their staging memory
+        (``_Entry.copied``, or a pipelined all_reduce's gather): the first launch, on the
+        caller's stream (the pipelined kernel, which ends once every peer's reduced block is
+        ready) or beside it on a side stream that waits for it (``aside``: the staging of
+        the input, chunk after chunk); then each round of copies on the caller's stream,
+        after a one-block launch that waits for its chunk where there are several; this
+        rank's own block from its input on the side stream; the side stream joined; and
+        ``copies_around``'s end (one block), which tells every peer, waits until every peer
+        has read this rank's staging memory, and ends the call. Measured on 4 x H100, 768
+        MiB from 3 peers, every GPU at once: 2216 µs, against 2527 at best for thread
+        blocks' loads (BENCHMARKS.md §6). Whatever of it fails to be queued after the first
+        launch fails the executor: that launch has begun the call, which no later call may
+        go on from."""
         runtime, peers = self.cupy.cuda.runtime, self.memory.peer_data
-        values = entry.values
+        values, threads = entry.values, cuda_peer.THREADS
+        side = None
+        if entry.aside or entry.own is not None:
+            if self.side is None:
+                self.side = self.cupy.cuda.Stream(non_blocking=True)
+            side = self.side
+        if entry.aside:
+            side.wait_event(stream.record())
+        _launch(entry.function, entry.blocks, 1, 1, threads, 1, 1, 0,
+                (side if entry.aside else stream).ptr, entry.params, 0)
         try:
             if entry.own is not None:
-                if self.side is None:
-                    self.side = self.cupy.cuda.Stream(non_blocking=True)
-                at, nbytes = entry.own
-                self.side.wait_event(stream.record())
-                runtime.memcpyAsync(output + at, input, nbytes, runtime.memcpyDefault,
-                                    self.side.ptr)
-            for q, at, src_at, nbytes in entry.copies:
-                runtime.memcpyAsync(output + at, peers[q] + src_at, nbytes,
-                                    runtime.memcpyDefault, stream.ptr)
-            if entry.own is not None:
-                stream.wait_event(self.side.record())
+                out_at, in_at, nbytes = entry.own
+                if not entry.aside:
+                    side.wait_event(stream.record())
+                runtime.memcpyAsync(output + out_at, input + in_at, nbytes,
+                                    runtime.memcpyDefault, side.ptr)
+            for wait, copies in entry.rounds:
+                if wait is not None:
+                    values[0].value = wait
+                    _launch(entry.finish_function, 1, 1, 1, threads, 1, 1, 0, stream.ptr,
+                            entry.params, 0)
+                for q, at, src_at, nbytes in copies:
+                    runtime.memcpyAsync(output + at, peers[q] + src_at, nbytes,
+                                        runtime.memcpyDefault, stream.ptr)
+            if side is not None:
+                stream.wait_event(side.record())
             values[0].value = entry.finish.data.ptr
-            _launch(entry.finish_function, 1, 1, 1, cuda_peer.THREADS, 1, 1, 0, stream.ptr,
+            _launch(entry.finish_function, 1, 1, 1, threads, 1, 1, 0, stream.ptr,
                     entry.params, 0)
         except Exception as exc:     # the call is begun and cannot end here: no later call
             self.failed = exc        # may use the group's words
@@ -512,7 +584,7 @@ class PeerExecutor:
             elif self.pipeline and pipelined(plan, dtype, self.pipeline, entry.blocks):
                 entry.pipelined(plan, dtype, op, self.fences,
                                 self.copy_engine.get("all_reduce", 0))
-            elif copied(plan, dtype, self.copy_engine.get("all_gather", 0)):   # every rank
+            elif copied(plan, dtype, self.copy_engine.get(plan.collective, 0)):  # all ranks
                 entry.copied(plan, dtype, op, self.fences)          # alike, whatever output
             elif over:
                 entry = elsewhere

@@ -1318,22 +1318,31 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
     end_call(flags, call, sent, received, tally, tally, WORLD, &last_out);
 }
 /* The launches around a call's copies by the copy engines (the executor's
-   ``_gather_by_copies``: a cudaMemcpyAsync per peer out of its staging memory, where
-   thread blocks' loads over NVLink move less; 4 x H100, 768 MiB from 3 peers, every GPU at
-   once: 2216 µs against 2527 at best, BENCHMARKS.md §6). ``code_at``: bytes, mode, message.
+   ``_by_copies``: cudaMemcpyAsync out of the peers' staging memory, where thread blocks'
+   loads over NVLink move less; 4 x H100, 768 MiB from 3 peers, every GPU at once: 2216 µs
+   against 2527 at best, BENCHMARKS.md §6). ``code_at``: bytes, mode, then the mode's words.
 
-   Mode 0, before the copies, at the call's start (a direct all_gather of ``bytes`` per
-   rank): every block copies its share of the rank's input into the rank's staging memory,
-   says so to every peer (message ``message``, 1, in its delivered word), and block 0 waits
-   until every block of every peer has; the call does not end. The rank writes its staging
-   memory before any word of this call: every peer has ended the call before, and a call
-   of this kernel (or of pipelined_reduce_scatter's gather) ends only once no peer reads the
-   rank's staging memory any more (mode 1); no peer writes it in this call.
+   Mode 0 (bytes, 0, chunks, pieces, then source and destination offsets of each piece), at
+   the call's start, on a stream beside the caller's (a direct all_gather: one piece, the
+   rank's input; a direct all_to_all: one per peer, the input's block for that peer, into
+   the staging slot of the peer's rank order with this rank skipped): every block copies its
+   share of chunk k (16-byte units alike on every rank, ``copy_chunks`` in the executor) of
+   every piece of ``bytes`` from the rank's input into its staging memory and says so to
+   every peer (message k + 1 in its delivered word), chunk after chunk; the call does not
+   end. The rank writes its staging memory before any word of this call: every peer has
+   ended the call before, and a call of this kernel (or of pipelined_reduce_scatter's
+   gather) ends only once no peer reads the rank's staging memory any more (mode 1); no
+   peer writes it in this call.
 
-   Mode 1, after the copies (one block): says it has read everything (message ``message``
-   in word 0), waits until every peer has said so, and ends the call, the tallies moving
-   on by ``message``: so a rank's next call cannot change what a peer still reads. It ends
-   a pipelined all_reduce gathered by the copy engines too (message 2 chunks + 1).
+   Mode 2 (0, 2, message, blocks), on the caller's stream before the copies of a chunk (one
+   block): waits until thread blocks [0, blocks) of every peer have said ``message``.
+
+   Mode 1 (0, 1, message), after the copies (one block): says it has read everything
+   (message ``message`` in word 0), waits until every peer has said so, and ends the call,
+   the tallies moving on by ``message``: so a rank's next call cannot change what a peer
+   still reads. It ends a pipelined all_reduce gathered by the copy engines too (message 2
+   chunks + 1). The executor joins the stream of mode 0 before it (word 0 of mode 0's block
+   0 then moves no more).
 
    Parameters as run_program's. */
 extern "C" __global__ void __launch_bounds__(THREADS)
@@ -1350,23 +1359,33 @@ copies_around(const i64* code_at, int n, const i64* tallies, char* in, char* out
     if (t < WORLD) peer_flags[t] = peer_flags_at[t];
     world_call_start(flags, error, timeout_ns, sent, received, &deadline, &call_number, &stop);
     const i64 bytes = code_at[0], mode = code_at[1];
-    const u64 message = (u64)code_at[2], call = call_number;
+    const u64 call = call_number;
     Ctx c = {flags, peer_flags, error, rank, WORLD, deadline};
     if (mode == 0) {
         scrub_lines(c, (char*)peer_lines_at[rank], lines_half, call, &stop);
         if (blockIdx.x == 0 && t < WORLD && !stop)
             release((u64*)peer_flags[t] + SEEN_WORDS + rank, ((call + 1) << STEP_BITS) - 1);
-        const i64 units = (bytes + 15) / 16;        /* 16-byte units, shared out */
-        i64 lo = units * blockIdx.x / gridDim.x * 16;
-        i64 hi = units * (blockIdx.x + 1) / gridDim.x * 16;
-        if (hi > bytes) hi = bytes;
-        if (lo > hi) lo = hi;
-        if (!stop) copy_range(scratch + lo, in + lo, hi - lo, t, blockDim.x);
-        __syncthreads();        /* the block's stores, then one release per peer */
-        if (t < WORLD && t != rank && !stop)
-            release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS
-                    + blockIdx.x, sent[t] + message);
-        if (blockIdx.x == 0 && !stop && !peers_said(c, received, 0, gridDim.x, message, 1))
+        const i64 chunks = code_at[2], pieces = code_at[3];
+        const i64 units = (bytes + 15) / 16;
+        for (i64 k = 0; k < chunks && !stop; k++) {
+            const i64 c0 = units * k / chunks, c1 = units * (k + 1) / chunks;
+            i64 lo = (c0 + (c1 - c0) * blockIdx.x / gridDim.x) * 16;
+            i64 hi = (c0 + (c1 - c0) * (blockIdx.x + 1) / gridDim.x) * 16;
+            if (hi > bytes) hi = bytes;
+            if (lo > hi) lo = hi;
+            for (i64 j = 0; j < pieces; j++)
+                copy_range(scratch + code_at[5 + 2 * j] + lo, in + code_at[4 + 2 * j] + lo,
+                           hi - lo, t, blockDim.x);
+            __syncthreads();        /* the block's stores, then one release per peer */
+            if (t < WORLD && t != rank)
+                release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS
+                        + blockIdx.x, sent[t] + (u64)k + 1);
+        }
+        return;
+    }
+    const u64 message = (u64)code_at[2];
+    if (mode == 2) {
+        if (blockIdx.x == 0 && !stop && !peers_said(c, received, 0, code_at[3], message, 1))
             stop = 1;
         return;
     }

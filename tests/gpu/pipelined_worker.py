@@ -15,19 +15,21 @@ copy engines (two launches, the copies between them), smaller ones with thread b
    every peer's reduced block read straight into the output, by thread blocks or the copy
    engines), bitwise against numpy in rank order, and the kernel each ran; an uneven count
    runs as the program.
-1c. direct all_gathers, every dtype: blocks from 256 KiB run with the copy engines (each
-   rank's input staged, every peer's block copied out of the peer's staging memory), smaller
-   ones as the program; bitwise the inputs in rank order, and the kernel each ran.
+1c. direct all_gathers and all_to_alls, every dtype: blocks from 256 KiB run with the copy
+   engines (each rank's input staged in chunks of 64 KiB beside the copies of every peer's
+   block for it out of the peer's staging memory), smaller ones as the program; bitwise
+   what numpy says, and the kernel each ran.
 2. Alternation: pipelined calls between program calls of the same group (reduce_scatter
    below the threshold, all_reduce two_shot, all_gather direct, whose output is staged
    where the all_reduce's reduced block lay), as message tallies, epochs and call numbers
    must survive, and all_gathers by the copy engines before program all_gathers that
-   receive where they staged; every result checked.
+   receive where they staged, all_to_alls by them too; every result checked.
 3. A CUDA graph: the pipelined call captured once, replayed with new input each time; and an
    all_reduce gathered by the copy engines (two launches and the copies in one graph), and
-   an all_gather by them (the side stream's copy of the rank's own block too).
-4. Large: 64 MiB per rank's block with the default chunk size; an all_reduce of p such
-   blocks in place.
+   an all_gather and an all_to_all by them (the side stream's staging and copy of the rank's
+   own block, each chunk's wait and copies).
+4. Large: 64 MiB per rank's block with the default chunk sizes; an all_reduce of p such
+   blocks in place; an all_to_all of its result (by the copy engines, in 2 chunks).
 5. A rank that never arrives (rank 0 skips a call all made before): every other rank's call
    ends at its timeout naming rank 0; its output not written (no chunk came from every
    peer); no kernel left spinning. The group is failed after it, so it comes last.
@@ -66,6 +68,7 @@ def reference(inputs, rank, count, op):
 
 def main():
     peer_executor.PIPELINE_CHUNK_BYTES = 64 << 10
+    peer_executor.COPY_CHUNK_BYTES = 64 << 10
     group, cupy, _ = start()
     rank, p = group.rank, group.size
     tally = Tally(cupy, rank, p)
@@ -135,27 +138,40 @@ def main():
     group.prepare("all_reduce", input=d, output=d, algorithm="two_shot")()
     tally.check("all_reduce of an uneven count", d, reference(ints, 0, count, "sum"))
 
-    # 1c. direct all_gathers: the copy engines from 256 KiB blocks, the program below
-    def ran_all_gather(block, dtype):
-        """The kernels the executor's entries run for a direct all_gather of ``block``."""
+    # 1c. direct all_gathers and all_to_alls: the copy engines from 256 KiB blocks (staged in
+    # chunks of 64 KiB, up to 8 of them), the program below
+    def ran_copied(collective, block, dtype):
+        """The kernels the executor's entries run for a direct ``collective`` of ``block``
+        elements per block."""
         return {getattr(entry, "kernel", "nccl send/recv")
                 for key, (plan, entry) in executor._entries.items()
-                if plan.collective == "all_gather" and plan.algorithm == "direct" and
-                plan.args[0][rank] == block and key[1] == np.dtype(dtype)}
+                if plan.collective == collective and plan.algorithm == "direct" and
+                (plan.args[0][0][0] if collective == "all_to_all" else plan.args[0][rank])
+                == block and key[1] == np.dtype(dtype)}
 
-    def all_gather(seed, block, dtype, label):
-        inputs = [contents(seed, r, block, dtype) for r in range(p)]
+    def gathered(collective, inputs, block):
+        """What this rank's output holds after ``collective`` of ``inputs``."""
+        if collective == "all_gather":
+            return np.concatenate(inputs)
+        return np.concatenate([x[rank * block:(rank + 1) * block] for x in inputs])
+
+    def copied_call(collective, seed, block, dtype, label):
+        inputs = [contents(seed, r, block * (p if collective == "all_to_all" else 1), dtype)
+                  for r in range(p)]
         out = cupy.zeros(block * p, dtype)
-        group.prepare("all_gather", input=cupy.asarray(inputs[rank]), output=out,
+        group.prepare(collective, input=cupy.asarray(inputs[rank]), output=out,
                       algorithm="direct")()
-        tally.check(label, out, np.concatenate(inputs), bitwise=True)
-        want = "copies_all_gather" if block * np.dtype(dtype).itemsize >= \
-            executor.copy_engine["all_gather"] else "run_program"
-        if ran_all_gather(block, dtype) != {want}:
-            failures.append(f"{label}: ran {sorted(ran_all_gather(block, dtype))}, not {want}")
-    for seed, dtype in enumerate(("float32", "float16", "int32", "int64")):
-        for block in (1000, (1 << 18) + 5):
-            all_gather(200 + seed, block, dtype, f"all_gather {dtype} {block} per rank")
+        tally.check(label, out, gathered(collective, inputs, block), bitwise=True)
+        want = f"copies_{collective}" if block * np.dtype(dtype).itemsize >= \
+            executor.copy_engine[collective] else "run_program"
+        if ran_copied(collective, block, dtype) != {want}:
+            failures.append(f"{label}: ran {sorted(ran_copied(collective, block, dtype))}, "
+                            f"not {want}")
+    for collective in ("all_gather", "all_to_all"):
+        for seed, dtype in enumerate(("float32", "float16", "int32", "int64")):
+            for block in (1000, (1 << 16) + 3, (1 << 18) + 5):
+                copied_call(collective, 200 + seed, block, dtype,
+                            f"{collective} {dtype} {block} per block")
 
     # 2. pipelined calls between program calls
     for round_ in range(3):
@@ -180,7 +196,10 @@ def main():
                       algorithm="two_shot")()
         tally.check(f"round {round_}: pipelined all_reduce", out,
                     reference(floats, 0, (1 << 16) * p, "sum"), bitwise=True)
-        all_gather(210 + round_, 1 << 16, "float32", f"round {round_}: copied all_gather")
+        copied_call("all_gather", 210 + round_, 1 << 16, "float32",
+                    f"round {round_}: copied all_gather")
+        copied_call("all_to_all", 220 + round_, 1 << 16, "float32",
+                    f"round {round_}: copied all_to_all")
         gathered = cupy.zeros(4099 * p, cupy.int32)
         group.prepare("all_gather", input=cupy.asarray(ints[rank]), output=gathered,
                       algorithm="direct")()
@@ -220,25 +239,27 @@ def main():
                         reference(inputs, 0, count, "sum"), bitwise=True)
     if not ran(count, "float32", "sum", "all_reduce"):
         failures.append("the graph's all_reduce did not gather with the copy engines")
-    block = 1 << 16
-    src = cupy.zeros(block, cupy.float32)
-    out = cupy.zeros(block * p, cupy.float32)
-    def call():
-        group.prepare("all_gather", input=src, output=out, algorithm="direct")()
-    graph = capture(stream, call)
-    with stream:
-        for replay in range(3):
-            inputs = [contents(90 + replay, r, block, "float32") for r in range(p)]
-            src.set(inputs[rank], stream=stream)
-            graph.launch(stream)
-            stream.synchronize()
-            tally.check(f"all_gather graph replay {replay}", out, np.concatenate(inputs),
-                        bitwise=True)
-    if ran_all_gather(block, "float32") != {"copies_all_gather"}:
-        failures.append("the graph's all_gather did not run with the copy engines")
+    block = 1 << 18                         # 1 MiB blocks: staged in 8 chunks
+    for collective in ("all_gather", "all_to_all"):
+        src = cupy.zeros(block * (p if collective == "all_to_all" else 1), cupy.float32)
+        out = cupy.zeros(block * p, cupy.float32)
+        def call():
+            group.prepare(collective, input=src, output=out, algorithm="direct")()
+        graph = capture(stream, call)
+        with stream:
+            for replay in range(3):
+                inputs = [contents(90 + replay, r, src.size, "float32") for r in range(p)]
+                src.set(inputs[rank], stream=stream)
+                graph.launch(stream)
+                stream.synchronize()
+                tally.check(f"{collective} graph replay {replay}", out,
+                            gathered(collective, inputs, block), bitwise=True)
+        if ran_copied(collective, block, "float32") != {f"copies_{collective}"}:
+            failures.append(f"the graph's {collective} did not run with the copy engines")
 
-    # 4. large, the default chunk size
+    # 4. large, the default chunk sizes
     peer_executor.PIPELINE_CHUNK_BYTES = 4 << 20
+    peer_executor.COPY_CHUNK_BYTES = 32 << 20
     count = 16 << 20
     inputs = [np.arange(count * p, dtype=np.float32) % 1024 + r for r in range(p)]
     case_out = reduce_scatter(inputs, count, "float32", "sum")
@@ -249,6 +270,13 @@ def main():
                 reference(inputs, 0, count * p, "sum"), bitwise=True)
     if not ran(count * p, "float32", "sum", "all_reduce"):
         failures.append("the large all_reduce did not run pipelined")
+    out = cupy.zeros(count * p, cupy.float32)        # 64 MiB blocks: 2 chunks
+    group.prepare("all_to_all", input=d, output=out, algorithm="direct")()
+    want = reference(inputs, 0, count * p, "sum")
+    tally.check(f"all_to_all of {p} x 64 MiB", out, np.tile(want[rank * count:
+                                                                 (rank + 1) * count], p))
+    if ran_copied("all_to_all", count, "float32") != {"copies_all_to_all"}:
+        failures.append("the large all_to_all did not run with the copy engines")
 
     # 5. rank 0 never arrives (at a call every rank has made once, so that no rank waits in
     # the growth of the group's memory, which the host side bounds: test_peer_host_side.py)

@@ -129,7 +129,7 @@ class KernelEntry:
         self.kernel = "pipelined_" + plan.collective      # (its gather: test_peer_lane.py)
 
     def copied(self, plan, dtype, op, fences):
-        self.kernel = "copies_all_gather"
+        self.kernel = "copies_" + plan.collective
 
 
 def test_calls_above_the_size_limit_leave_peer_memory_only_where_a_plan_stages_output(
@@ -507,11 +507,12 @@ def test_copy_engine_limits_auto_are_the_measured_ones_and_a_value_applies_to_bo
     far ahead with symmetric outputs); a value set applies to both, everywhere."""
     limits = peer_executor.copy_engine_limits
     assert settings.PEER_COPY_ENGINE_BYTES.default == "auto"
-    assert limits("auto", 2) == {"all_reduce": 0, "all_gather": 0}
-    assert all(limits("auto", n) == {"all_reduce": 64 << 20, "all_gather": 0}
+    assert limits("auto", 2) == {"all_reduce": 0, "all_gather": 0, "all_to_all": 0}
+    assert all(limits("auto", n) == {"all_reduce": 64 << 20, "all_gather": 0, "all_to_all": 0}
                for n in range(3, 9))
-    assert limits(1 << 20, 2) == {"all_reduce": 1 << 20, "all_gather": 1 << 20}
-    assert limits(0, 4) == {"all_reduce": 0, "all_gather": 0}
+    assert limits(1 << 20, 2) == dict.fromkeys(("all_reduce", "all_gather", "all_to_all"),
+                                               1 << 20)
+    assert limits(0, 4) == dict.fromkeys(("all_reduce", "all_gather", "all_to_all"), 0)
     assert settings.PEER_COPY_ENGINE_BYTES.parse("256K") == 256 << 10
 
 
@@ -525,7 +526,8 @@ def choosing_executor(monkeypatch, in_place):
     executor._entries, executor.memory, executor.limit, executor.fences = {}, None, 128, 0
     executor.eager, executor.lines, executor.direct = 4 << 20, 256 << 10, True
     executor.most, executor.in_place, executor.pipeline = 32 << 20, in_place, 16 << 20
-    executor.copy_engine = {"all_reduce": 16 << 20, "all_gather": 16 << 20}
+    executor.copy_engine = {"all_reduce": 16 << 20, "all_gather": 16 << 20,
+                            "all_to_all": 16 << 20}
 
     def kernel(plan, symmetric=False):
         entry = executor._entry(plan, np.dtype(np.float32), None, object(), False, symmetric)
@@ -745,9 +747,9 @@ def test_memory_whose_growth_failed_keeps_no_freed_pointer_and_fails_the_group(m
         executor(build_plan("all_gather", "direct", 0, 2, (4, 4)), None, {}, dtype=np.float32)
 
 
-def test_direct_all_gather_of_large_even_blocks_is_the_copy_engines_and_nothing_else():
-    """``copied``: a direct all_gather (or a plan that is its schedule) on 2 to 8 ranks whose
-    every rank's block is alike and at least COLLECTIVES_PEER_COPY_ENGINE_BYTES; not 9 ranks,
+def test_direct_all_gather_or_all_to_all_of_large_even_blocks_is_the_copy_engines():
+    """``copied``: a direct all_gather or all_to_all (or a plan that is its schedule) on 2 to
+    8 ranks whose every block is alike and at least COLLECTIVES_PEER_COPY_ENGINE_BYTES; not 9 ranks,
     uneven blocks, smaller ones, other collectives or schedules, or the setting 0."""
     f32, big = np.dtype(np.float32), 16 << 20                     # 64 MiB of float32
     least = 64 << 20
@@ -763,6 +765,13 @@ def test_direct_all_gather_of_large_even_blocks_is_the_copy_engines_and_nothing_
     assert copied("all_gather", "recursive_doubling", 2, (big,) * 2)   # direct's on 2 ranks
     assert not copied("all_reduce", "direct", 4, 4 * big)
     assert not copied("reduce_scatter", "direct", 4, (big,) * 4)
+    even = lambda p, n=big: ((n,) * p,) * p                       # noqa: E731
+    assert all(copied("all_to_all", "direct", p, even(p)) for p in range(2, 9))
+    assert not copied("all_to_all", "direct", 9, even(9))
+    assert not copied("all_to_all", "direct", 3, even(3)[:2] + ((big, big, big - 4),))
+    assert not copied("all_to_all", "direct", 4, even(4, big - 1))
+    assert not copied("all_to_all", "direct", 4, even(4), least=0)
+    assert not copied("all_to_all", "ring", 4, even(4))
 
 
 def test_all_gathers_take_the_copy_engines_whatever_the_outputs_once_a_value_is_set(
@@ -780,6 +789,11 @@ def test_all_gathers_take_the_copy_engines_whatever_the_outputs_once_a_value_is_
         "copies_all_gather"                                       # 64 MiB blocks: over
     assert kernel(build_plan("all_gather", "direct", 1, 4, (big - 1,) * 4)) == "run_program"
     assert kernel(build_plan("all_gather", "ring", 1, 4, (big,) * 4)) == "run_program"
+    for n, runs in ((big, "copies_all_to_all"), (4 * big, "copies_all_to_all"),
+                    (big - 1, "run_program")):
+        assert kernel(build_plan("all_to_all", "direct", 1, 4, ((n,) * 4,) * 4)) == runs
+        assert kernel(build_plan("all_to_all", "direct", 1, 4, ((n,) * 4,) * 4),
+                      symmetric=True) == runs
     executor._entries.clear()
     executor.copy_engine = peer_executor.copy_engine_limits("auto", 4)
     assert kernel(build_plan("all_gather", "direct", 1, 4, (big,) * 4)) == "run_program"

@@ -342,7 +342,8 @@ def copy_engine_rig(monkeypatch):
     rig = Rig(monkeypatch)
     executor, mem = rig.executor, rig.memory
     executor.pipeline = 256
-    executor.copy_engine = {"all_reduce": 1 << 20, "all_gather": 1 << 20}
+    executor.copy_engine = {"all_reduce": 1 << 20, "all_gather": 1 << 20,
+                            "all_to_all": 1 << 20}
     monkeypatch.setattr(peer_memory, "_all_gather", lambda transport, blob, *how: [blob] * 2)
     mem.cupy.cuda.runtime.ipcOpenMemHandle = lambda handle, flags: \
         int.from_bytes(handle, "little") + (1 << 40)
@@ -413,42 +414,60 @@ def test_a_large_pipelined_all_reduce_is_two_launches_with_a_copy_per_peer_betwe
     assert code(got)[3] == 1 and rig.launches[-2][0] != "copy"
 
 
-def test_a_large_direct_all_gather_stages_its_input_and_the_copy_engines_gather_it(
-        monkeypatch):
-    """A direct all_gather whose every rank's block reaches COLLECTIVES_PEER_COPY_ENGINE_BYTES:
-    copies_around's first launch (mode 0: the input, its bytes, into this rank's staging
-    memory; message 1) with the program's blocks, then the peer's block copied out of the
-    start of its staging memory into its place in the output on the caller's stream, and
-    this rank's own from its input on a side stream that waits for the caller's and is
-    joined before copies_around's end (one block, mode 1, message 2); every call so, from
-    Python. Smaller blocks, another schedule, or the setting 0: the program."""
+@pytest.mark.parametrize("collective", ["all_gather", "all_to_all"])
+def test_a_large_direct_all_gather_or_all_to_all_is_staged_beside_and_copied_chunk_by_chunk(
+        monkeypatch, collective):
+    """A direct all_gather or all_to_all whose every block reaches
+    COLLECTIVES_PEER_COPY_ENGINE_BYTES: on a side stream that waits for the caller's,
+    copies_around's mode 0 with the program's blocks (the block's bytes, 4 chunks, one piece:
+    an all_gather's input into the start of staging memory, an all_to_all's block for rank
+    1 into slot 0), then this rank's own block from its input; on the caller's stream, for
+    each chunk, a one-block wait (mode 2: message k + 1 from the stager's blocks) and the
+    chunk of the peer's block (the start of its staging memory: this rank's slot there is 0
+    too) copied into its place in the output; the side stream joined; copies_around's end
+    (mode 1, message chunks + 1). Every call so, from Python. Smaller blocks, another
+    schedule, or the setting 0: the program."""
     rig = copy_engine_rig(monkeypatch)
+    monkeypatch.setattr(peer_executor, "COPY_CHUNK_BYTES", 1 << 18)     # 1 MiB blocks: 4
     executor, mem, uploaded = rig.executor, rig.memory, rig.uploaded
     threads = peer_executor.cuda_peer.THREADS
     block = 1 << 20
-    inp, out = DeviceArray(1 << 24, block // 4), DeviceArray(2 << 24, block // 2)
+    all_to_all = collective == "all_to_all"
+    inp = DeviceArray(1 << 24, block // 4 * (2 if all_to_all else 1))
+    out = DeviceArray(2 << 24, block // 2)
+    bounds = [(k * block // 4, (k + 1) * block // 4) for k in range(4)]
     for call in range(2):
         count = len(rig.launches)
-        rig.call("all_gather", inp, out, algorithm="direct")
-        first, side_waits, own, peers, second = rig.launches[count:]
-        assert first[:2] == ("python", 4444) and first[2] > 1 and first[3] == threads
-        assert uploaded[first[5][0]].tolist() == [block, 0, 1]
-        assert first[5][3] == 1 << 24 and first[5][5] == mem.data_ptr    # input, staging
+        rig.call(collective, inp, out, algorithm="direct")
+        side_waits, first, own, *rounds, second = rig.launches[count:]
         assert side_waits == ("side waits", ("event", 5))
+        assert first[:2] == ("python", 4444) and first[2] > 1 and first[3:5] == (threads, 7)
+        piece = [block, 0] if all_to_all else [0, 0]       # (from the input, into staging)
+        assert uploaded[first[5][0]].tolist() == [block, 0, 4, 1] + piece
+        assert first[5][3] == 1 << 24 and first[5][5] == mem.data_ptr    # input, staging
         assert own == ("copy", 2 << 24, 1 << 24, block, 4, 7)            # rank 0's block
-        assert peers == ("copy", (2 << 24) + block, mem.peer_data[1], block, 4, 5)
+        assert len(rounds) == 8
+        for k, (lo, hi) in enumerate(bounds):
+            wait, copy = rounds[2 * k:2 * k + 2]
+            assert wait[:5] == ("python", 4444, 1, threads, 5)
+            waits = next(e for _, e in executor._entries.values()
+                         if e.kernel == f"copies_{collective}").waits.data.ptr
+            assert wait[5][0] == waits + 32 * k
+            assert uploaded[waits][k].tolist() == [0, 2, k + 1, first[2]]
+            assert copy == ("copy", (2 << 24) + block + lo, mem.peer_data[1] + lo, hi - lo,
+                            4, 5), (call, k)
         assert second[:5] == ("python", 4444, 1, threads, 5)
-        assert uploaded[second[5][0]].tolist() == [0, 1, 2]
+        assert uploaded[second[5][0]].tolist() == [0, 1, 5]
         assert rig.stream.waited[-1] == ("event", 7), call              # the side joined
-    small = DeviceArray(3 << 24, block // 4 - 4)
+    small = DeviceArray(3 << 24, inp.size - 4)     # 8 bytes less in each of 2 blocks
+    small_out = DeviceArray(4 << 24, small.size if all_to_all else 2 * small.size)
     for algorithm in ("direct", "ring"):
-        got = rig.call("all_gather", small, DeviceArray(4 << 24, block // 2 - 8),
-                       algorithm=algorithm)
+        got = rig.call(collective, small, small_out, algorithm=algorithm)
         assert got[1] != 4444 and rig.launches[-2][0] != "copy", algorithm
     executor.copy_engine, executor.side = {}, None
     executor._entries.clear()
     rig.group._lane.clear()
-    assert rig.call("all_gather", inp, out, algorithm="direct")[1] != 4444
+    assert rig.call(collective, inp, out, algorithm="direct")[1] != 4444
 
 
 def test_copies_that_cannot_be_queued_fail_the_group_for_every_later_call(monkeypatch):

@@ -27,6 +27,16 @@ from collectives.algorithms.pushed import (ARRIVE, BARRIER, COPY, EPOCH, PUSH, R
 PIPELINED = (("reduce_scatter", "direct"), ("all_reduce", "two_shot"))
 
 
+def _copied(plan) -> bool:
+    """Whether the copy engines run ``plan`` (executors/peer.py: copied): a direct all_gather
+    or all_to_all of alike blocks."""
+    if (plan.collective, plan.algorithm) == ("all_gather", "direct"):
+        return len(set(plan.args[0])) == 1
+    if (plan.collective, plan.algorithm) == ("all_to_all", "direct"):
+        return len({n for row in plan.args[0] for n in row}) == 1
+    return False
+
+
 class Stuck(RuntimeError):
     def __init__(self, rank, step, peer, what):
         super().__init__(f"rank {rank} step {step + 1}: still waiting for rank {peer} ({what})")
@@ -106,8 +116,8 @@ class Group:
         direct reduce_scatters and two_shot all_reduces as ``pipelined_reduce_scatter``
         does, its first ``pushers`` workers pushing and the others reducing; with
         ``copy_engines`` the all_reduces' gather is the copy engines' (``_copied_gather``).
-        ``copied``: direct all_gathers of alike blocks run as the copy engines' do
-        (``_copied_all_gather``)."""
+        ``copied`` (a number of chunks): direct all_gathers and all_to_alls of alike blocks
+        run as the copy engines' do (``_copied``)."""
         barriers = [[0] * self.workers for _ in range(self.size)]
         running = []
         for rank in range(self.size):
@@ -166,11 +176,10 @@ class Group:
                 sends = recvs = [((2 * chunks + 1) if gather else chunks) * (q != rank)
                                  for q in range(self.size)]
                 finished = None
-            elif copied and (plan.collective, plan.algorithm) == ("all_gather", "direct") and \
-                    len(set(plan.args[0])) == 1:
-                yield from self._copied_all_gather(rank, w, plan.args[0][rank], input, output,
-                                                   piece, deadline, barriers)
-                sends = recvs = [2 * (q != rank) for q in range(self.size)]
+            elif copied and _copied(plan):
+                yield from self._copied(rank, w, plan, input, output, piece, deadline,
+                                        barriers, copied)
+                sends = recvs = [(copied + 1) * (q != rank) for q in range(self.size)]
                 finished = None
             else:
                 program = pushed.lower(plan, eager, lines, seeded and input is not None and
@@ -410,52 +419,72 @@ class Group:
                 yield from wait(lambda: self.delivered[rank, q, 0] >= target, 2, q,
                                 "its reads")
 
-    def _copied_all_gather(self, rank, w, count, input, output, piece, deadline, barriers):
-        """A direct all_gather as the copy engines run it (``copies_around``, then the
-        executor's copies, then its end): the rank's epoch; every worker copies its share of
-        the input into the rank's staging memory (``out``) and says so to every peer
-        (message 1); worker 0 waits until every worker of every peer has, and the first
-        launch ends (a barrier); the copies, one piece at a time, each peer's block out of
-        its staging memory and the rank's own from its input; then the second launch
-        (a barrier again), whose one worker says it has read everything (message 2) and
-        waits until every peer has."""
-        size = self.size
+    def _copied(self, rank, w, plan, input, output, piece, deadline, barriers, chunks):
+        """A direct all_gather or all_to_all as the copy engines run it (``copies_around``
+        beside the caller's stream, the executor's waits and copies on it, then its end):
+        workers 1.. are the first launch's blocks, worker 0 the caller's stream. The rank's
+        epoch; the blocks copy their share of chunk after chunk of every piece of the input
+        (an all_gather's whole input; an all_to_all's block for each peer, into the slot of
+        the peer's rank order with this rank skipped) into the rank's staging memory
+        (``out``), saying each chunk to every peer (message k + 1); the stream copies the
+        rank's own block from its input, then for each chunk waits until every block of
+        every peer has said it and copies the chunk of each peer's block for this rank out
+        of that peer's staging memory, a piece at a time; then (the side stream joined: a
+        barrier) it says it has read everything (message chunks + 1) and waits until every
+        peer has."""
+        size, workers = self.size, self.workers
+        all_to_all = plan.collective == "all_to_all"
+        count = plan.args[0][0][0] if all_to_all else plan.args[0][rank]
+        bounds = [(count * k // chunks, count * (k + 1) // chunks) for k in range(chunks)]
+        if all_to_all:      # (from the input, into staging) per peer; this rank's slot there
+            pieces = [(q * count, (q - (q > rank)) * count) for q in range(size) if q != rank]
+            def slot(q): return (rank - (rank > q)) * count
+        else:
+            pieces = [(0, 0)]
+            def slot(q): return 0
+        own = rank * count if all_to_all else 0
         if w == 0:
             self.epoch[rank] = pushed.in_place_epoch(self.calls[rank])
-        lo, hi = count * w // self.workers, count * (w + 1) // self.workers
-        for a in range(lo, hi, piece):
-            b = min(hi, a + piece)
-            self.out[rank][a:b] = input[a:b]
-            yield
-        for q in range(size):
-            if q != rank:
-                self.delivered[q, rank, w] = self.sent[rank, q] + 1
-        if w == 0:
-            for q in range(size):
-                if q == rank or not self.pipelined_waits["staged"]:
-                    continue
-                for j in range(self.workers):
-                    target = self.received[rank, q] + 1
-                    yield from self._until(lambda: self.delivered[rank, q, j] >= target,
-                                           deadline, rank, 0, q, "its staged input")
-        yield from self._barrier(rank, w, barriers, 0, deadline)
-        if w == 0:
-            for s in range(size):
-                q = (rank + s) % size
-                source = input if q == rank else self.out[q]
-                for a in range(0, count, piece):
-                    b = min(count, a + piece)
-                    output[q * count + a:q * count + b] = source[a:b]
-                    yield
+            for a in range(0, count, piece):
+                b = min(count, a + piece)
+                output[rank * count + a:rank * count + b] = input[own + a:own + b]
+                yield
+            for k, (lo, hi) in enumerate(bounds):
+                for q in range(size):
+                    if q == rank or not self.pipelined_waits["staged"]:
+                        continue
+                    for j in range(1, workers):
+                        target = self.received[rank, q] + k + 1
+                        yield from self._until(lambda: self.delivered[rank, q, j] >= target,
+                                               deadline, rank, 0, q, "its staged input")
+                for s in range(1, size):
+                    q = (rank + s) % size
+                    for a in range(lo, hi, piece):
+                        b = min(hi, a + piece)
+                        output[q * count + a:q * count + b] = self.out[q][slot(q) + a:
+                                                                         slot(q) + b]
+                        yield
+        else:
+            for k, (lo, hi) in enumerate(bounds):
+                mine = lo + (hi - lo) * (w - 1) // (workers - 1)
+                end = lo + (hi - lo) * w // (workers - 1)
+                for src, dst in pieces:
+                    for a in range(mine, end, piece):
+                        b = min(end, a + piece)
+                        self.out[rank][dst + a:dst + b] = input[src + a:src + b]
+                        yield
+                for q in range(size):
+                    if q != rank:
+                        self.delivered[q, rank, w] = self.sent[rank, q] + k + 1
         yield from self._barrier(rank, w, barriers, 1, deadline)
         if w != 0:
             return
         for q in range(size):
             if q != rank:
-                self.delivered[q, rank, 0] = self.sent[rank, q] + 2
+                self.delivered[q, rank, 0] = self.sent[rank, q] + chunks + 1
         for q in range(size):
             if q != rank and self.pipelined_waits["read"]:
-                target = self.received[rank, q] + 2
+                target = self.received[rank, q] + chunks + 1
                 yield from self._until(lambda: self.delivered[rank, q, 0] >= target,
                                        deadline, rank, 1, q, "its reads")
 

@@ -806,6 +806,13 @@ def _pipelined_calls(p, counts, seed, kinds=KINDS):
             calls.append([(build_plan("all_reduce", "two_shot", r, p, n * p), InPlace(data[r]),
                            outs[r]) for r in range(p)])
             checks.append((kind, [total] * p, outs))
+        elif kind in ("all_to_all", "ring all_to_all"):
+            algorithm = "ring" if kind == "ring all_to_all" else "direct"
+            outs = [np.full(n * p, np.nan) for _ in range(p)]
+            calls.append([(build_plan("all_to_all", algorithm, r, p, ((n,) * p,) * p),
+                           data[r], outs[r]) for r in range(p)])
+            checks.append((kind, [np.concatenate([d[r * n:(r + 1) * n] for d in data])
+                                  for r in range(p)], outs))
         else:                                  # "all_gather" (direct), "ring all_gather"
             algorithm = "ring" if kind == "ring all_gather" else "direct"
             outs = [np.full(n * p, np.nan) for _ in range(p)]
@@ -817,14 +824,14 @@ def _pipelined_calls(p, counts, seed, kinds=KINDS):
 
 def _run_pipelined(p, counts, seed, workers=4, chunks=3, pushers=2, waits=None, kinds=KINDS,
                    copy_engines=False):
-    """``copy_engines``: the all_reduces' gather and the direct all_gathers are the copy
-    engines'."""
+    """``copy_engines``: the all_reduces' gather and the direct all_gathers and all_to_alls
+    are the copy engines' (those staged in ``chunks`` chunks)."""
     group = Group(p, workers=workers, seed=seed, align=4, staging=1 << 14)
     if waits:
         group.pipelined_waits.update(waits)
     calls, checks = _pipelined_calls(p, counts, seed, kinds)
     group.run(calls, seeded=True, eager=4, lines=2,
-              pipelined=(chunks, pushers, copy_engines), copied=copy_engines)
+              pipelined=(chunks, pushers, copy_engines), copied=chunks if copy_engines else 0)
     return [f"call {i} ({kind}) rank {r}" for i, (kind, want, outs) in enumerate(checks)
             for r in range(p) if not np.array_equal(outs[r], want[r])]
 
@@ -895,35 +902,40 @@ def test_pipelined_reduce_scatter_needs_both_of_its_waits(wait):
 
 
 COPIED = ("all_gather", "pipelined all_reduce", "ring all_gather", "direct all_reduce",
-          "pipelined", "all_gather", "ring reduce_scatter", "pipelined all_reduce in place")
+          "all_to_all", "pipelined", "all_gather", "ring all_to_all", "all_to_all",
+          "ring reduce_scatter", "pipelined all_reduce in place")
 
 
 @pytest.mark.parametrize("p", [2, 3, 4])
-def test_copy_engines_all_gather_alternates_with_programs(p):
-    """Direct all_gathers as the copy engines run them (each rank's input staged, every
-    peer's block copied out of the peer's staging memory), every rank's output every input
-    in rank order, between programs that stage into the same memory, the pipelined kernel's
-    calls (its all_reduces gathered by the copy engines too), and back to back."""
+def test_copy_engines_all_gather_and_all_to_all_alternate_with_programs(p):
+    """Direct all_gathers and all_to_alls as the copy engines run them (each rank's input
+    staged chunk by chunk beside the copies of every peer's block for it out of the peer's
+    staging memory), every rank's output right, in 1, 3 and 5 chunks, between programs that
+    stage into the same memory, the pipelined kernel's calls (its all_reduces gathered by
+    the copy engines too), and back to back."""
     for seed in range(5):
-        wrong = _run_pipelined(p, (40, 1, 9, 3, 37, 2, 5, 64, 12, 8, 33, 4), seed,
-                               kinds=COPIED, copy_engines=True)
-        assert wrong == [], seed
-        assert _run_pipelined(p, (40, 40, 7, 40), seed, kinds=("all_gather",),
-                              copy_engines=True) == [], seed
+        for chunks in (1, 3, 5):
+            wrong = _run_pipelined(p, (40, 1, 9, 3, 37, 2, 5, 64, 12, 8, 33, 4, 20), seed,
+                                   chunks=chunks, kinds=COPIED, copy_engines=True)
+            assert wrong == [], (seed, chunks)
+        for kind in ("all_gather", "all_to_all"):
+            assert _run_pipelined(p, (40, 40, 7, 40), seed, kinds=(kind,),
+                                  copy_engines=True) == [], (seed, kind)
 
 
-@pytest.mark.parametrize("wait, kinds", [
-    ("staged", ("direct all_reduce", "all_gather")),
-    ("read", ("ring all_gather", "all_gather"))])
-def test_copy_engines_all_gather_needs_both_of_its_waits(wait, kinds):
-    """Without the wait for every peer's staged input a rank copies a peer's block before it
-    is there (a peer still in its call before: 3 of these 30 seeds); without the wait for
+@pytest.mark.parametrize("collective", ["all_gather", "all_to_all"])
+@pytest.mark.parametrize("wait, before", [("staged", "direct all_reduce"),
+                                          ("read", "ring all_gather")])
+def test_copy_engines_all_gather_and_all_to_all_need_both_of_their_waits(wait, before,
+                                                                          collective):
+    """Without the wait for every peer's staged chunk a rank copies a peer's chunk before it
+    is there (a peer still in its call before, or still staging); without the wait for
     every peer's reads a rank's next call (a ring all_gather receiving into its staging
     memory) overwrites the block a slow peer still copies. Each gives wrong results in some
     interleaving."""
     wrong = []
     for seed in range(30):
-        wrong += _run_pipelined(3, (40, 40, 40, 40), seed, waits={wait: False}, kinds=kinds,
-                                copy_engines=True)
+        wrong += _run_pipelined(3, (40, 40, 40, 40), seed, waits={wait: False},
+                                kinds=(before, collective), copy_engines=True)
     assert wrong
 
