@@ -116,8 +116,7 @@ class _Entry:
     four buffer addresses. ~1 µs of host time, where CuPy's generic launch costs ~7."""
     __slots__ = ("program", "code", "tallies", "function", "blocks", "staging", "scratch_at",
                  "inbox", "lines", "values", "params", "pointers", "layout", "timeout",
-                 "staged", "kernel", "finish", "finish_function", "rounds", "waits", "own",
-                 "aside")
+                 "staged", "kernel", "finish", "finish_function", "rounds", "waits", "aside")
 
     def __init__(self, plan, dtype, op, limit, eager, lines, fences, memory, seeded,
                  symmetric=False, direct=False):
@@ -160,9 +159,8 @@ class _Entry:
         # a call whose copy engines copy (_by_copies): the kernel that ends it and its code;
         # the rounds of copies, each (the code of the wait before it or None, [(peer, where
         # in the output, where in the peer's staging memory, bytes)]) and the waits' codes;
-        # this rank's own block (where in the output, where in the input, bytes) or None;
         # whether the first launch runs beside the caller's stream (staging the input)
-        self.finish = self.finish_function = self.rounds = self.waits = self.own = None
+        self.finish = self.finish_function = self.rounds = self.waits = None
         self.aside = False
 
     def in_place(self, plan, dtype, op, fences):
@@ -206,7 +204,7 @@ class _Entry:
                          2 * chunks + 1)
             self.kernel += "_copy_engines"
 
-    def copied(self, plan, dtype, op, fences):
+    def copied(self, plan, dtype, op, fences, chunk_bytes):
         """Run a direct all_gather or all_to_all with the copy engines (``copies_around``):
         the first launch, beside the caller's stream, stages this rank's input (an
         all_to_all: its block for each peer, in the slot of the peer's rank order with this
@@ -214,43 +212,46 @@ class _Entry:
         caller's stream, for each chunk, a one-block launch waits until every peer has
         staged it, then the chunk of every peer's block for this rank is copied out of that
         peer's staging memory into the output: the copies of one chunk run beside the
-        staging of the next. This rank's own block is copied from its input beside them;
-        the last launch ends the call. Nothing staged on the way out."""
+        staging of the next. The first launch then copies this rank's own block from its
+        input into the output (thread blocks: the copy engines are the peers'); the last
+        launch ends the call. Nothing staged on the way out."""
         import cupy
         rank, size, itemsize = plan.rank, plan.size, dtype.itemsize
         all_to_all = plan.collective == "all_to_all"
         block = (plan.args[0][0][0] if all_to_all else plan.args[0][rank]) * itemsize
-        chunks = copy_chunks(block)
+        chunks = copy_chunks(block, chunk_bytes)
         if all_to_all:      # the block for peer q in slot q (q < rank) or q - 1 (q > rank)
             pieces = [(q * block, (q - (q > rank)) * block) for q in range(size) if q != rank]
             at = [(q, q * block, (rank - (rank > q)) * block) for q in _peers(plan)]
-            self.own = (rank * block, rank * block, block)
+            own = (rank * block, rank * block)
         else:
             pieces, at = [(0, 0)], [(q, q * block, 0) for q in _peers(plan)]
-            self.own = (rank * block, 0, block)
+            own = (0, rank * block)
         self.function = cuda_peer.copies_kernel(op, dtype, fences, size).kernel.ptr
         self.code = cupy.asarray(np.array([block, 0, chunks, len(pieces)] +
-                                          [o for piece in pieces for o in piece], np.int64))
+                                          [o for piece in pieces + [own] for o in piece],
+                                          np.int64))
         self.values[0].value = self.code.data.ptr
         self.scratch_at, self.staged, self.aside = 0, False, True
         self.values[9].value = 0
         self.staging = max(256, _align(len(pieces) * block))
-        self._copies(plan, dtype, op, fences, at, block, chunks, chunks + 1)
+        self._copies(plan, dtype, op, fences, at, block, chunks, chunks + 1, waits=True)
         self.kernel = f"copies_{plan.collective}"
 
-    def _copies(self, plan, dtype, op, fences, at, block, chunks, message):
+    def _copies(self, plan, dtype, op, fences, at, block, chunks, message, waits=False):
         """The copies of every peer's ``block`` bytes, each (peer, where it goes in the
         output, where it lies in the peer's staging memory) of ``at``, in ``chunks`` rounds
-        (more than one: each after a wait for its chunk, ``copies_around``'s mode 2), then
-        ``copies_around``'s end (mode 1) with ``message``."""
+        (with ``waits``, each after a one-block launch that waits until every peer has
+        staged its chunk: ``copies_around``'s mode 2), then ``copies_around``'s end (mode 1)
+        with ``message``."""
         import cupy
         self.finish_function = cuda_peer.copies_kernel(op, dtype, fences, plan.size).kernel.ptr
         self.finish = cupy.asarray(np.array([0, 1, message], np.int64))
         bounds = chunk_bounds(block, chunks)
-        if chunks > 1:
+        if waits:
             self.waits = cupy.asarray(np.array([[0, 2, k + 1, self.blocks]
                                                 for k in range(chunks)], np.int64))
-        self.rounds = [(None if chunks == 1 else self.waits.data.ptr + 32 * k,
+        self.rounds = [(self.waits.data.ptr + 32 * k if waits else None,
                         [(q, out_at + lo, src_at + lo, hi - lo) for q, out_at, src_at in at])
                        for k, (lo, hi) in enumerate(bounds)]
 
@@ -355,17 +356,15 @@ def copied(plan, dtype, least: int) -> bool:
 
 
 # The copy engines' calls staged chunk by chunk (``_Entry.copied``): blocks cut into chunks
-# of at least this many bytes, at most COPY_MAX_CHUNKS of them. Smaller copies move less
-# (4 MiB: 273 GB/s from every peer at once on 4 x H100, against 364 for 256 MiB); each
-# chunk costs a launch that waits (BENCHMARKS.md §6).
-COPY_CHUNK_BYTES = 32 << 20
-COPY_MAX_CHUNKS = 8
+# of at least COLLECTIVES_PEER_COPY_CHUNK_BYTES, at most this many of them (each costs a
+# launch that waits, and copies of its size)
+COPY_MAX_CHUNKS = 64
 
 
-def copy_chunks(block: int) -> int:
-    """How many chunks a block of ``block`` bytes is staged and copied in (alike on every
-    rank: blocks are)."""
-    return int(min(COPY_MAX_CHUNKS, max(1, block // COPY_CHUNK_BYTES)))
+def copy_chunks(block: int, least: int) -> int:
+    """How many chunks a block of ``block`` bytes is staged and copied in, each at least
+    ``least`` bytes (alike on every rank: blocks and the setting are)."""
+    return int(min(COPY_MAX_CHUNKS, max(1, block // max(1, least))))
 
 
 def chunk_bounds(nbytes: int, chunks: int) -> list:
@@ -435,6 +434,7 @@ class PeerExecutor:
         self.pipeline = settings.PEER_PIPELINE_BYTES()
         self.copy_engine = copy_engine_limits(settings.PEER_COPY_ENGINE_BYTES(),
                                               transport.size)
+        self.copy_chunk = settings.PEER_COPY_CHUNK_BYTES()
         # What every rank must share: each shapes the programs or their blocks, so a rank
         # that differs would corrupt a call or wait for words no block writes. The group
         # compares them with its decision table's sources when it is made.
@@ -442,7 +442,7 @@ class PeerExecutor:
             settings.PEER_EAGER_BYTES, settings.PEER_LINE_BYTES, settings.PEER_DIRECT,
             settings.PEER_MAX_BYTES, settings.PEER_BLOCKS, settings.PEER_BLOCK_BYTES,
             settings.PEER_IN_PLACE_BYTES, settings.PEER_PIPELINE_BYTES,
-            settings.PEER_COPY_ENGINE_BYTES)}
+            settings.PEER_COPY_ENGINE_BYTES, settings.PEER_COPY_CHUNK_BYTES)}
         self.failed = None
         self._entries = {}
         self.side = None           # the stream beside the caller's of calls by the copy engines
@@ -491,43 +491,35 @@ class PeerExecutor:
         values[4].value = memory.data_ptr if entry.staged else caller_out
         values[6].value = caller_out
         if entry.finish is not None:
-            self._by_copies(entry, stream, values[3].value, caller_out)
+            self._by_copies(entry, stream, caller_out)
             return
         _launch(entry.function, entry.blocks, 1, 1, cuda_peer.THREADS, 1, 1, 0,
                 stream.ptr, entry.params, 0)
 
-    def _by_copies(self, entry, stream, input, output):
+    def _by_copies(self, entry, stream, output):
         """A call whose peers' blocks the copy engines copy out of their staging memory
         (``_Entry.copied``, or a pipelined all_reduce's gather): the first launch, on the
         caller's stream (the pipelined kernel, which ends once every peer's reduced block is
         ready) or beside it on a side stream that waits for it (``aside``: the staging of
-        the input, chunk after chunk); then each round of copies on the caller's stream,
-        after a one-block launch that waits for its chunk where there are several; this
-        rank's own block from its input on the side stream; the side stream joined; and
-        ``copies_around``'s end (one block), which tells every peer, waits until every peer
-        has read this rank's staging memory, and ends the call. Measured on 4 x H100, 768
-        MiB from 3 peers, every GPU at once: 2216 µs, against 2527 at best for thread
-        blocks' loads (BENCHMARKS.md §6). Whatever of it fails to be queued after the first
-        launch fails the executor: that launch has begun the call, which no later call may
-        go on from."""
+        the input chunk after chunk, then the copy of this rank's own block); then each
+        round of copies on the caller's stream, after a one-block launch that waits for its
+        chunk (``waits``); the side stream joined; and ``copies_around``'s end (one block),
+        which tells every peer, waits until every peer has read this rank's staging memory,
+        and ends the call. Measured on 4 x H100, 768 MiB from 3 peers, every GPU at once:
+        2216 µs, against 2527 at best for thread blocks' loads (BENCHMARKS.md §6). Whatever
+        of it fails to be queued after the first launch fails the executor: that launch
+        has begun the call, which no later call may go on from."""
         runtime, peers = self.cupy.cuda.runtime, self.memory.peer_data
         values, threads = entry.values, cuda_peer.THREADS
-        side = None
-        if entry.aside or entry.own is not None:
+        first = stream
+        if entry.aside:
             if self.side is None:
                 self.side = self.cupy.cuda.Stream(non_blocking=True)
-            side = self.side
-        if entry.aside:
-            side.wait_event(stream.record())
-        _launch(entry.function, entry.blocks, 1, 1, threads, 1, 1, 0,
-                (side if entry.aside else stream).ptr, entry.params, 0)
+            first = self.side
+            first.wait_event(stream.record())
+        _launch(entry.function, entry.blocks, 1, 1, threads, 1, 1, 0, first.ptr,
+                entry.params, 0)
         try:
-            if entry.own is not None:
-                out_at, in_at, nbytes = entry.own
-                if not entry.aside:
-                    side.wait_event(stream.record())
-                runtime.memcpyAsync(output + out_at, input + in_at, nbytes,
-                                    runtime.memcpyDefault, side.ptr)
             for wait, copies in entry.rounds:
                 if wait is not None:
                     values[0].value = wait
@@ -536,8 +528,8 @@ class PeerExecutor:
                 for q, at, src_at, nbytes in copies:
                     runtime.memcpyAsync(output + at, peers[q] + src_at, nbytes,
                                         runtime.memcpyDefault, stream.ptr)
-            if side is not None:
-                stream.wait_event(side.record())
+            if entry.aside:
+                stream.wait_event(first.record())
             values[0].value = entry.finish.data.ptr
             _launch(entry.finish_function, 1, 1, 1, threads, 1, 1, 0, stream.ptr,
                     entry.params, 0)
@@ -585,7 +577,7 @@ class PeerExecutor:
                 entry.pipelined(plan, dtype, op, self.fences,
                                 self.copy_engine.get("all_reduce", 0))
             elif copied(plan, dtype, self.copy_engine.get(plan.collective, 0)):  # all ranks
-                entry.copied(plan, dtype, op, self.fences)          # alike, whatever output
+                entry.copied(plan, dtype, op, self.fences, self.copy_chunk)  # whatever output
             elif over:
                 entry = elsewhere
         if len(self._entries) > 4096:

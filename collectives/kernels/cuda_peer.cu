@@ -696,9 +696,19 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
         case 6: { /* SEND (eager) */
             /* The step's consecutive sends as one batch: their waits in parallel (thread t
                for message t), every message's share copied, then one release each, in
-               parallel: a step pays one flag latency, not one per message. */
+               parallel: a step pays one flag latency, not one per message. The step's
+               COPYs right after them (``fused``; no barrier between, so pushed.py found them
+               touching nothing the sends read) are copied in the same batch, so
+               a rank's own block moves beside its messages (a direct all_gather's 256 MiB
+               block: ~170 µs after the pushes on 4 x H100). */
             const int kind = (int)r[0];
             const int j = batch_end(code, n, i), m = j - i;
+            const i64* chain = code + (i64)(i - 1) * WIDTH;
+            const bool reduced = i > 0 && chain[0] == 12 && (chain[5] & SENDS_ON);
+            int fused = 0;
+            while (!reduced && j + fused < n && code[(i64)(j + fused) * WIDTH] == 4 &&
+                   code[(i64)(j + fused) * WIDTH + 1] == step &&
+                   (m - 1) % MAX_BATCH + 1 + fused < MAX_BATCH) fused++;
             for (int t = threadIdx.x; t < m; t += blockDim.x) {
                 const i64* q = code + (i64)(i + t) * WIDTH;
                 const int peer = (int)q[2];
@@ -724,6 +734,15 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             if (stop) break;
             for (int k0 = i; k0 < j; k0 += MAX_BATCH) {
                 const int h = j - k0 < MAX_BATCH ? j - k0 : MAX_BATCH;
+                const int extra = k0 + h == j ? fused : 0;   /* the COPYs, with the last */
+                for (int t = threadIdx.x; t < extra; t += blockDim.x) {
+                    const i64* q = code + (i64)(j + t) * WIDTH;
+                    i64 lo, hi;
+                    share(q[6], align, &lo, &hi);
+                    batch_dst[h + t] = bases[q[2]] + (q[3] + lo) * itemsize;
+                    batch_src[h + t] = bases[q[4]] + (q[5] + lo) * itemsize;
+                    batch_n[h + t] = (hi - lo) * itemsize;
+                }
                 for (int t = threadIdx.x; t < h; t += blockDim.x) {
                     const i64* q = code + (i64)(k0 + t) * WIDTH;
                     const int peer = (int)q[2];
@@ -750,8 +769,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                 __syncthreads();
                 /* the chain just before, deferred to here (SENDS_ON: at most one batch of
                    these sends, all of its result), or a plain copy of each message */
-                const i64* chain = code + (i64)(i - 1) * WIDTH;
-                if (i > 0 && chain[0] == 12 && (chain[5] & SENDS_ON)) {
+                if (reduced) {
                     const S* xs[FOLD];        /* (no operand in lines: pushed._send_on) */
                     const u64* in_lines[FOLD];
                     int peers[FOLD];
@@ -761,7 +779,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                     reduce_many((S*)bases[chain[2]] + chain[3], xs,
                                 (int)(chain[5] & (SENDS_ON - 1)), lo, hi, batch_dst, h);
                 } else {
-                    copy_batch(batch_dst, batch_src, batch_n, h);
+                    copy_batch(batch_dst, batch_src, batch_n, h + extra);
                 }
                 /* the block's stores (and its reads of the descriptors) before what
                    follows: one release per message (cumulative over the stores the barrier
@@ -783,7 +801,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                             + (u64)rank * MAX_BLOCKS + blockIdx.x;
                 release(word, sent[peer] + number + 1);
             }
-            i = j - 1;
+            i = j + fused - 1;
             break;
         }
         case 3:   /* ARRIVE (rendezvous): the sender's block of the same share delivered it */
@@ -1322,14 +1340,15 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
    loads over NVLink move less; 4 x H100, 768 MiB from 3 peers, every GPU at once: 2216 µs
    against 2527 at best, BENCHMARKS.md §6). ``code_at``: bytes, mode, then the mode's words.
 
-   Mode 0 (bytes, 0, chunks, pieces, then source and destination offsets of each piece), at
-   the call's start, on a stream beside the caller's (a direct all_gather: one piece, the
-   rank's input; a direct all_to_all: one per peer, the input's block for that peer, into
-   the staging slot of the peer's rank order with this rank skipped): every block copies its
-   share of chunk k (16-byte units alike on every rank, ``copy_chunks`` in the executor) of
-   every piece of ``bytes`` from the rank's input into its staging memory and says so to
-   every peer (message k + 1 in its delivered word), chunk after chunk; the call does not
-   end. The rank writes its staging memory before any word of this call: every peer has
+   Mode 0 (bytes, 0, chunks, pieces, then source and destination offsets of each piece,
+   then those of the rank's own block), at the call's start, on a stream beside the
+   caller's (a direct all_gather: one piece, the rank's input; a direct all_to_all: one per
+   peer, the input's block for that peer, into the staging slot of the peer's rank order
+   with this rank skipped): every block copies its share of chunk k (16-byte units alike on
+   every rank, ``chunk_bounds`` in the executor) of every piece of ``bytes`` from the
+   rank's input into its staging memory and says so to every peer (message k + 1 in its
+   delivered word), chunk after chunk; then its share of the rank's own block from the
+   input into the output; the call does not end. The rank writes its staging memory before any word of this call: every peer has
    ended the call before, and a call of this kernel (or of pipelined_reduce_scatter's
    gather) ends only once no peer reads the rank's staging memory any more (mode 1); no
    peer writes it in this call.
@@ -1381,6 +1400,12 @@ copies_around(const i64* code_at, int n, const i64* tallies, char* in, char* out
                 release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS
                         + blockIdx.x, sent[t] + (u64)k + 1);
         }
+        const i64* own = code_at + 4 + 2 * pieces;
+        i64 lo = units * blockIdx.x / gridDim.x * 16;
+        i64 hi = units * (blockIdx.x + 1) / gridDim.x * 16;
+        if (hi > bytes) hi = bytes;
+        if (lo > hi) lo = hi;
+        if (!stop) copy_range(out + own[1] + lo, in + own[0] + lo, hi - lo, t, blockDim.x);
         return;
     }
     const u64 message = (u64)code_at[2];

@@ -2,10 +2,11 @@
 ``mpiexec -n N``: a direct reduce_scatter of large blocks, which runs with some thread blocks
 pushing chunk after chunk while the others reduce each chunk as it arrives.
 
-The group is made with COLLECTIVES_PEER_PIPELINE_BYTES=4K, chunks of 64 KiB and
-COLLECTIVES_PEER_COPY_ENGINE_BYTES=256K (all alike on every rank), so that calls of a few MiB
-cut into many chunks and many shares, and all_reduces of blocks from 256 KiB gather with the
-copy engines (two launches, the copies between them), smaller ones with thread blocks.
+The group is made with COLLECTIVES_PEER_PIPELINE_BYTES=4K, chunks of 64 KiB,
+COLLECTIVES_PEER_COPY_ENGINE_BYTES=256K and COLLECTIVES_PEER_COPY_CHUNK_BYTES=64K (all alike
+on every rank), so that calls of a few MiB cut into many chunks and many shares, and
+all_reduces of blocks from 256 KiB gather with the copy engines (two launches, the copies
+between them), smaller ones with thread blocks.
 
 1. Results: every dtype and op below, counts per rank from 1 to past 64 chunks, bitwise
    equal to numpy's reduction in rank order (the program's order: direct.reduce_scatter);
@@ -44,6 +45,7 @@ import numpy as np
 
 os.environ["COLLECTIVES_PEER_PIPELINE_BYTES"] = "4K"
 os.environ["COLLECTIVES_PEER_COPY_ENGINE_BYTES"] = "256K"
+os.environ["COLLECTIVES_PEER_COPY_CHUNK_BYTES"] = "64K"
 # peer_job, beside this file, puts the checkout on the path
 from peer_job import (Tally, capture, contents, leave_failed_group,  # noqa: E402
                       peer_executor_of, start)
@@ -68,7 +70,6 @@ def reference(inputs, rank, count, op):
 
 def main():
     peer_executor.PIPELINE_CHUNK_BYTES = 64 << 10
-    peer_executor.COPY_CHUNK_BYTES = 64 << 10
     group, cupy, _ = start()
     rank, p = group.rank, group.size
     tally = Tally(cupy, rank, p)
@@ -149,7 +150,7 @@ def main():
                 (plan.args[0][0][0] if collective == "all_to_all" else plan.args[0][rank])
                 == block and key[1] == np.dtype(dtype)}
 
-    def gathered(collective, inputs, block):
+    def expected(collective, inputs, block):
         """What this rank's output holds after ``collective`` of ``inputs``."""
         if collective == "all_gather":
             return np.concatenate(inputs)
@@ -161,7 +162,7 @@ def main():
         out = cupy.zeros(block * p, dtype)
         group.prepare(collective, input=cupy.asarray(inputs[rank]), output=out,
                       algorithm="direct")()
-        tally.check(label, out, gathered(collective, inputs, block), bitwise=True)
+        tally.check(label, out, expected(collective, inputs, block), bitwise=True)
         want = f"copies_{collective}" if block * np.dtype(dtype).itemsize >= \
             executor.copy_engine[collective] else "run_program"
         if ran_copied(collective, block, dtype) != {want}:
@@ -172,6 +173,10 @@ def main():
             for block in (1000, (1 << 16) + 3, (1 << 18) + 5):
                 copied_call(collective, 200 + seed, block, dtype,
                             f"{collective} {dtype} {block} per block")
+        executor.copy_chunk = 1 << 20               # one chunk (the wait before its copies)
+        copied_call(collective, 230, (1 << 16) + 7, "float32",
+                    f"{collective} in one chunk")
+        executor.copy_chunk = 64 << 10
 
     # 2. pipelined calls between program calls
     for round_ in range(3):
@@ -253,13 +258,13 @@ def main():
                 graph.launch(stream)
                 stream.synchronize()
                 tally.check(f"{collective} graph replay {replay}", out,
-                            gathered(collective, inputs, block), bitwise=True)
+                            expected(collective, inputs, block), bitwise=True)
         if ran_copied(collective, block, "float32") != {f"copies_{collective}"}:
             failures.append(f"the graph's {collective} did not run with the copy engines")
 
     # 4. large, the default chunk sizes
     peer_executor.PIPELINE_CHUNK_BYTES = 4 << 20
-    peer_executor.COPY_CHUNK_BYTES = 32 << 20
+    executor.copy_chunk = 32 << 20
     count = 16 << 20
     inputs = [np.arange(count * p, dtype=np.float32) % 1024 + r for r in range(p)]
     case_out = reduce_scatter(inputs, count, "float32", "sum")

@@ -128,7 +128,7 @@ class KernelEntry:
     def pipelined(self, plan, dtype, op, fences, copy_engine=0):
         self.kernel = "pipelined_" + plan.collective      # (its gather: test_peer_lane.py)
 
-    def copied(self, plan, dtype, op, fences):
+    def copied(self, plan, dtype, op, fences, chunk_bytes):
         self.kernel = "copies_" + plan.collective
 
 
@@ -528,6 +528,7 @@ def choosing_executor(monkeypatch, in_place):
     executor.most, executor.in_place, executor.pipeline = 32 << 20, in_place, 16 << 20
     executor.copy_engine = {"all_reduce": 16 << 20, "all_gather": 16 << 20,
                             "all_to_all": 16 << 20}
+    executor.copy_chunk = 32 << 20
 
     def kernel(plan, symmetric=False):
         entry = executor._entry(plan, np.dtype(np.float32), None, object(), False, symmetric)

@@ -414,50 +414,54 @@ def test_a_large_pipelined_all_reduce_is_two_launches_with_a_copy_per_peer_betwe
     assert code(got)[3] == 1 and rig.launches[-2][0] != "copy"
 
 
+@pytest.mark.parametrize("chunk", [1 << 18, 1 << 20], ids=["4 chunks", "1 chunk"])
 @pytest.mark.parametrize("collective", ["all_gather", "all_to_all"])
 def test_a_large_direct_all_gather_or_all_to_all_is_staged_beside_and_copied_chunk_by_chunk(
-        monkeypatch, collective):
+        monkeypatch, collective, chunk):
     """A direct all_gather or all_to_all whose every block reaches
     COLLECTIVES_PEER_COPY_ENGINE_BYTES: on a side stream that waits for the caller's,
-    copies_around's mode 0 with the program's blocks (the block's bytes, 4 chunks, one piece:
-    an all_gather's input into the start of staging memory, an all_to_all's block for rank
-    1 into slot 0), then this rank's own block from its input; on the caller's stream, for
-    each chunk, a one-block wait (mode 2: message k + 1 from the stager's blocks) and the
-    chunk of the peer's block (the start of its staging memory: this rank's slot there is 0
-    too) copied into its place in the output; the side stream joined; copies_around's end
-    (mode 1, message chunks + 1). Every call so, from Python. Smaller blocks, another
-    schedule, or the setting 0: the program."""
+    copies_around's mode 0 with the program's blocks (the block's bytes, its chunks of
+    COLLECTIVES_PEER_COPY_CHUNK_BYTES, one piece: an all_gather's input into the start of
+    staging memory, an all_to_all's block for rank 1 into slot 0; then rank 0's own block,
+    from the input into the output); on the caller's stream, for each chunk, a one-block
+    wait (mode 2: message k + 1 from the stager's blocks) and the chunk of the peer's block
+    (the start of its staging memory: this rank's slot there is 0 too) copied into its
+    place in the output; the side stream joined; copies_around's end (mode 1, message chunks
+    + 1). In one chunk too: the copies once ran with no wait before them, and read what the
+    peer had not staged yet (wrong results on 4 x H100). Every call so, from Python.
+    Smaller blocks, another schedule, or the setting 0: the program."""
     rig = copy_engine_rig(monkeypatch)
-    monkeypatch.setattr(peer_executor, "COPY_CHUNK_BYTES", 1 << 18)     # 1 MiB blocks: 4
     executor, mem, uploaded = rig.executor, rig.memory, rig.uploaded
+    executor.copy_chunk = chunk
     threads = peer_executor.cuda_peer.THREADS
     block = 1 << 20
+    chunks = block // chunk
     all_to_all = collective == "all_to_all"
     inp = DeviceArray(1 << 24, block // 4 * (2 if all_to_all else 1))
     out = DeviceArray(2 << 24, block // 2)
-    bounds = [(k * block // 4, (k + 1) * block // 4) for k in range(4)]
+    bounds = [(k * block // chunks, (k + 1) * block // chunks) for k in range(chunks)]
     for call in range(2):
         count = len(rig.launches)
         rig.call(collective, inp, out, algorithm="direct")
-        side_waits, first, own, *rounds, second = rig.launches[count:]
+        side_waits, first, *rounds, second = rig.launches[count:]
         assert side_waits == ("side waits", ("event", 5))
         assert first[:2] == ("python", 4444) and first[2] > 1 and first[3:5] == (threads, 7)
-        piece = [block, 0] if all_to_all else [0, 0]       # (from the input, into staging)
-        assert uploaded[first[5][0]].tolist() == [block, 0, 4, 1] + piece
-        assert first[5][3] == 1 << 24 and first[5][5] == mem.data_ptr    # input, staging
-        assert own == ("copy", 2 << 24, 1 << 24, block, 4, 7)            # rank 0's block
-        assert len(rounds) == 8
+        pieces = [block, 0, 0, 0] if all_to_all else [0, 0, 0, 0]   # (from, into) each
+        assert uploaded[first[5][0]].tolist() == [block, 0, chunks, 1] + pieces
+        assert first[5][3] == 1 << 24 and first[5][4] == 2 << 24         # input, output
+        assert first[5][5] == mem.data_ptr                                # staging
+        assert len(rounds) == 2 * chunks
+        waits = next(e for _, e in executor._entries.values()
+                     if e.kernel == f"copies_{collective}").waits.data.ptr
         for k, (lo, hi) in enumerate(bounds):
             wait, copy = rounds[2 * k:2 * k + 2]
             assert wait[:5] == ("python", 4444, 1, threads, 5)
-            waits = next(e for _, e in executor._entries.values()
-                         if e.kernel == f"copies_{collective}").waits.data.ptr
             assert wait[5][0] == waits + 32 * k
             assert uploaded[waits][k].tolist() == [0, 2, k + 1, first[2]]
             assert copy == ("copy", (2 << 24) + block + lo, mem.peer_data[1] + lo, hi - lo,
                             4, 5), (call, k)
         assert second[:5] == ("python", 4444, 1, threads, 5)
-        assert uploaded[second[5][0]].tolist() == [0, 1, 5]
+        assert uploaded[second[5][0]].tolist() == [0, 1, chunks + 1]
         assert rig.stream.waited[-1] == ("event", 7), call              # the side joined
     small = DeviceArray(3 << 24, inp.size - 4)     # 8 bytes less in each of 2 blocks
     small_out = DeviceArray(4 << 24, small.size if all_to_all else 2 * small.size)

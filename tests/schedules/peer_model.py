@@ -426,12 +426,12 @@ class Group:
         epoch; the blocks copy their share of chunk after chunk of every piece of the input
         (an all_gather's whole input; an all_to_all's block for each peer, into the slot of
         the peer's rank order with this rank skipped) into the rank's staging memory
-        (``out``), saying each chunk to every peer (message k + 1); the stream copies the
-        rank's own block from its input, then for each chunk waits until every block of
-        every peer has said it and copies the chunk of each peer's block for this rank out
-        of that peer's staging memory, a piece at a time; then (the side stream joined: a
-        barrier) it says it has read everything (message chunks + 1) and waits until every
-        peer has."""
+        (``out``), saying each chunk to every peer (message k + 1), then their share of the
+        rank's own block from its input into the output; the stream, for each chunk, waits
+        until every block of every peer has said it and copies the chunk of each peer's
+        block for this rank out of that peer's staging memory, a piece at a time; then (the
+        side stream joined: a barrier) it says it has read everything (message chunks + 1)
+        and waits until every peer has."""
         size, workers = self.size, self.workers
         all_to_all = plan.collective == "all_to_all"
         count = plan.args[0][0][0] if all_to_all else plan.args[0][rank]
@@ -445,10 +445,6 @@ class Group:
         own = rank * count if all_to_all else 0
         if w == 0:
             self.epoch[rank] = pushed.in_place_epoch(self.calls[rank])
-            for a in range(0, count, piece):
-                b = min(count, a + piece)
-                output[rank * count + a:rank * count + b] = input[own + a:own + b]
-                yield
             for k, (lo, hi) in enumerate(bounds):
                 for q in range(size):
                     if q == rank or not self.pipelined_waits["staged"]:
@@ -476,6 +472,12 @@ class Group:
                 for q in range(size):
                     if q != rank:
                         self.delivered[q, rank, w] = self.sent[rank, q] + k + 1
+            mine = count * (w - 1) // (workers - 1)
+            end = count * w // (workers - 1)
+            for a in range(mine, end, piece):
+                b = min(end, a + piece)
+                output[rank * count + a:rank * count + b] = input[own + a:own + b]
+                yield
         yield from self._barrier(rank, w, barriers, 1, deadline)
         if w != 0:
             return

@@ -555,6 +555,69 @@ def test_grid_barriers_only_where_a_receive_or_the_copy_out_needs_one():
     assert (pushed.BARRIER, 1) in _kinds(ring)
 
 
+def _fused(code):
+    """[(sends, copies)]: each batch of a step's sends, and the COPY rows the kernel copies
+    in the same batch (cuda_peer.cu, PUSH and SEND: the step's COPYs right after the batch,
+    up to SENDS_ON_MAX rows with its last part; none after a chain that sends on)."""
+    batches, i, n = [], 0, len(code)
+    while i < n:
+        row = code[i]
+        if row[0] not in (pushed.PUSH, pushed.SEND):
+            i += 1
+            continue
+        j = i + 1
+        while j < n and code[j][0] == row[0] and code[j][1] == row[1]:
+            j += 1
+        reduced = i > 0 and code[i - 1][0] == pushed.REDUCE_N and \
+            code[i - 1][5] & pushed.SENDS_ON
+        last, f = (j - i - 1) % pushed.SENDS_ON_MAX + 1, 0
+        while not reduced and j + f < n and code[j + f][0] == pushed.COPY and \
+                code[j + f][1] == row[1] and last + f < pushed.SENDS_ON_MAX:
+            f += 1
+        batches.append((code[i:j], code[j:j + f]))
+        i = j + f
+    return batches
+
+
+def _overlap(a, b):
+    """Whether regions (buffer, offset, count) share an element."""
+    return a[0] == b[0] and a[1] < b[1] + b[2] and b[1] < a[1] + a[2] and a[2] and b[2]
+
+
+@pytest.mark.parametrize("collective,algorithm", CASES)
+def test_copies_a_step_runs_beside_its_sends_touch_nothing_they_read(collective, algorithm):
+    """The kernel copies a step's COPY rows that follow its sends with no barrier between in
+    the same batch as the messages (a rank's own block beside its pushes): the lowering
+    puts a barrier between accesses that conflict, so no such copy writes what a send of
+    the batch reads, or what another such copy reads; checked on every rank's program of
+    every schedule, seeded or not, symmetric or not, eager and lines or not. Some are
+    fused (direct all_gather: the own block)."""
+    fused = 0
+    for p in (2, 3, 4, 5, 8):
+        for n in (1, 2 * p + 3, 1000):
+            counts = _counts(collective, p, n)
+            args = plan_args(collective, p, counts, n % p)
+            for rank in range(p):
+                plan = build_plan(collective, algorithm, rank, p, *args)
+                for seeded, symmetric, eager, lines in ((False, False, 0, 0),
+                                                        (True, True, 3, 0),
+                                                        (True, False, 1 << 20, 2)):
+                    if not plan.args and collective != "barrier":
+                        continue
+                    program = pushed.lower(plan, eager, lines, seeded, symmetric)
+                    for sends, copies in _fused(program.code.tolist()):
+                        read = [(r[3], r[4], r[7] if r[0] == pushed.PUSH else r[6])
+                                for r in sends]
+                        for k, c in enumerate(copies):
+                            fused += 1
+                            others = read + [(x[4], x[5], x[6]) for x in copies if x is not c]
+                            others += [(x[2], x[3], x[6]) for x in copies[:k]]
+                            assert not any(_overlap((c[2], c[3], c[6]), x) for x in others), \
+                                (p, n, rank, seeded, symmetric, sends, copies)
+    if (collective, algorithm) == ("all_gather", "direct"):
+        assert fused
+
+
 @pytest.mark.parametrize("collective,algorithm",
                          [(c, a) for c, a in CASES if c in ("all_reduce", "all_gather",
                                                            "all_to_all", "broadcast")])
