@@ -294,10 +294,9 @@ __device__ __forceinline__ void copy_bytes(char* dst, const char* src, i64 n) {
 /* A step's messages at once: the block's warps split into m groups (m <= warps), one per
    message, so every message's loads are in flight together and a step of three messages
    pays one memory latency, not three in a row (a thread holds no more registers than for
-   one message). This thread's message k, and its place tid of nt threads in the group, of
-   the block's first ``warps`` warps. */
-__device__ __forceinline__ int warp_group(int m, int warps, i64* tid, i64* nt) {
-    const int k = (threadIdx.x / 32) * m / warps;
+   one message). This thread's message k, and its place tid of nt threads in the group. */
+__device__ __forceinline__ int warp_group(int m, i64* tid, i64* nt) {
+    const int warps = blockDim.x / 32, k = (threadIdx.x / 32) * m / warps;
     const int first = (k * warps + m - 1) / m, next = ((k + 1) * warps + m - 1) / m;
     *tid = threadIdx.x - 32 * first;
     *nt = 32 * (next - first);
@@ -305,29 +304,14 @@ __device__ __forceinline__ int warp_group(int m, int warps, i64* tid, i64* nt) {
 }
 
 /* A step's copies at once (its messages, each this block's share), one warp group each;
-   more copies than warps go one after another. The last ``local`` copies stay in this GPU's
-   memory (a step's COPYs beside its sends): one warp each, the messages' groups share the
-   rest (a copy in this GPU's memory needs far fewer warps than a message over NVLink to
-   finish within the same time). */
-__device__ void copy_batch(char* const* dst, const char* const* src, const i64* n, int m,
-                           int local = 0) {
-    const int warps = (int)blockDim.x / 32;
-    if (m == 1 || m > warps) {
+   more copies than warps go one after another. */
+__device__ void copy_batch(char* const* dst, const char* const* src, const i64* n, int m) {
+    if (m == 1 || m > (int)blockDim.x / 32) {
         for (int k = 0; k < m; k++) if (n[k] > 0) copy_bytes(dst[k], src[k], n[k]);
         return;
     }
-    /* the local copies at the block's last warps, where the others leave each message one */
-    const int apart = local > 0 && local < m && m - local <= warps - local ? local : 0;
-    const int w = (int)threadIdx.x / 32;
     i64 tid, nt;
-    int k;
-    if (w >= warps - apart) {
-        k = m - apart + (w - (warps - apart));
-        tid = threadIdx.x % 32;
-        nt = 32;
-    } else {
-        k = warp_group(m - apart, warps - apart, &tid, &nt);
-    }
+    const int k = warp_group(m, &tid, &nt);
     if (n[k] > 0) copy_range(dst[k], src[k], n[k], tid, nt);
 }
 
@@ -795,7 +779,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                     reduce_many((S*)bases[chain[2]] + chain[3], xs,
                                 (int)(chain[5] & (SENDS_ON - 1)), lo, hi, batch_dst, h);
                 } else {
-                    copy_batch(batch_dst, batch_src, batch_n, h + extra, extra);
+                    copy_batch(batch_dst, batch_src, batch_n, h + extra);
                 }
                 /* the block's stores (and its reads of the descriptors) before what
                    follows: one release per message (cumulative over the stores the barrier
@@ -861,7 +845,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             i64 tid = threadIdx.x, nt = blockDim.x;
             int k = i, end = j;
             if (m > 1 && m <= (int)blockDim.x / 32) {
-                k = i + warp_group(m, blockDim.x / 32, &tid, &nt);
+                k = i + warp_group(m, &tid, &nt);
                 end = k + 1;
             }
             for (; k < end; k++) {
@@ -881,7 +865,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             if (r[0] == 9) {
                 const int j = batch_end(code, n, i), m = j - i;
                 if (m > 1 && m <= (int)blockDim.x / 32) {
-                    r = code + (i64)(i + warp_group(m, blockDim.x / 32, &tid, &nt)) * WIDTH;
+                    r = code + (i64)(i + warp_group(m, &tid, &nt)) * WIDTH;
                     i = j - 1;
                 }
             }
