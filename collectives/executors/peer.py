@@ -55,10 +55,11 @@ pushing chunk after chunk while the others reduce each chunk as it arrives (4 x 
 1 GiB: 1.08-1.16 of NCCL's own). A two_shot all_reduce of such blocks runs on it too, then
 reads every peer's reduced block into the caller's output: from
 COLLECTIVES_PEER_COPY_ENGINE_BYTES a block with the copy engines, between two launches of the
-kernel (``_gather_by_copies``), which move more over NVLink than thread blocks' loads do. A
-direct all_gather of such blocks may run so too (``copies_around``: each rank's input
-staged, then copied out of every peer's staging memory; whatever each rank's output, so
-not by default: the program is far ahead with symmetric outputs).
+kernel (``_by_copies``), which move more over NVLink than thread blocks' loads do. A direct
+all_gather or all_to_all of such blocks may run so too (``copies_around``: each rank's input
+staged chunk by chunk beside the copies of every peer's chunks out of that peer's staging
+memory; whatever each rank's output, so not by default: measured behind the program with
+symmetric outputs, and at large sizes behind NCCL send/recv with staged ones).
 
 Errors: a kernel that timed out or saw a peer abort leaves (kind, step, peer) in the error
 words; the next call on this group, and ``synchronize``, raise CollectiveTimeout or
@@ -280,11 +281,14 @@ IN_PLACE_AUTO = {2: 64 << 20, None: 8 << 20}
 # gather, against thread blocks': 4 x H100, 1 GiB calls (256 MiB blocks) 1.01 against 0.91,
 # 256 MiB 1.01 against 0.93, but 64 MiB 0.97 against 1.02 (a fixed ~17 µs of two launches,
 # and no gather beside the reductions); 2 GPUs behind or even at every size (64M / 256M / 1G
-# 1.03 / 1.09 / 1.05 against 1.21 / 1.15 / 1.03): never. A direct all_gather: never under
-# auto. Against the program with a staged output it was measured ahead (64 MiB calls 1.03
-# against 0.98 on 4 x H100, 1.08 against 1.02 on 2), but it must run alike on every rank,
-# whatever each rank's output, and with symmetric outputs the program is far ahead (1.22 and
-# 1.38 there); above COLLECTIVES_PEER_MAX_BYTES, against NCCL send/recv, it is not measured.
+# 1.03 / 1.09 / 1.05 against 1.21 / 1.15 / 1.03): never. A direct all_gather or all_to_all:
+# never. Its input staged chunk by chunk beside the copies slows them (4 x H100, 16M and
+# chunks of 32 / 128 MiB: all_gather 1.05 / 1.00 / 0.87-1.00 of NCCL at 64M / 256M / 1G,
+# all_to_all 0.90-0.92 / 0.85-0.86 / 0.77-0.89; 2 GPUs all_gather 1.07 / 1.05 / 0.98,
+# all_to_all 1.28 / 0.93 / 0.92), below the program's with symmetric outputs (4 x H100:
+# all_gather 1.23 at 64M, 1.14 / 1.08 at 256M / 1G with COLLECTIVES_PEER_MAX_BYTES=0) and
+# at large sizes below NCCL send/recv's with staged ones (0.97-0.99); every rank must run it
+# alike whatever its output.
 COPY_ENGINE_AUTO = {"all_reduce": {2: 0, None: 64 << 20}, "all_gather": {None: 0},
                     "all_to_all": {None: 0}}
 

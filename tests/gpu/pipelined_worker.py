@@ -29,8 +29,8 @@ between them), smaller ones with thread blocks.
    all_reduce gathered by the copy engines (two launches and the copies in one graph), and
    an all_gather and an all_to_all by them (the side stream's staging and copy of the rank's
    own block, each chunk's wait and copies).
-4. Large: 64 MiB per rank's block with the default chunk sizes; an all_reduce of p such
-   blocks in place; an all_to_all of its result (by the copy engines, in 2 chunks).
+4. Large: 64 MiB per rank's block with the default pipeline chunks; an all_reduce of p such
+   blocks in place; an all_to_all of its result (by the copy engines, in 2 chunks of 32 MiB).
 5. A rank that never arrives (rank 0 skips a call all made before): every other rank's call
    ends at its timeout naming rank 0; its output not written (no chunk came from every
    peer); no kernel left spinning. The group is failed after it, so it comes last.
@@ -262,7 +262,7 @@ def main():
         if ran_copied(collective, block, "float32") != {f"copies_{collective}"}:
             failures.append(f"the graph's {collective} did not run with the copy engines")
 
-    # 4. large, the default chunk sizes
+    # 4. large, the default pipeline chunks; copies in chunks of 32 MiB
     peer_executor.PIPELINE_CHUNK_BYTES = 4 << 20
     executor.copy_chunk = 32 << 20
     count = 16 << 20
