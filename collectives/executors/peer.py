@@ -214,8 +214,8 @@ class _Entry:
         staged it, then the chunk of every peer's block for this rank is copied out of that
         peer's staging memory into the output: the copies of one chunk run beside the
         staging of the next. The first launch then copies this rank's own block from its
-        input into the output (thread blocks: the copy engines are the peers'); the last
-        launch ends the call. Nothing staged on the way out."""
+        input into the output with its thread blocks, leaving the copy engines to the
+        peers' chunks; the last launch ends the call. Nothing staged on the way out."""
         import cupy
         rank, size, itemsize = plan.rank, plan.size, dtype.itemsize
         all_to_all = plan.collective == "all_to_all"

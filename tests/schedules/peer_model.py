@@ -410,14 +410,7 @@ class Group:
         yield from self._barrier(rank, w, barriers, 2, deadline)
         if w != 0:
             return
-        for q in range(size):
-            if q != rank:
-                self.delivered[q, rank, 0] = self.sent[rank, q] + 2 * chunks + 1
-        for q in range(size):
-            if q != rank and self.pipelined_waits["read"]:
-                target = self.received[rank, q] + 2 * chunks + 1
-                yield from wait(lambda: self.delivered[rank, q, 0] >= target, 2, q,
-                                "its reads")
+        yield from self._copies_end(rank, 2 * chunks + 1, 2, deadline)
 
     def _copied(self, rank, w, plan, input, output, piece, deadline, barriers, chunks):
         """A direct all_gather or all_to_all as the copy engines run it (``copies_around``
@@ -481,14 +474,20 @@ class Group:
         yield from self._barrier(rank, w, barriers, 1, deadline)
         if w != 0:
             return
-        for q in range(size):
+        yield from self._copies_end(rank, chunks + 1, 1, deadline)
+
+    def _copies_end(self, rank, message, step, deadline):
+        """``copies_around``'s end (mode 1, one worker): says ``message`` to every peer (in
+        its word 0), then waits until every peer has said it, so no peer reads this rank's
+        staging memory any more."""
+        for q in range(self.size):
             if q != rank:
-                self.delivered[q, rank, 0] = self.sent[rank, q] + chunks + 1
-        for q in range(size):
+                self.delivered[q, rank, 0] = self.sent[rank, q] + message
+        for q in range(self.size):
             if q != rank and self.pipelined_waits["read"]:
-                target = self.received[rank, q] + chunks + 1
+                target = self.received[rank, q] + message
                 yield from self._until(lambda: self.delivered[rank, q, 0] >= target,
-                                       deadline, rank, 1, q, "its reads")
+                                       deadline, rank, step, q, "its reads")
 
     def _call(self, rank, w, program, input, output, reduce, piece, barriers, deadline):
         workers = self.workers
