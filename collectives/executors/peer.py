@@ -175,30 +175,34 @@ class _Entry:
 
     def pipelined(self, plan, dtype, op, fences, copy_engine=0):
         """Run as ``pipelined_reduce_scatter`` instead of the program: its "program" is (count
-        per rank, chunks, pushers, gather). A reduce_scatter takes the program's blocks,
-        parameters and staging (its scratch slots, one per peer, are where the pushes land);
-        a two_shot all_reduce (gather) the same slots from the staging memory's start, its
-        reduced block after them, and writes the caller's output itself (nothing staged):
-        with thread blocks, or where a rank's block has at least ``copy_engine`` bytes
-        (COLLECTIVES_PEER_COPY_ENGINE_BYTES; 0: never) with the copy engines, a copy per
-        peer after this kernel (gather 2), then ``copies_around``'s end."""
+        per rank, chunks, pushers, kind). A reduce_scatter (kind 0) takes the program's
+        blocks, parameters and staging (its scratch slots, one per peer, are where the
+        pushes land); a two_shot all_reduce the same slots from the staging memory's start,
+        its reduced block after them, and writes the caller's output itself (nothing
+        staged): with thread blocks (kind 1), or where a rank's block has at least
+        ``copy_engine`` bytes (COLLECTIVES_PEER_COPY_ENGINE_BYTES; 0: never) with the copy
+        engines, a copy per peer after this kernel (kind 2), then ``copies_around``'s end.
+        A direct all_gather (3) or all_to_all (4) takes the slots from the staging memory's
+        start and writes the caller's output itself too, peers pushing straight into it
+        where it is symmetric (each rank's own choice)."""
         import cupy
-        all_reduce = plan.collective == "all_reduce"
-        count = plan.args[0] // plan.size if all_reduce else plan.args[0][plan.rank]
+        collective = plan.collective
+        count = block_count(plan)
         block = count * dtype.itemsize
         chunks = int(min(PIPELINE_MAX_CHUNKS, max(1, block // PIPELINE_CHUNK_BYTES)))
         pushers = max(1, self.blocks * PIPELINE_PUSHERS // 4)
-        copied = all_reduce and copy_engine and block >= copy_engine
-        gather = 2 if copied else int(all_reduce)
-        self.code = cupy.asarray(np.array([count, chunks, pushers, gather], np.int64))
+        copied = collective == "all_reduce" and copy_engine and block >= copy_engine
+        kind = 2 if copied else PIPELINED_KINDS[collective]
+        self.code = cupy.asarray(np.array([count, chunks, pushers, kind], np.int64))
         self.values[0].value = self.code.data.ptr
-        if all_reduce:
+        own_slots = collective != "reduce_scatter"     # not the program's staging layout
+        if own_slots:
             self.scratch_at, self.staged = 0, False
             self.values[9].value = 0
-        self.staging = max(256 if all_reduce else self.staging, _align(
-            self.scratch_at + (plan.size - 1 + all_reduce) * block))
+        self.staging = max(256 if own_slots else self.staging, _align(
+            self.scratch_at + (plan.size - 1 + (collective == "all_reduce")) * block))
         self.function = cuda_peer.pipelined_kernel(op, dtype, fences, plan.size).kernel.ptr
-        self.kernel = "pipelined_all_reduce" if all_reduce else "pipelined_reduce_scatter"
+        self.kernel = f"pipelined_{collective}"
         if copied:      # every peer's reduced block lies after its p - 1 slots
             self._copies(plan, dtype, op, fences, [(q, q * block, (plan.size - 1) * block)
                                                    for q in _peers(plan)], block, 1,
@@ -219,7 +223,7 @@ class _Entry:
         import cupy
         rank, size, itemsize = plan.rank, plan.size, dtype.itemsize
         all_to_all = plan.collective == "all_to_all"
-        block = (plan.args[0][0][0] if all_to_all else plan.args[0][rank]) * itemsize
+        block = block_count(plan) * itemsize
         chunks = copy_chunks(block, chunk_bytes)
         if all_to_all:      # the block for peer q in slot q (q < rank) or q - 1 (q > rank)
             pieces = [(q * block, (q - (q > rank)) * block) for q in range(size) if q != rank]
@@ -322,26 +326,37 @@ def in_place(plan, dtype, most: int) -> bool:
 PIPELINE_CHUNK_BYTES = 4 << 20
 PIPELINE_MAX_CHUNKS = 64
 PIPELINE_PUSHERS = 2
+# the kernel's ``kind`` by collective (an all_reduce gathered by the copy engines: 2)
+PIPELINED_KINDS = {"reduce_scatter": 0, "all_reduce": 1, "all_gather": 3, "all_to_all": 4}
+# the schedule the kernel runs, by collective
+_PIPELINED_SCHEDULES = {"reduce_scatter": "direct", "all_reduce": "two_shot",
+                        "all_gather": "direct", "all_to_all": "direct"}
+
+
+def block_count(plan):
+    """The elements of each rank's block where every rank's is alike (a direct
+    reduce_scatter, all_gather or all_to_all, a two_shot all_reduce), else None."""
+    args = plan.args[0]
+    if plan.collective == "all_reduce":
+        return args // plan.size if args % plan.size == 0 else None
+    counts = [n for row in args for n in row] if plan.collective == "all_to_all" else args
+    return counts[0] if len(set(counts)) == 1 else None
 
 
 def pipelined(plan, dtype, least: int, blocks: int) -> bool:
     """Whether ``plan`` runs as ``pipelined_reduce_scatter``: on 2 to 8 ranks, a direct
-    reduce_scatter whose every rank's block has the same count, or a two_shot all_reduce
-    whose count the ranks divide evenly (or a plan that is their schedule), the block of at
-    least ``least`` bytes
-    (COLLECTIVES_PEER_PIPELINE_BYTES; 0: never), with thread blocks to split into pushers and
-    reducers; decided alike on every rank (what it looks at is alike on every rank)."""
-    if not least or not 2 <= plan.size <= cuda_peer.IN_PLACE_MAX_WORLD or blocks < 2:
+    reduce_scatter, all_gather or all_to_all whose every rank's block has the same count,
+    or a two_shot all_reduce whose count the ranks divide evenly (or a plan that is their
+    schedule), the block of at least ``least`` bytes (COLLECTIVES_PEER_PIPELINE_BYTES; 0:
+    never), with thread blocks to split into pushers and reducers; decided alike on every
+    rank (what it looks at is alike on every rank: not the outputs)."""
+    algorithm = _PIPELINED_SCHEDULES.get(plan.collective)
+    if not least or algorithm is None or blocks < 2 or \
+            not 2 <= plan.size <= cuda_peer.IN_PLACE_MAX_WORLD:
         return False
-    if plan.collective == "reduce_scatter":
-        counts = plan.args[0]
-        return len(set(counts)) == 1 and counts[0] * dtype.itemsize >= least and \
-            _schedule_of(plan, "direct")
-    if plan.collective == "all_reduce":
-        count = plan.args[0]
-        return count % plan.size == 0 and count // plan.size * dtype.itemsize >= least and \
-            _schedule_of(plan, "two_shot")
-    return False
+    count = block_count(plan)
+    return count is not None and count * dtype.itemsize >= least and \
+        _schedule_of(plan, algorithm)
 
 
 def copied(plan, dtype, least: int) -> bool:
@@ -352,10 +367,8 @@ def copied(plan, dtype, least: int) -> bool:
     if not least or plan.collective not in ("all_gather", "all_to_all") or \
             not 2 <= plan.size <= cuda_peer.IN_PLACE_MAX_WORLD:
         return False
-    counts = plan.args[0]
-    if plan.collective == "all_to_all":
-        counts = [n for row in counts for n in row]
-    return len(set(counts)) == 1 and counts[0] * dtype.itemsize >= least and \
+    count = block_count(plan)
+    return count is not None and count * dtype.itemsize >= least and \
         _schedule_of(plan, "direct")
 
 
@@ -577,11 +590,11 @@ class PeerExecutor:
                 entry.program.staging
             if symmetric and not seeded and not over and in_place(plan, dtype, self.in_place):
                 entry.in_place(plan, dtype, op, self.fences)    # this rank's buffer: in place
-            elif self.pipeline and pipelined(plan, dtype, self.pipeline, entry.blocks):
-                entry.pipelined(plan, dtype, op, self.fences,
-                                self.copy_engine.get("all_reduce", 0))
             elif copied(plan, dtype, self.copy_engine.get(plan.collective, 0)):  # all ranks
                 entry.copied(plan, dtype, op, self.fences, self.copy_chunk)  # whatever output
+            elif self.pipeline and pipelined(plan, dtype, self.pipeline, entry.blocks):
+                entry.pipelined(plan, dtype, op, self.fences,          # whatever output
+                                self.copy_engine.get("all_reduce", 0))
             elif over:
                 entry = elsewhere
         if len(self._entries) > 4096:

@@ -1168,9 +1168,9 @@ __device__ bool peers_said(const Ctx& c, const u64* received, i64 first, i64 of,
    the slot). The slots are the program's (direct.reduce_scatter: peers in rank order, this
    rank skipped), so the staging memory is the program's.
 
-   A two_shot all_reduce of p equal blocks runs here too (``gather``): the reducers then store
-   each chunk of the rank's block both in its output and in the rank's staging memory after
-   the p - 1 slots, and say so in their own delivered words (message ``chunks`` + k + 1).
+   A two_shot all_reduce of p equal blocks runs here too (``kind`` 1, its ``gather``): the
+   reducers then store each chunk of the rank's block both in its output and in the rank's
+   staging memory after the p - 1 slots, and say so in their own delivered words (message ``chunks`` + k + 1).
    Once done pushing or reducing, every block reads its share of chunk after chunk of every
    peer's reduced block straight into this rank's output (the caller's memory: nothing
    staged, where the program's pushes land in staging memory and are copied out), each
@@ -1182,14 +1182,25 @@ __device__ bool peers_said(const Ctx& c, const u64* received, i64 first, i64 of,
    only after q has reduced it, so after every pusher here has pushed it; the own block is
    read and written by the same thread. The tallies move on by 2 ``chunks`` + 1.
 
-   Or the GPU's copy engines read the peers' reduced blocks (``gather`` 2): this kernel
+   Or the GPU's copy engines read the peers' reduced blocks (``kind`` 2): this kernel
    pushes and reduces as above, then block 0 waits until every reducer of every peer has
    stored its last chunk, and it ends without ending the call; the executor's copies read
    each peer's reduced block, and copies_around (mode 1, message 2 ``chunks`` + 1) ends it.
 
+   A direct all_gather or all_to_all of p equal blocks runs here too (``kind`` 3, 4): the
+   pushers push this rank's input (an all_to_all: its block for the peer) the same way,
+   and the other blocks, where the reducers reduce, copy chunk k of every peer's slot into
+   that peer's block of the output, and of this rank's own block from its input, as soon
+   as every pusher of every peer has said k: the output's copy-out runs beside the pushes,
+   where the program's follows them. A rank whose output lies in symmetric memory says
+   where (its PLACE word, before its epoch, as the program's epochs do), and its peers
+   push straight into that output instead of the slot: it then copies only its own block.
+   So every rank runs this kernel whatever its output, and each output is written as
+   directly as it can be. The tallies move on by ``chunks``, as a reduce_scatter's.
+
    Parameters as run_program's; ``code_at``: count (elements of each rank's block), chunks,
-   pushers, gather (0 a reduce_scatter; an all_reduce: 1 its gather by thread blocks, 2 by
-   the copy engines). */
+   pushers, kind (0 a reduce_scatter; an all_reduce: 1 its gather by thread blocks, 2 by
+   the copy engines; 3 an all_gather, 4 an all_to_all). */
 extern "C" __global__ void __launch_bounds__(THREADS)
 pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in, char* out,
                          char* scratch, char* caller_out, const u64* peer_data_at,
@@ -1199,9 +1210,10 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
                          u64 lines_half, u64 place, const u64* peer_heaps) {
     __shared__ int stop, last_out;
     __shared__ u64 deadline, call_number;
-    __shared__ i64 count, chunks, pushers, gather;
+    __shared__ i64 count, chunks, pushers, kind;
     __shared__ u64 peer_flags[WORLD], peer_data[WORLD], sent[WORLD], received[WORLD];
     __shared__ u64 tally[WORLD];
+    __shared__ char* into[WORLD];      /* where each peer takes this rank's pushes */
     const int t = threadIdx.x;
     if (t < WORLD) {
         peer_flags[t] = peer_flags_at[t];
@@ -1211,9 +1223,11 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
         count = code_at[0];
         chunks = code_at[1];
         pushers = code_at[2];
-        gather = code_at[3];
+        kind = code_at[3];
     }
     world_call_start(flags, error, timeout_ns, sent, received, &deadline, &call_number, &stop);
+    const i64 gather = kind <= 2 ? kind : 0;     /* an all_reduce's gather (1, 2) */
+    const bool moves = kind >= 3;                /* an all_gather or all_to_all: no reduction */
     if (t < WORLD) tally[t] = t != rank ? (u64)(gather ? 2 * chunks + 1 : chunks) : 0;
     const char* src = in ? in : caller_out;              /* an all_reduce in place */
     const i64 reduced_at = (i64)(WORLD - 1) * count;     /* elements into staging's scratch */
@@ -1221,8 +1235,13 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
     const u64 call = call_number;
     scrub_lines(c, (char*)peer_lines_at[rank], lines_half, call, &stop);
     const u64 epoch = ((call + 1) << STEP_BITS) - 1;
-    if (blockIdx.x == 0 && t < WORLD && !stop)
+    if (blockIdx.x == 0 && t < WORLD && !stop) {
+        /* where this call's pushes into this rank's output land (0: its slots), before the
+           epoch: a pusher that sees the epoch sees it */
+        asm volatile("st.volatile.global.u64 [%0], %1;"
+                     :: "l"((u64*)peer_flags[t] + PLACE_WORDS + rank), "l"(place) : "memory");
         release((u64*)peer_flags[t] + SEEN_WORDS + rank, epoch);
+    }
     /* chunk k of a rank's block: 16-byte units [units k / chunks, units (k + 1) / chunks),
        shared out among ``of`` blocks alike on every rank; this block (``me``) takes its part */
     const i64 units = (count + VEC - 1) / VEC;
@@ -1234,10 +1253,19 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
         if (hi > count) hi = count; \
     } while (0)
     if (blockIdx.x < pushers) {
-        /* every peer's epoch of this call: its previous call no longer reads its slots */
-        if (t < WORLD && t != rank && !stop &&
-            !wait_for(c, flags + SEEN_WORDS + t, epoch, 0, t))
-            stop = 1;
+        /* every peer's epoch of this call: its previous call no longer reads its slots (or
+           its output); then where the peer takes this rank's block */
+        if (t < WORLD && t != rank && !stop) {
+            if (!wait_for(c, flags + SEEN_WORDS + t, epoch, 0, t)) {
+                stop = 1;
+            } else {
+                const u64 theirs = moves ? relaxed(flags + PLACE_WORDS + t) : 0;
+                into[t] = theirs ? symmetric_at(theirs, peer_heaps, t, WORLD)
+                                       + (i64)rank * count * itemsize
+                                 : (char*)peer_data[t] + scratch_at
+                                       + (i64)(rank < t ? rank : rank - 1) * count * itemsize;
+            }
+        }
         __syncthreads();
         for (i64 k = 0; k < chunks && !stop; k++) {
             i64 lo, hi;
@@ -1249,9 +1277,8 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
 #pragma unroll
             for (int s = 1; s < WORLD; s++) {
                 const int q = (rank + s) % WORLD;
-                const i64 slot = rank < q ? rank : rank - 1;
-                dst[s - 1] = (char*)peer_data[q] + scratch_at + (slot * count + lo) * itemsize;
-                from[s - 1] = src + ((i64)q * count + lo) * itemsize;
+                dst[s - 1] = into[q] + lo * itemsize;
+                from[s - 1] = src + ((kind == 3 ? 0 : (i64)q * count) + lo) * itemsize;
                 bytes[s - 1] = (hi - lo) * itemsize;
             }
             copy_batch(dst, from, bytes, WORLD - 1);
@@ -1259,6 +1286,33 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
             if (t < WORLD && t != rank)
                 release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS
                         + blockIdx.x, sent[t] + (u64)k + 1);
+        }
+    } else if (moves) {
+        /* chunk k of every peer's block from its slot (none where peers push into this
+           rank's symmetric output), and of this rank's own block from its input */
+        const i64 me = blockIdx.x - pushers, copiers = gridDim.x - pushers;
+        for (i64 k = 0; k < chunks && !stop; k++) {
+            if (!peers_said(c, received, 0, pushers, (u64)k + 1, 1))   /* from every pusher */
+                stop = 1;
+            __syncthreads();
+            if (stop) break;
+            i64 lo, hi;
+            CHUNK_SHARE(k, me, copiers, lo, hi);
+            char* dst[WORLD];
+            const char* from[WORLD];
+            i64 bytes[WORLD];
+            int m = 0;
+#pragma unroll
+            for (int q = 0; q < WORLD; q++) {
+                if (q != rank && place) continue;
+                dst[m] = out + ((i64)q * count + lo) * itemsize;
+                from[m] = q == rank ? src + ((kind == 3 ? 0 : (i64)q * count) + lo) * itemsize
+                                    : scratch + ((i64)(q < rank ? q : q - 1) * count + lo)
+                                                * itemsize;
+                bytes[m++] = (hi - lo) * itemsize;
+            }
+            copy_batch(dst, from, bytes, m);
+            __syncthreads();    /* every thread done with chunk k before the next wait */
         }
     } else {
         const i64 me = blockIdx.x - pushers, reducers = gridDim.x - pushers;

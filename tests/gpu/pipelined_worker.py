@@ -18,19 +18,28 @@ between them), smaller ones with thread blocks.
    runs as the program.
 1c. direct all_gathers and all_to_alls, every dtype: blocks from 256 KiB run with the copy
    engines (each rank's input staged in chunks of 64 KiB beside the copies of every peer's
-   block for it out of the peer's staging memory), smaller ones as the program; bitwise
-   what numpy says, and the kernel each ran.
+   block for it out of the peer's staging memory), blocks from 4 KiB pipelined (every
+   chunk copied out of the slots as soon as every peer has pushed it), smaller ones as the
+   program; bitwise what numpy says, and the kernel each ran.
+1d. pipelined all_gathers and all_to_alls (the copy engines off) whose outputs lie in
+   symmetric memory on some ranks and not on others (none, rank 0, the odd ranks, every
+   rank): peers push straight into a symmetric output, into the slots otherwise, in one
+   call; every dtype; every rank's output bitwise right.
 2. Alternation: pipelined calls between program calls of the same group (reduce_scatter
    below the threshold, all_reduce two_shot, all_gather direct, whose output is staged
-   where the all_reduce's reduced block lay), as message tallies, epochs and call numbers
+   where the all_reduce's reduced block lay; a pipelined all_gather among them), as message tallies, epochs and call numbers
    must survive, and all_gathers by the copy engines before program all_gathers that
    receive where they staged, all_to_alls by them too; every result checked.
 3. A CUDA graph: the pipelined call captured once, replayed with new input each time; and an
    all_reduce gathered by the copy engines (two launches and the copies in one graph), and
    an all_gather and an all_to_all by them (the side stream's staging and copy of the rank's
-   own block, each chunk's wait and copies).
+   own block, each chunk's wait and copies); and a pipelined all_gather into symmetric
+   memory on even ranks.
 4. Large: 64 MiB per rank's block with the default pipeline chunks; an all_reduce of p such
-   blocks in place; an all_to_all of its result (by the copy engines, in 2 chunks of 32 MiB).
+   blocks in place; an all_to_all of its result (by the copy engines, in 2 chunks of 32 MiB);
+   then pipelined (the copy engines off) an all_gather and an all_to_all of 64 MiB blocks
+   (past COLLECTIVES_PEER_MAX_BYTES: every rank runs the kernel whatever its output), their
+   outputs symmetric on odd ranks.
 5. A rank that never arrives (rank 0 skips a call all made before): every other rank's call
    ends at its timeout naming rank 0; its output not written (no chunk came from every
    peer); no kernel left spinning. The group is failed after it, so it comes last.
@@ -163,8 +172,9 @@ def main():
         group.prepare(collective, input=cupy.asarray(inputs[rank]), output=out,
                       algorithm="direct")()
         tally.check(label, out, expected(collective, inputs, block), bitwise=True)
-        want = f"copies_{collective}" if block * np.dtype(dtype).itemsize >= \
-            executor.copy_engine[collective] else "run_program"
+        nbytes = block * np.dtype(dtype).itemsize
+        want = f"copies_{collective}" if nbytes >= executor.copy_engine[collective] else \
+            f"pipelined_{collective}" if nbytes >= executor.pipeline else "run_program"
         if ran_copied(collective, block, dtype) != {want}:
             failures.append(f"{label}: ran {sorted(ran_copied(collective, block, dtype))}, "
                             f"not {want}")
@@ -178,6 +188,40 @@ def main():
                     f"{collective} in one chunk")
         executor.copy_chunk = 64 << 10
 
+    # 1d. pipelined all_gathers and all_to_alls, outputs symmetric on some ranks
+    def forget():
+        """Entries chosen again (a setting of the executor changed), on every rank alike."""
+        executor._entries.clear()
+        group._forget_repeats()
+    copy_engine = dict(executor.copy_engine)
+    executor.copy_engine.update(all_gather=0, all_to_all=0)
+    forget()
+    heap = group.symmetric_empty(8 * p * ((1 << 18) + 8), "uint8")
+
+    def moved(collective, seed, block, dtype, symmetric, label):
+        """A direct ``collective`` of ``block`` elements per block, this rank's output in
+        symmetric memory where ``symmetric`` holds for it, checked bitwise, and pipelined."""
+        inputs = [contents(seed, r, block * (p if collective == "all_to_all" else 1), dtype)
+                  for r in range(p)]
+        nbytes = block * p * np.dtype(dtype).itemsize
+        out = heap[:nbytes].view(dtype) if symmetric(rank) else cupy.zeros(block * p, dtype)
+        out.fill(0)
+        group.prepare(collective, input=cupy.asarray(inputs[rank]), output=out,
+                      algorithm="direct")()
+        tally.check(label, out, expected(collective, inputs, block), bitwise=True)
+        if ran_copied(collective, block, dtype) != {f"pipelined_{collective}"}:
+            failures.append(f"{label}: ran {sorted(ran_copied(collective, block, dtype))}")
+    whose = {"no rank's": lambda r: False, "rank 0's": lambda r: r == 0,
+             "odd ranks'": lambda r: r % 2 == 1, "every rank's": lambda r: True}
+    for collective in ("all_gather", "all_to_all"):
+        for seed, dtype in enumerate(("float32", "float16", "int32", "int64")):
+            for block in ((1 << 16) + 3, (1 << 18) + 5):
+                for name, symmetric in whose.items():
+                    moved(collective, 300 + seed, block, dtype, symmetric,
+                          f"{collective} {dtype} {block}, {name} output symmetric")
+    executor.copy_engine.update(copy_engine)
+    forget()
+
     # 2. pipelined calls between program calls
     for round_ in range(3):
         case(20 + round_, (1 << 16) + 1, "float32", "sum", f"round {round_}: pipelined", True)
@@ -189,10 +233,15 @@ def main():
         for x in ints[1:]:
             want += x
         tally.check(f"round {round_}: two_shot all_reduce after", d, want)
-        out = cupy.zeros(4099 * p, cupy.int32)
+        small = [x[:1000] for x in ints]            # 4000 bytes a block: the program
+        out = cupy.zeros(1000 * p, cupy.int32)
+        group.prepare("all_gather", input=cupy.asarray(small[rank]), output=out,
+                      algorithm="direct")()
+        tally.check(f"round {round_}: direct all_gather after", out, np.concatenate(small))
+        out = cupy.zeros(4099 * p, cupy.int32)      # pipelined
         group.prepare("all_gather", input=cupy.asarray(ints[rank]), output=out,
                       algorithm="direct")()
-        tally.check(f"round {round_}: direct all_gather after", out, np.concatenate(ints))
+        tally.check(f"round {round_}: pipelined all_gather after", out, np.concatenate(ints))
         case(50 + round_, (1 << 16) + 1, "float32", "sum", f"round {round_}: pipelined again",
              True)
         floats = [contents(60 + round_, r, (1 << 16) * p, "float32") for r in range(p)]
@@ -205,11 +254,11 @@ def main():
                     f"round {round_}: copied all_gather")
         copied_call("all_to_all", 220 + round_, 1 << 16, "float32",
                     f"round {round_}: copied all_to_all")
-        gathered = cupy.zeros(4099 * p, cupy.int32)
-        group.prepare("all_gather", input=cupy.asarray(ints[rank]), output=gathered,
+        gathered = cupy.zeros(1000 * p, cupy.int32)
+        group.prepare("all_gather", input=cupy.asarray(small[rank]), output=gathered,
                       algorithm="direct")()
         tally.check(f"round {round_}: direct all_gather after it", gathered,
-                    np.concatenate(ints))
+                    np.concatenate(small))
 
     # 3. captured in a CUDA graph, replayed with new input
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -262,6 +311,27 @@ def main():
         if ran_copied(collective, block, "float32") != {f"copies_{collective}"}:
             failures.append(f"the graph's {collective} did not run with the copy engines")
 
+    executor.copy_engine.update(all_gather=0)
+    forget()
+    src = cupy.zeros(block, cupy.float32)
+    out = heap[:4 * block * p].view(cupy.float32) if rank % 2 == 0 else \
+        cupy.zeros(block * p, cupy.float32)
+    def call():
+        group.prepare("all_gather", input=src, output=out, algorithm="direct")()
+    graph = capture(stream, call)
+    with stream:
+        for replay in range(3):
+            inputs = [contents(95 + replay, r, block, "float32") for r in range(p)]
+            src.set(inputs[rank], stream=stream)
+            graph.launch(stream)
+            stream.synchronize()
+            tally.check(f"pipelined all_gather graph replay {replay}", out,
+                        np.concatenate(inputs), bitwise=True)
+    if ran_copied("all_gather", block, "float32") != {"pipelined_all_gather"}:
+        failures.append("the graph's all_gather did not run pipelined")
+    executor.copy_engine.update(copy_engine)
+    forget()
+
     # 4. large, the default pipeline chunks; copies in chunks of 32 MiB
     peer_executor.PIPELINE_CHUNK_BYTES = 4 << 20
     executor.copy_chunk = 32 << 20
@@ -282,6 +352,23 @@ def main():
                                                                  (rank + 1) * count], p))
     if ran_copied("all_to_all", count, "float32") != {"copies_all_to_all"}:
         failures.append("the large all_to_all did not run with the copy engines")
+    executor.copy_engine.update(all_gather=0, all_to_all=0)
+    forget()
+    big = group.symmetric_empty(count * p, "float32")    # collective: every rank makes it
+    moved_out = big if rank % 2 == 1 else cupy.zeros(count * p, cupy.float32)
+    moved_out.fill(0)
+    group.prepare("all_gather", input=d[:count], output=moved_out, algorithm="direct")()
+    tally.check(f"pipelined all_gather of {p} x 64 MiB", moved_out,
+                np.tile(want[:count], p), bitwise=True)
+    moved_out.fill(0)
+    group.prepare("all_to_all", input=d, output=moved_out, algorithm="direct")()
+    tally.check(f"pipelined all_to_all of {p} x 64 MiB", moved_out,
+                np.tile(want[rank * count:(rank + 1) * count], p), bitwise=True)
+    for collective in ("all_gather", "all_to_all"):
+        if ran_copied(collective, count, "float32") != {f"pipelined_{collective}"}:
+            failures.append(f"the large {collective} did not run pipelined")
+    executor.copy_engine.update(copy_engine)
+    forget()
 
     # 5. rank 0 never arrives (at a call every rank has made once, so that no rank waits in
     # the growth of the group's memory, which the host side bounds: test_peer_host_side.py)
