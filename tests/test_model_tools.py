@@ -148,7 +148,8 @@ PEER4_RUNS = ("session12_peer4_tables/bench.json", "session12_peer4_large_tune/n
               "session14_peer4_tune/nccl_B.json", "session14_peer4_tables/bench.json",
               "session15_peer4_in_place/bench.json", "session16_peer4_tables/nccl_A.json",
               "session16_peer4_tables/nccl_B.json", "session16_peer4_tables/bench4.json",
-              "session18_peer4_tables/bench4.json", "session19_peer_tables/bench4.json")
+              "session18_peer4_tables/bench4.json", "session19_peer_tables/bench4.json",
+              "session20_peer_tables/bench4.json")
 
 
 @pytest.mark.parametrize("run", PEER4_RUNS)

@@ -39,7 +39,7 @@ largest message is above COLLECTIVES_PEER_MAX_BYTES go there, where some rank's 
 its output (it would without symmetric memory: alike on every rank, whatever each passes).
 A plan that stages nothing stays here at every size: reduce_scatter at 256 MiB / 1 GiB on
 4 × H100, 0.98 / 0.92 of NCCL's own against 0.89 / 0.81 on send/recv; on 2 × H100 1.09 /
-0.99 against 1.00 / 0.95 (BENCHMARKS.md §6).
+0.99 against 1.00 / 0.95 (BENCHMARKS.md §6); and what runs pipelined (below).
 
 One plan runs as a kernel of its own instead of the program: a two_shot all_reduce called in
 place on symmetric (or registered) memory, up to COLLECTIVES_PEER_IN_PLACE_BYTES
@@ -56,10 +56,17 @@ pushing chunk after chunk while the others reduce each chunk as it arrives (4 x 
 reads every peer's reduced block into the caller's output: from
 COLLECTIVES_PEER_COPY_ENGINE_BYTES a block with the copy engines, between two launches of the
 kernel (``_by_copies``), which move more over NVLink than thread blocks' loads do. A direct
-all_gather or all_to_all of such blocks may run so too (``copies_around``: each rank's input
-staged chunk by chunk beside the copies of every peer's chunks out of that peer's staging
-memory; whatever each rank's output, so not by default: measured behind the program with
-symmetric outputs, and at large sizes behind NCCL send/recv with staged ones).
+all_gather or all_to_all of such blocks runs on it too: the pushers push this rank's input
+(its block for each peer) into the peers' slots, or straight into a peer's output where that
+lies in symmetric memory (each rank says where, as its epochs do for the program), while
+the other thread blocks copy each chunk out of this rank's slots into its output as soon as
+every peer has pushed it, beside the pushes (4 x H100, 64 MiB-1 GiB: 1.06-1.10 of NCCL's own
+with staged outputs, 1.08-1.23 symmetric, where the program's copy-out after its pushes and
+NCCL send/recv reached 0.97-1.02; BENCHMARKS.md §6). Every rank runs it alike whatever its
+output, so a mix of symmetric and staged outputs needs no agreement. Or with the copy
+engines, opt-in (``copies_around``: each rank's input staged chunk by chunk beside the
+copies of every peer's chunks out of that peer's staging memory; measured behind the
+pipelined kernel).
 
 Errors: a kernel that timed out or saw a peer abort leaves (kind, step, peer) in the error
 words; the next call on this group, and ``synchronize``, raise CollectiveTimeout or
@@ -289,10 +296,8 @@ IN_PLACE_AUTO = {2: 64 << 20, None: 8 << 20}
 # never. Its input staged chunk by chunk beside the copies slows them (4 x H100, 16M and
 # chunks of 32 / 128 MiB: all_gather 1.05 / 1.00 / 0.87-1.00 of NCCL at 64M / 256M / 1G,
 # all_to_all 0.90-0.92 / 0.85-0.86 / 0.77-0.89; 2 GPUs all_gather 1.07 / 1.05 / 0.98,
-# all_to_all 1.28 / 0.93 / 0.92), below the program's with symmetric outputs (4 x H100:
-# all_gather 1.23 at 64M, 1.14 / 1.08 at 256M / 1G with COLLECTIVES_PEER_MAX_BYTES=0) and
-# at large sizes below NCCL send/recv's with staged ones (0.97-0.99); every rank must run it
-# alike whatever its output.
+# all_to_all 1.28 / 0.93 / 0.92), below the pipelined kernel's (4 x H100, staged outputs:
+# all_gather 1.09 / 1.09 / 1.06, all_to_all 1.10 / 1.07 / 1.06; 2 GPUs 1.15-1.56).
 COPY_ENGINE_AUTO = {"all_reduce": {2: 0, None: 64 << 20}, "all_gather": {None: 0},
                     "all_to_all": {None: 0}}
 
@@ -320,9 +325,10 @@ def in_place(plan, dtype, most: int) -> bool:
 
 # pipelined_reduce_scatter: each rank's block cut into chunks of this many bytes (at most
 # PIPELINE_MAX_CHUNKS of them); of the program's thread blocks, PIPELINE_PUSHERS quarters
-# push and the rest reduce (BENCHMARKS.md §6: with half pushing, reduce_scatter at 64 MiB-1 GiB
-# 1.28-1.41 of NCCL's own on 2 x H100 and 1.06-1.13 on 4, against 1.16-1.25 and 1.00-1.05
-# with three quarters)
+# push and the rest reduce or copy out (BENCHMARKS.md §6: with half pushing, reduce_scatter
+# at 64 MiB-1 GiB 1.28-1.41 of NCCL's own on 2 x H100 and 1.06-1.13 on 4, against 1.16-1.25
+# and 1.00-1.05 with three quarters; all_gather on 4 x H100 1.09 / 1.09 / 1.06 at 64M / 256M
+# / 1G against 0.98 / 0.98 / 0.96, all_to_all 1.10 / 1.07 / 1.06 against 1.00 / 0.97 / 0.97)
 PIPELINE_CHUNK_BYTES = 4 << 20
 PIPELINE_MAX_CHUNKS = 64
 PIPELINE_PUSHERS = 2

@@ -780,7 +780,8 @@ def test_all_gathers_take_the_copy_engines_whatever_the_outputs_once_a_value_is_
     """With COLLECTIVES_PEER_COPY_ENGINE_BYTES set (16 MiB here), a direct all_gather of alike
     blocks from that size runs with the copy engines, with a symmetric output too (every
     rank must run it alike) and above COLLECTIVES_PEER_MAX_BYTES; smaller blocks and other
-    schedules keep the program. Under auto (all_gather: 0) it never does."""
+    schedules keep the program. Under auto (all_gather: 0) it never does: the pipelined
+    kernel runs such blocks."""
     executor, kernel = choosing_executor(monkeypatch, in_place=8 << 20)
     big = 4 << 20                                                 # 16 MiB of float32
     assert kernel(build_plan("all_gather", "direct", 1, 4, (big,) * 4)) == "copies_all_gather"
@@ -797,5 +798,49 @@ def test_all_gathers_take_the_copy_engines_whatever_the_outputs_once_a_value_is_
                       symmetric=True) == runs
     executor._entries.clear()
     executor.copy_engine = peer_executor.copy_engine_limits("auto", 4)
+    assert kernel(build_plan("all_gather", "direct", 1, 4, (big,) * 4)) == \
+        "pipelined_all_gather"
+    assert kernel(build_plan("all_gather", "direct", 1, 4, (big // 2,) * 4)) == "run_program"
+
+
+def test_direct_all_gathers_and_all_to_alls_of_large_alike_blocks_run_pipelined_at_any_size(
+        monkeypatch):
+    """A direct all_gather or all_to_all on 2 to 8 ranks whose blocks are alike and at least
+    COLLECTIVES_PEER_PIPELINE_BYTES runs as ``pipelined_reduce_scatter`` (kinds 3, 4),
+    whatever this rank's output (every rank must run it alike; a symmetric output only
+    changes where peers push), and above COLLECTIVES_PEER_MAX_BYTES too: nothing is staged
+    on the way out, the copy-out runs beside the pushes (4 x H100: all_gather 1.06-1.09 of
+    NCCL's own at 64 MiB-1 GiB where the program or send/recv reached 0.97-1.02). Uneven
+    blocks, smaller blocks, other schedules and 9 ranks keep the program below the limit,
+    NCCL send/recv above it; with the setting 0, as before."""
+    executor, kernel = choosing_executor(monkeypatch, in_place=8 << 20)
+    executor.copy_engine = peer_executor.copy_engine_limits("auto", 4)
+    big = 4 << 20                                                 # 16 MiB of float32
+    even = lambda p, n=big: ((n,) * p,) * p                       # noqa: E731
+    for n in (big, 4 * big, 64 * big):                            # 16 MiB, 64 MiB, 1 GiB
+        for symmetric in (False, True):
+            assert kernel(build_plan("all_gather", "direct", 1, 4, (n,) * 4), symmetric) == \
+                "pipelined_all_gather", (n, symmetric)
+            assert kernel(build_plan("all_to_all", "direct", 1, 4, even(4, n)), symmetric) \
+                == "pipelined_all_to_all", (n, symmetric)
+    assert kernel(build_plan("all_gather", "direct", 0, 2, (big,) * 2)) == \
+        "pipelined_all_gather"
+    assert kernel(build_plan("all_to_all", "direct", 7, 8, even(8))) == "pipelined_all_to_all"
+    assert kernel(build_plan("all_gather", "recursive_doubling", 1, 2, (big,) * 2)) == \
+        "pipelined_all_gather"                                    # direct's schedule on 2
+    assert kernel(build_plan("all_gather", "direct", 0, 9, (big,) * 9)) == "run_program"
+    assert kernel(build_plan("all_gather", "direct", 1, 4, (big - 1,) * 4)) == "run_program"
+    assert kernel(build_plan("all_gather", "direct", 1, 4, (big, big, big, big + 4))) == \
+        "run_program"                                             # uneven blocks
+    assert kernel(build_plan("all_gather", "direct", 1, 4, (16 * big, 16 * big, 16 * big,
+                                                            16 * big + 4))) == \
+        "nccl send/recv"                                          # uneven, over the limit
+    assert kernel(build_plan("all_to_all", "direct", 1, 3, even(3)[:2] + (
+        (big, big, big - 4),))) == "run_program"
+    assert kernel(build_plan("all_gather", "ring", 1, 4, (big,) * 4)) == "run_program"
+    assert kernel(build_plan("all_to_all", "ring", 1, 4, even(4, 16 * big))) == \
+        "nccl send/recv"
+    executor.pipeline = 0
     assert kernel(build_plan("all_gather", "direct", 1, 4, (big,) * 4)) == "run_program"
-    assert kernel(build_plan("all_gather", "direct", 1, 4, (4 * big,) * 4)) == "nccl send/recv"
+    assert kernel(build_plan("all_to_all", "direct", 1, 4, even(4, 16 * big))) == \
+        "nccl send/recv"

@@ -474,6 +474,41 @@ def test_a_large_direct_all_gather_or_all_to_all_is_staged_beside_and_copied_chu
     assert rig.call(collective, inp, out, algorithm="direct")[1] != 4444
 
 
+@pytest.mark.parametrize("collective", ["all_gather", "all_to_all"])
+def test_a_large_direct_all_gather_or_all_to_all_runs_pipelined_in_one_launch(monkeypatch,
+                                                                            collective):
+    """A direct all_gather or all_to_all whose every block reaches
+    COLLECTIVES_PEER_PIPELINE_BYTES (the copy engines off, as auto has them for these):
+    ``pipelined_reduce_scatter`` with kind 3 (all_gather) or 4 (all_to_all), the block's
+    count, its chunks and half the thread blocks pushing; the caller's input and output
+    (the kernel writes the output itself: nothing staged), the peers' slots at the start
+    of the staging memory (scratch at 0), which holds the p - 1 of them; one launch, from
+    the lane when repeated."""
+    rig = copy_engine_rig(monkeypatch)
+    executor, mem, uploaded = rig.executor, rig.memory, rig.uploaded
+    executor.copy_engine = {}
+    threads = peer_executor.cuda_peer.THREADS
+    block = 1 << 20                                  # bytes of each block, 2 ranks
+    all_to_all = collective == "all_to_all"
+    inp = DeviceArray(1 << 24, block // 4 * (2 if all_to_all else 1))
+    out = DeviceArray(2 << 24, block // 2)
+    got = [rig.call(collective, inp, out, algorithm="direct") for _ in range(3)]
+    assert [g[0] for g in got] == ["python", "lane", "lane"]
+    assert rig.launches[-3:] == got                  # nothing else queued
+    for g in got:
+        assert g[1] == 4343 and g[3] == threads and g[2] > 1
+        count, chunks, pushers, kind = uploaded[g[5][0]].tolist()
+        assert (count, kind) == (block // 4, 4 if all_to_all else 3)
+        assert chunks == block // peer_executor.PIPELINE_CHUNK_BYTES or chunks == 1
+        assert pushers == g[2] * peer_executor.PIPELINE_PUSHERS // 4
+        values = g[5]
+        assert (values[3], values[4], values[6]) == (1 << 24, 2 << 24, 2 << 24)
+        assert values[5] == mem.data_ptr and values[9] == 0
+    entry = next(e for _, e in executor._entries.values())
+    assert entry.kernel == f"pipelined_{collective}" and not entry.staged
+    assert entry.staging >= block and mem.capacity >= entry.staging
+
+
 def test_copies_that_cannot_be_queued_fail_the_group_for_every_later_call(monkeypatch):
     """A copy (or the second launch) that fails to be queued after the first launch began
     the call: the error is raised, and every later call of the group raises it too, before
