@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 # peer_job, beside this file, puts the checkout on the path
-from peer_job import (Tally, capture, contents, leave_failed_group, peer_executor_of,
+from peer_job import (Tally, contents, leave_failed_group, peer_executor_of, replays,
                       start)
 from collectives.errors import CollectiveTimeout, TransportError  # noqa: E402
 from collectives.kernels import cuda_peer  # noqa: E402
@@ -134,14 +134,8 @@ def main():
     buf = in_heap("int32", count, 0)
     def call():
         group.prepare("all_reduce", input=buf, output=buf, algorithm="two_shot")()
-    graph = capture(stream, call)
-    with stream:
-        for replay in range(4):
-            parts = [contents(70 + replay, r, count, "int32") for r in range(p)]
-            buf.set(parts[rank], stream=stream)
-            graph.launch(stream)
-            stream.synchronize()
-            check(f"graph replay {replay}", buf, reference(parts, "sum"))
+    for replay, parts in replays(stream, call, buf, 4, 70, rank, p):
+        check(f"graph replay {replay}", buf, reference(parts, "sum"))
 
     # 4. rank 0 in place on symmetric memory, the others on ordinary arrays
     group.transport.synchronize(30.0)

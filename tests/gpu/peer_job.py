@@ -48,6 +48,21 @@ def capture(stream, call):
         return stream.end_capture()
 
 
+def replays(stream, call, src, times, seed, rank, size):
+    """``call`` captured in a CUDA graph on ``stream`` (``capture``), then replayed ``times``
+    times, each with new contents in ``src`` (this rank's of every rank's ``contents`` of case
+    ``seed`` + the replay, set on the stream first); yields (replay, every rank's contents)
+    once each replay has finished, for the caller to check what it wrote."""
+    graph = capture(stream, call)
+    with stream:
+        for replay in range(times):
+            parts = [contents(seed + replay, r, src.size, src.dtype) for r in range(size)]
+            src.set(parts[rank], stream=stream)
+            graph.launch(stream)
+            stream.synchronize()
+            yield replay, parts
+
+
 def contents(seed, rank, count, dtype):
     """Rank ``rank``'s data of case ``seed``: random fractions for floating point (where the
     order of a sum shows), small integers otherwise (exact in every dtype the workers use)."""

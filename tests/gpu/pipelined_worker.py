@@ -56,8 +56,8 @@ os.environ["COLLECTIVES_PEER_PIPELINE_BYTES"] = "4K"
 os.environ["COLLECTIVES_PEER_COPY_ENGINE_BYTES"] = "256K"
 os.environ["COLLECTIVES_PEER_COPY_CHUNK_BYTES"] = "64K"
 # peer_job, beside this file, puts the checkout on the path
-from peer_job import (Tally, capture, contents, leave_failed_group,  # noqa: E402
-                      peer_executor_of, start)
+from peer_job import (Tally, contents, leave_failed_group, peer_executor_of,  # noqa: E402
+                      replays, start)
 from collectives.errors import CollectiveTimeout, TransportError  # noqa: E402
 from collectives.executors import peer as peer_executor  # noqa: E402
 from collectives.ops import ReduceOp  # noqa: E402
@@ -267,14 +267,8 @@ def main():
     out = cupy.zeros(count, cupy.int32)
     def call():
         group.prepare("reduce_scatter", input=src, output=out, algorithm="direct")()
-    graph = capture(stream, call)
-    with stream:
-        for replay in range(4):
-            inputs = [contents(70 + replay, r, count * p, "int32") for r in range(p)]
-            src.set(inputs[rank], stream=stream)
-            graph.launch(stream)
-            stream.synchronize()
-            tally.check(f"graph replay {replay}", out, reference(inputs, rank, count, "sum"))
+    for replay, inputs in replays(stream, call, src, 4, 70, rank, p):
+        tally.check(f"graph replay {replay}", out, reference(inputs, rank, count, "sum"))
     if not ran(count, "int32", "sum"):
         failures.append("the graph's call did not run pipelined")
     count = (1 << 16) * p                   # 256 KiB blocks: the copy engines gather
@@ -282,15 +276,9 @@ def main():
     out = cupy.zeros(count, cupy.float32)
     def call():
         group.prepare("all_reduce", input=src, output=out, algorithm="two_shot")()
-    graph = capture(stream, call)
-    with stream:
-        for replay in range(3):
-            inputs = [contents(80 + replay, r, count, "float32") for r in range(p)]
-            src.set(inputs[rank], stream=stream)
-            graph.launch(stream)
-            stream.synchronize()
-            tally.check(f"all_reduce graph replay {replay}", out,
-                        reference(inputs, 0, count, "sum"), bitwise=True)
+    for replay, inputs in replays(stream, call, src, 3, 80, rank, p):
+        tally.check(f"all_reduce graph replay {replay}", out,
+                    reference(inputs, 0, count, "sum"), bitwise=True)
     if not ran(count, "float32", "sum", "all_reduce"):
         failures.append("the graph's all_reduce did not gather with the copy engines")
     block = 1 << 18                         # 1 MiB blocks: staged in 8 chunks
@@ -299,15 +287,9 @@ def main():
         out = cupy.zeros(block * p, cupy.float32)
         def call():
             group.prepare(collective, input=src, output=out, algorithm="direct")()
-        graph = capture(stream, call)
-        with stream:
-            for replay in range(3):
-                inputs = [contents(90 + replay, r, src.size, "float32") for r in range(p)]
-                src.set(inputs[rank], stream=stream)
-                graph.launch(stream)
-                stream.synchronize()
-                tally.check(f"{collective} graph replay {replay}", out,
-                            expected(collective, inputs, block), bitwise=True)
+        for replay, inputs in replays(stream, call, src, 3, 90, rank, p):
+            tally.check(f"{collective} graph replay {replay}", out,
+                        expected(collective, inputs, block), bitwise=True)
         if ran_copied(collective, block, "float32") != {f"copies_{collective}"}:
             failures.append(f"the graph's {collective} did not run with the copy engines")
 
@@ -318,15 +300,9 @@ def main():
         cupy.zeros(block * p, cupy.float32)
     def call():
         group.prepare("all_gather", input=src, output=out, algorithm="direct")()
-    graph = capture(stream, call)
-    with stream:
-        for replay in range(3):
-            inputs = [contents(95 + replay, r, block, "float32") for r in range(p)]
-            src.set(inputs[rank], stream=stream)
-            graph.launch(stream)
-            stream.synchronize()
-            tally.check(f"pipelined all_gather graph replay {replay}", out,
-                        np.concatenate(inputs), bitwise=True)
+    for replay, inputs in replays(stream, call, src, 3, 95, rank, p):
+        tally.check(f"pipelined all_gather graph replay {replay}", out,
+                    np.concatenate(inputs), bitwise=True)
     if ran_copied("all_gather", block, "float32") != {"pipelined_all_gather"}:
         failures.append("the graph's all_gather did not run pipelined")
     executor.copy_engine.update(copy_engine)
