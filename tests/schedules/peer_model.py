@@ -100,7 +100,7 @@ class Group:
 
     def run(self, calls, reduce=np.add, *, piece=3, deadline=100000, absent=(), eager=0,
             lines=0, seeded=False, symmetric=(), direct=False, in_place=(), pipelined=None,
-            copied=False):
+            copied=False, gathers=False):
         """Several calls, each a list ``[(plan, input, output)]`` of one entry per rank
         (arrays float64 or None). A rank starts its next call when it has finished the
         previous one, whatever the others do (as kernels on one stream). Ranks in ``absent``
@@ -117,7 +117,10 @@ class Group:
         does, its first ``pushers`` workers pushing and the others reducing; with
         ``copy_engines`` the all_reduces' gather is the copy engines' (``_copied_gather``).
         ``copied`` (a number of chunks): direct all_gathers and all_to_alls of alike blocks
-        run as the copy engines' do (``_copied``)."""
+        run as the copy engines' do (``_copied``); ``gathers`` (with ``pipelined``): those
+        ``copied`` leaves run as ``pipelined_reduce_scatter``'s all_gather and all_to_all
+        (kinds 3, 4: ``_pipelined``'s ``moves``), peers pushing straight into the outputs
+        of the ranks in ``symmetric``."""
         barriers = [[0] * self.workers for _ in range(self.size)]
         running = []
         for rank in range(self.size):
@@ -127,7 +130,8 @@ class Group:
             for w in range(self.workers):
                 running.append(self._worker(rank, w, mine, reduce, piece, barriers, deadline,
                                             eager, lines, seeded, rank in symmetric,
-                                            direct, rank in in_place, pipelined, copied))
+                                            direct, rank in in_place, pipelined, copied,
+                                            gathers))
         while running:
             worker = self.random.choice(running)
             try:
@@ -152,7 +156,7 @@ class Group:
                                "its own workers")
 
     def _worker(self, rank, w, calls, reduce, piece, barriers, deadline, eager, lines,
-                seeded, symmetric, direct, in_place, pipelined, copied):
+                seeded, symmetric, direct, in_place, pipelined, copied, gathers):
         for plan, input, output in calls:
             if isinstance(input, InPlace):        # what the caller's stream put there first
                 if w == 0:
@@ -165,21 +169,26 @@ class Group:
                                           deadline)
                 sends = recvs = [int(q != rank) for q in range(self.size)]
                 finished = output
-            elif pipelined and (plan.collective, plan.algorithm) in PIPELINED:
-                chunks, pushers, *copy_engines = pipelined
-                gather = plan.collective == "all_reduce"
-                by_copies = gather and bool(copy_engines) and copy_engines[0]
-                count = plan.args[0] // self.size if gather else plan.args[0][rank]
-                yield from self._pipelined(rank, w, count, output if input is None else input,
-                                           output, reduce, piece, deadline, chunks, pushers,
-                                           gather, barriers if by_copies else None)
-                sends = recvs = [((2 * chunks + 1) if gather else chunks) * (q != rank)
-                                 for q in range(self.size)]
-                finished = None
-            elif copied and _copied(plan):
+            elif copied and _copied(plan):      # (before the pipelined kernel, as executed)
                 yield from self._copied(rank, w, plan, input, output, piece, deadline,
                                         barriers, copied)
                 sends = recvs = [(copied + 1) * (q != rank) for q in range(self.size)]
+                finished = None
+            elif pipelined and ((plan.collective, plan.algorithm) in PIPELINED or
+                                gathers and _copied(plan)):
+                chunks, pushers, *copy_engines = pipelined
+                gather = plan.collective == "all_reduce"
+                moves = plan.collective if plan.collective in ("all_gather", "all_to_all") \
+                    else None
+                by_copies = gather and bool(copy_engines) and copy_engines[0]
+                count = plan.args[0] // self.size if gather else \
+                    plan.args[0][0][0] if moves == "all_to_all" else plan.args[0][rank]
+                yield from self._pipelined(rank, w, count, output if input is None else input,
+                                           output, reduce, piece, deadline, chunks, pushers,
+                                           gather, barriers if by_copies else None, moves,
+                                           symmetric)
+                sends = recvs = [((2 * chunks + 1) if gather else chunks) * (q != rank)
+                                 for q in range(self.size)]
                 finished = None
             else:
                 program = pushed.lower(plan, eager, lines, seeded and input is not None and
@@ -253,7 +262,7 @@ class Group:
                                     "its block")
 
     def _pipelined(self, rank, w, count, input, output, reduce, piece, deadline, chunks,
-                   pushers, gather=False, barriers=None):
+                   pushers, gather=False, barriers=None, moves=None, symmetric=False):
         """``pipelined_reduce_scatter`` (kernels/cuda_peer.cu) on worker ``w`` of ``rank``:
         worker 0's epoch; a pusher (w < pushers) waits for every peer's epoch of this call,
         then pushes its share of chunk after chunk of every peer's block into that peer's
@@ -270,9 +279,18 @@ class Group:
         chunk k once every reducer of that peer has said so, into the peer's block of
         output, says it has read everything (2 ``chunks`` + 1) and waits until the same
         worker of every peer has. With ``barriers`` (the rank's, ``_barrier``) the copy
-        engines gather instead: ``_copied_gather``."""
+        engines gather instead: ``_copied_gather``.
+
+        ``moves`` ("all_gather" or "all_to_all": kinds 3, 4, of p blocks of ``count``): the
+        slots lie at the staging memory's start too, and nothing is reduced. Worker 0 says
+        where peers' pushes into this rank's output land (``landing``: the output where it
+        is ``symmetric``, else its staging output's slots) before its epoch; a pusher, after
+        each peer's epoch, reads where that peer takes them, and pushes this rank's block for
+        it (an all_gather's whole input, an all_to_all's block q) chunk by chunk there: into
+        its output at this rank's block, or into its slot for this rank; the other workers
+        copy instead of reducing (``_copy_chunks``)."""
         call, size = self.calls[rank], self.size
-        area = self.out if gather else self.scratch
+        area = self.out if gather or moves else self.scratch
         reduced_at = (size - 1) * count
         epoch = pushed.in_place_epoch(call)
 
@@ -287,25 +305,37 @@ class Group:
             return lo, hi
 
         if w == 0:
+            if moves:                          # its PLACE word, before the epoch
+                self.landing[rank] = output if symmetric else self.out[rank]
             self.epoch[rank] = epoch
         if w < pushers:
+            into = {}                          # per peer: where this rank's block goes
             for q in range(size):
-                if q != rank and self.pipelined_waits["epochs"]:
+                if q == rank:
+                    continue
+                if self.pipelined_waits["epochs"]:
                     yield from wait(lambda: self.epoch[q] >= epoch, 0, q, "its epoch")
+                slot = (rank if rank < q else rank - 1) * count
+                into[q] = (area[q], slot)
+                if moves and self.landing[q] is not self.out[q]:    # its symmetric output
+                    into[q] = (self.landing[q], rank * count)
             for k in range(chunks):
                 lo, hi = chunk_share(k, w, pushers)
                 for s in range(1, size):
                     q = (rank + s) % size
-                    slot = rank if rank < q else rank - 1
-                    theirs = area[q]
+                    theirs, at = into[q]
+                    frm = 0 if moves == "all_gather" else q * count
                     for a in range(lo, hi, piece):
                         b = min(hi, a + piece)
-                        theirs[slot * count + a:slot * count + b] = \
-                            input[q * count + a:q * count + b]
+                        theirs[at + a:at + b] = input[frm + a:frm + b]
                         yield
                 for q in range(size):
                     if q != rank:
                         self.delivered[q, rank, w] = self.sent[rank, q] + k + 1
+        elif moves:
+            yield from self._copy_chunks(rank, w, count, input, output, piece, wait, chunks,
+                                         pushers, chunk_share, moves,
+                                         None if symmetric else area[rank])
         else:
             yield from self._reduce_chunks(rank, w, count, input, output, reduce, piece, wait,
                                            chunks, pushers, chunk_share, area[rank], gather,
@@ -317,6 +347,17 @@ class Group:
             yield from self._gather(rank, w, count, output, piece, wait, chunks, pushers,
                                     chunk_share, reduced_at)
 
+    def _pushed(self, rank, k, pushers, wait):
+        """Until every pusher of every peer has said chunk ``k`` (``_pipelined``'s reducers'
+        and copiers' wait before each chunk)."""
+        if not self.pipelined_waits["chunks"]:
+            return
+        for q in range(self.size):
+            for j in range(pushers if q != rank else 0):
+                target = self.received[rank, q] + k + 1
+                yield from wait(lambda: self.delivered[rank, q, j] >= target, 1, q,
+                                "its chunk")
+
     def _reduce_chunks(self, rank, w, count, input, output, reduce, piece, wait, chunks,
                        pushers, chunk_share, scratch, gather, reduced_at):
         """A reducer's part of ``_pipelined``."""
@@ -324,12 +365,7 @@ class Group:
         blocks = [input[rank * count:(rank + 1) * count] if q == rank else
                   scratch[(q if q < rank else q - 1) * count:][:count] for q in range(size)]
         for k in range(chunks):
-            if self.pipelined_waits["chunks"]:
-                for q in range(size):
-                    for j in range(pushers if q != rank else 0):
-                        target = self.received[rank, q] + k + 1
-                        yield from wait(lambda: self.delivered[rank, q, j] >= target, 1, q,
-                                        "its chunk")
+            yield from self._pushed(rank, k, pushers, wait)
             lo, hi = chunk_share(k, w - pushers, self.workers - pushers)
             for a in range(lo, hi, piece):
                 b = min(hi, a + piece)
@@ -350,6 +386,27 @@ class Group:
                 for q in range(size):
                     if q != rank:
                         self.delivered[q, rank, w] = self.sent[rank, q] + chunks + k + 1
+
+    def _copy_chunks(self, rank, w, count, input, output, piece, wait, chunks, pushers,
+                     chunk_share, moves, staged):
+        """A copier's part of ``_pipelined`` in an all_gather or all_to_all (where reducers
+        reduce): for chunk after chunk, once every pusher of every peer has said it, its
+        share of the chunk of every block of output in rank order: each peer's out of its
+        slot in ``staged`` (this rank's staging output; None where the output is symmetric
+        and the peers pushed into it), this rank's own from its input."""
+        size = self.size
+        own = 0 if moves == "all_gather" else rank * count
+        for k in range(chunks):
+            yield from self._pushed(rank, k, pushers, wait)
+            lo, hi = chunk_share(k, w - pushers, self.workers - pushers)
+            for q in range(size):
+                if q != rank and staged is None:
+                    continue
+                src, at = (input, own) if q == rank else (staged, (q - (q > rank)) * count)
+                for a in range(lo, hi, piece):
+                    b = min(hi, a + piece)
+                    output[q * count + a:q * count + b] = src[at + a:at + b]
+                    yield
 
     def _gather(self, rank, w, count, output, piece, wait, chunks, pushers, chunk_share,
                 reduced_at):

@@ -886,14 +886,15 @@ def _pipelined_calls(p, counts, seed, kinds=KINDS):
 
 
 def _run_pipelined(p, counts, seed, workers=4, chunks=3, pushers=2, waits=None, kinds=KINDS,
-                   copy_engines=False):
+                   copy_engines=False, gathers=False, symmetric=()):
     """``copy_engines``: the all_reduces' gather and the direct all_gathers and all_to_alls
-    are the copy engines' (those staged in ``chunks`` chunks)."""
+    are the copy engines' (those staged in ``chunks`` chunks); ``gathers``: else the
+    pipelined kernel's (kinds 3, 4). Ranks in ``symmetric`` pass symmetric outputs."""
     group = Group(p, workers=workers, seed=seed, align=4, staging=1 << 14)
     if waits:
         group.pipelined_waits.update(waits)
     calls, checks = _pipelined_calls(p, counts, seed, kinds)
-    group.run(calls, seeded=True, eager=4, lines=2,
+    group.run(calls, seeded=True, eager=4, lines=2, symmetric=symmetric, gathers=gathers,
               pipelined=(chunks, pushers, copy_engines), copied=chunks if copy_engines else 0)
     return [f"call {i} ({kind}) rank {r}" for i, (kind, want, outs) in enumerate(checks)
             for r in range(p) if not np.array_equal(outs[r], want[r])]
@@ -1002,3 +1003,61 @@ def test_copy_engines_all_gather_and_all_to_all_need_both_of_their_waits(wait, b
                                 kinds=(before, collective), copy_engines=True)
     assert wrong
 
+
+# -- the pipelined kernel's direct all_gather and all_to_all (kinds 3, 4) -------------------
+
+
+MOVES = ("all_gather", "ring all_gather", "all_to_all", "direct all_reduce", "all_to_all",
+         "ring all_to_all", "all_gather", "ring reduce_scatter", "pipelined", "all_to_all",
+         "pipelined all_reduce", "all_gather")
+MOVED_COUNTS = (40, 1, 9, 3, 37, 2, 5, 64, 12, 8, 33, 4, 20)
+
+
+def _moves_run(p, symmetric=()):
+    """Every rank's output right in pipelined all_gathers and all_to_alls between programs
+    and the kernel's other kinds (1, 3, 5 chunks), and back to back."""
+    for seed in range(5):
+        for chunks, pushers in ((1, 1), (3, 2), (5, 3)):
+            wrong = _run_pipelined(p, MOVED_COUNTS, seed, chunks=chunks, pushers=pushers,
+                                   kinds=MOVES, gathers=True, symmetric=symmetric)
+            assert wrong == [], (seed, chunks, pushers, symmetric)
+        for kind in ("all_gather", "all_to_all"):
+            assert _run_pipelined(p, (40, 40, 7, 40), seed, kinds=(kind,), gathers=True,
+                                  symmetric=symmetric) == [], (seed, kind, symmetric)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_pipelined_all_gather_and_all_to_all_alternate_with_programs(p):
+    """Direct all_gathers and all_to_alls run by the pipelined kernel (each rank's block
+    pushed chunk by chunk into every peer's slot for it at the staging memory's start,
+    copied out into the output beside the pushes), every rank's output right, between
+    programs that stage outputs where the slots lie (ring all_gather and all_to_all, direct
+    all_reduce, ring reduce_scatter), the kernel's reduce_scatters and all_reduces, and
+    back to back."""
+    _moves_run(p)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_pipelined_all_gather_and_all_to_all_push_into_symmetric_outputs(p):
+    """Where a rank's output is symmetric (its choice, said in the PLACE word before its
+    epoch) peers push their blocks straight into it and it copies only its own; ranks with
+    staged outputs beside it in the same call still take theirs in their slots: every
+    output right, some ranks symmetric or all of them (the programs between them unstaged
+    there too)."""
+    for symmetric in ({0}, {1, 2} if p >= 3 else {1}, set(range(p))):
+        _moves_run(p, symmetric)
+
+
+@pytest.mark.parametrize("collective", ["all_gather", "all_to_all"])
+@pytest.mark.parametrize("wait", ["epochs", "chunks"])
+def test_pipelined_all_gather_and_all_to_all_need_their_waits(wait, collective):
+    """Without the wait for each peer's epoch a pusher writes into a peer's slot (or its
+    output, where its place of the call before says) while the peer's call before still
+    copies out of it; without the wait for every pusher's word a copier reads a chunk
+    before it is there. Each gives wrong results in some interleaving of back-to-back
+    calls."""
+    wrong = []
+    for seed in range(12):
+        wrong += _run_pipelined(3, (40, 40, 40, 40), seed, waits={wait: False},
+                                kinds=(collective,), gathers=True)
+    assert wrong
