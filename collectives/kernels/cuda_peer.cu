@@ -1170,7 +1170,8 @@ __device__ bool peers_said(const Ctx& c, const u64* received, i64 first, i64 of,
 
    A two_shot all_reduce of p equal blocks runs here too (``kind`` 1, its ``gather``): the
    reducers then store each chunk of the rank's block both in its output and in the rank's
-   staging memory after the p - 1 slots, and say so in their own delivered words (message ``chunks`` + k + 1).
+   staging memory after the p - 1 slots, and say so in their own delivered words (message
+   ``chunks`` + k + 1).
    Once done pushing or reducing, every block reads its share of chunk after chunk of every
    peer's reduced block straight into this rank's output (the caller's memory: nothing
    staged, where the program's pushes land in staging memory and are copied out), each
@@ -1402,10 +1403,10 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
    every rank, ``chunk_bounds`` in the executor) of every piece of ``bytes`` from the
    rank's input into its staging memory and says so to every peer (message k + 1 in its
    delivered word), chunk after chunk; then its share of the rank's own block from the
-   input into the output; the call does not end. The rank writes its staging memory before any word of this call: every peer has
-   ended the call before, and a call of this kernel (or of pipelined_reduce_scatter's
-   gather) ends only once no peer reads the rank's staging memory any more (mode 1); no
-   peer writes it in this call.
+   input into the output; the call does not end. The rank writes its staging memory
+   before any word of this call: every peer has ended the call before, and a call of this
+   kernel (or of pipelined_reduce_scatter's gather) ends only once no peer reads the rank's
+   staging memory any more (mode 1); no peer writes it in this call.
 
    Mode 2 (0, 2, message, blocks), on the caller's stream before the copies of a chunk (one
    block): waits until thread blocks [0, blocks) of every peer have said ``message``.

@@ -27,8 +27,8 @@ between them), smaller ones with thread blocks.
    call; every dtype; every rank's output bitwise right.
 2. Alternation: pipelined calls between program calls of the same group (reduce_scatter
    below the threshold, all_reduce two_shot, all_gather direct, whose output is staged
-   where the all_reduce's reduced block lay; a pipelined all_gather among them), as message tallies, epochs and call numbers
-   must survive, and all_gathers by the copy engines before program all_gathers that
+   where the all_reduce's reduced block lay; a pipelined all_gather among them), as
+   message tallies, epochs and call numbers must survive, and all_gathers by the copy engines before program all_gathers that
    receive where they staged, all_to_alls by them too; every result checked.
 3. A CUDA graph: the pipelined call captured once, replayed with new input each time; and an
    all_reduce gathered by the copy engines (two launches and the copies in one graph), and
