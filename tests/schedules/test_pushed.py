@@ -1009,8 +1009,8 @@ def test_copy_engines_all_gather_and_all_to_all_need_both_of_their_waits(wait, b
 
 MOVES = ("all_gather", "ring all_gather", "all_to_all", "direct all_reduce", "all_to_all",
          "ring all_to_all", "all_gather", "ring reduce_scatter", "pipelined", "all_to_all",
-         "pipelined all_reduce", "all_gather")
-MOVED_COUNTS = (40, 1, 9, 3, 37, 2, 5, 64, 12, 8, 33, 4, 20)
+         "pipelined all_reduce", "all_gather", "pipelined all_reduce in place")
+MOVED_COUNTS = (40, 1, 9, 3, 37, 2, 5, 64, 12, 8, 33, 4, 20, 6)
 
 
 def _moves_run(p, symmetric=()):
@@ -1032,8 +1032,8 @@ def test_pipelined_all_gather_and_all_to_all_alternate_with_programs(p):
     pushed chunk by chunk into every peer's slot for it at the staging memory's start,
     copied out into the output beside the pushes), every rank's output right, between
     programs that stage outputs where the slots lie (ring all_gather and all_to_all, direct
-    all_reduce, ring reduce_scatter), the kernel's reduce_scatters and all_reduces, and
-    back to back."""
+    all_reduce, ring reduce_scatter), the kernel's reduce_scatters and all_reduces (out of
+    place and in place), and back to back."""
     _moves_run(p)
 
 
@@ -1051,13 +1051,15 @@ def test_pipelined_all_gather_and_all_to_all_push_into_symmetric_outputs(p):
 @pytest.mark.parametrize("collective", ["all_gather", "all_to_all"])
 @pytest.mark.parametrize("wait", ["epochs", "chunks"])
 def test_pipelined_all_gather_and_all_to_all_need_their_waits(wait, collective):
-    """Without the wait for each peer's epoch a pusher writes into a peer's slot (or its
-    output, where its place of the call before says) while the peer's call before still
-    copies out of it; without the wait for every pusher's word a copier reads a chunk
-    before it is there. Each gives wrong results in some interleaving of back-to-back
-    calls."""
-    wrong = []
-    for seed in range(12):
-        wrong += _run_pipelined(3, (40, 40, 40, 40), seed, waits={wait: False},
-                                kinds=(collective,), gathers=True)
-    assert wrong
+    """Without the wait for each peer's epoch a pusher writes into a peer's slot while the
+    peer's call before still copies out of it (or, where a peer's output is symmetric, it
+    reads where the peer takes its block before the peer has said it: the place of the
+    call before); without the wait for every pusher's word a copier reads a chunk before it
+    is there. Each gives wrong results in some interleaving of back-to-back calls, outputs
+    staged and one symmetric (one copier, behind three pushers: the pushers run ahead)."""
+    for symmetric in ((), {1}):
+        wrong = []
+        for seed in range(8):
+            wrong += _run_pipelined(3, (40,) * 8, seed, pushers=3, waits={wait: False},
+                                    kinds=(collective,), gathers=True, symmetric=symmetric)
+        assert wrong, symmetric
