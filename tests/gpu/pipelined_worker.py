@@ -28,8 +28,9 @@ between them), smaller ones with thread blocks.
 2. Alternation: pipelined calls between program calls of the same group (reduce_scatter
    below the threshold, all_reduce two_shot, all_gather direct, whose output is staged
    where the all_reduce's reduced block lay; a pipelined all_gather among them), as
-   message tallies, epochs and call numbers must survive, and all_gathers by the copy engines before program all_gathers that
-   receive where they staged, all_to_alls by them too; every result checked.
+   message tallies, epochs and call numbers must survive, and all_gathers by the copy
+   engines before program all_gathers that receive where they staged, all_to_alls by them
+   too; every result checked.
 3. A CUDA graph: the pipelined call captured once, replayed with new input each time; and an
    all_reduce gathered by the copy engines (two launches and the copies in one graph), and
    an all_gather and an all_to_all by them (the side stream's staging and copy of the rank's
@@ -48,6 +49,7 @@ Prints ``RESULT {...}`` per rank (``gpu_jobs.check_results``).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import numpy as np
@@ -189,13 +191,21 @@ def main():
         executor.copy_chunk = 64 << 10
 
     # 1d. pipelined all_gathers and all_to_alls, outputs symmetric on some ranks
-    def forget():
-        """Entries chosen again (a setting of the executor changed), on every rank alike."""
+    @contextlib.contextmanager
+    def pipelined_moves():
+        """The copy engines off for all_gather and all_to_all (so that their large blocks
+        run pipelined), the executor's entries chosen again on entry and on exit, on every
+        rank alike."""
+        kept = dict(executor.copy_engine)
+        executor.copy_engine.update(all_gather=0, all_to_all=0)
         executor._entries.clear()
         group._forget_repeats()
-    copy_engine = dict(executor.copy_engine)
-    executor.copy_engine.update(all_gather=0, all_to_all=0)
-    forget()
+        try:
+            yield
+        finally:
+            executor.copy_engine.update(kept)
+            executor._entries.clear()
+            group._forget_repeats()
     heap = group.symmetric_empty(8 * p * ((1 << 18) + 8), "uint8")
 
     def moved(collective, seed, block, dtype, symmetric, label):
@@ -213,14 +223,13 @@ def main():
             failures.append(f"{label}: ran {sorted(ran_copied(collective, block, dtype))}")
     whose = {"no rank's": lambda r: False, "rank 0's": lambda r: r == 0,
              "odd ranks'": lambda r: r % 2 == 1, "every rank's": lambda r: True}
-    for collective in ("all_gather", "all_to_all"):
-        for seed, dtype in enumerate(("float32", "float16", "int32", "int64")):
-            for block in ((1 << 16) + 3, (1 << 18) + 5):
-                for name, symmetric in whose.items():
-                    moved(collective, 300 + seed, block, dtype, symmetric,
-                          f"{collective} {dtype} {block}, {name} output symmetric")
-    executor.copy_engine.update(copy_engine)
-    forget()
+    with pipelined_moves():
+        for collective in ("all_gather", "all_to_all"):
+            for seed, dtype in enumerate(("float32", "float16", "int32", "int64")):
+                for block in ((1 << 16) + 3, (1 << 18) + 5):
+                    for name, symmetric in whose.items():
+                        moved(collective, 300 + seed, block, dtype, symmetric,
+                              f"{collective} {dtype} {block}, {name} output symmetric")
 
     # 2. pipelined calls between program calls
     for round_ in range(3):
@@ -293,20 +302,17 @@ def main():
         if ran_copied(collective, block, "float32") != {f"copies_{collective}"}:
             failures.append(f"the graph's {collective} did not run with the copy engines")
 
-    executor.copy_engine.update(all_gather=0)
-    forget()
-    src = cupy.zeros(block, cupy.float32)
-    out = heap[:4 * block * p].view(cupy.float32) if rank % 2 == 0 else \
-        cupy.zeros(block * p, cupy.float32)
-    def call():
-        group.prepare("all_gather", input=src, output=out, algorithm="direct")()
-    for replay, inputs in replays(stream, call, src, 3, 95, rank, p):
-        tally.check(f"pipelined all_gather graph replay {replay}", out,
-                    np.concatenate(inputs), bitwise=True)
-    if ran_copied("all_gather", block, "float32") != {"pipelined_all_gather"}:
-        failures.append("the graph's all_gather did not run pipelined")
-    executor.copy_engine.update(copy_engine)
-    forget()
+    with pipelined_moves():
+        src = cupy.zeros(block, cupy.float32)
+        out = heap[:4 * block * p].view(cupy.float32) if rank % 2 == 0 else \
+            cupy.zeros(block * p, cupy.float32)
+        def call():
+            group.prepare("all_gather", input=src, output=out, algorithm="direct")()
+        for replay, inputs in replays(stream, call, src, 3, 95, rank, p):
+            tally.check(f"pipelined all_gather graph replay {replay}", out,
+                        np.concatenate(inputs), bitwise=True)
+        if ran_copied("all_gather", block, "float32") != {"pipelined_all_gather"}:
+            failures.append("the graph's all_gather did not run pipelined")
 
     # 4. large, the default pipeline chunks; copies in chunks of 32 MiB
     peer_executor.PIPELINE_CHUNK_BYTES = 4 << 20
@@ -328,23 +334,20 @@ def main():
                                                                  (rank + 1) * count], p))
     if ran_copied("all_to_all", count, "float32") != {"copies_all_to_all"}:
         failures.append("the large all_to_all did not run with the copy engines")
-    executor.copy_engine.update(all_gather=0, all_to_all=0)
-    forget()
-    big = group.symmetric_empty(count * p, "float32")    # collective: every rank makes it
-    moved_out = big if rank % 2 == 1 else cupy.zeros(count * p, cupy.float32)
-    moved_out.fill(0)
-    group.prepare("all_gather", input=d[:count], output=moved_out, algorithm="direct")()
-    tally.check(f"pipelined all_gather of {p} x 64 MiB", moved_out,
-                np.tile(want[:count], p), bitwise=True)
-    moved_out.fill(0)
-    group.prepare("all_to_all", input=d, output=moved_out, algorithm="direct")()
-    tally.check(f"pipelined all_to_all of {p} x 64 MiB", moved_out,
-                np.tile(want[rank * count:(rank + 1) * count], p), bitwise=True)
-    for collective in ("all_gather", "all_to_all"):
-        if ran_copied(collective, count, "float32") != {f"pipelined_{collective}"}:
-            failures.append(f"the large {collective} did not run pipelined")
-    executor.copy_engine.update(copy_engine)
-    forget()
+    with pipelined_moves():
+        big = group.symmetric_empty(count * p, "float32")   # collective: every rank makes it
+        moved_out = big if rank % 2 == 1 else cupy.zeros(count * p, cupy.float32)
+        moved_out.fill(0)
+        group.prepare("all_gather", input=d[:count], output=moved_out, algorithm="direct")()
+        tally.check(f"pipelined all_gather of {p} x 64 MiB", moved_out,
+                    np.tile(want[:count], p), bitwise=True)
+        moved_out.fill(0)
+        group.prepare("all_to_all", input=d, output=moved_out, algorithm="direct")()
+        tally.check(f"pipelined all_to_all of {p} x 64 MiB", moved_out,
+                    np.tile(want[rank * count:(rank + 1) * count], p), bitwise=True)
+        for collective in ("all_gather", "all_to_all"):
+            if ran_copied(collective, count, "float32") != {f"pipelined_{collective}"}:
+                failures.append(f"the large {collective} did not run pipelined")
 
     # 5. rank 0 never arrives (at a call every rank has made once, so that no rank waits in
     # the growth of the group's memory, which the host side bounds: test_peer_host_side.py)
