@@ -333,8 +333,73 @@ def _mac(secret, role, context, first, second, ident):
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
-def serve_handshake(sock: socket.socket, secret: bytes, context: str, my_ident: int = -1) -> int:
-    """Listener side. Returns the connector's identity; raises AuthenticationError."""
+TAG = 16                        # bytes of HMAC-SHA256 that close every frame after a handshake
+_COUNTER = struct.Struct("<Q")
+
+
+class FrameAuth:
+    """The frames of one authenticated connection, each closed by a tag.
+
+    The handshake proves that both ends hold the secret, but a relay that forwards it
+    untouched would own the connection afterwards; so every frame after it carries
+    HMAC-SHA256(key, counter | frame) cut to ``TAG`` bytes, with one key per direction derived
+    from the secret and the handshake's transcript (both nonces, both identities, the context).
+    A relay knows none of the keys: it can cut the connection but not alter, insert, replay,
+    reorder or drop a frame unseen (the counter of each direction is implicit, so a missing
+    frame fails the next one's tag). Each side calls ``seal`` for the frames it writes and
+    ``begin``/``check`` for the frames it reads, both in wire order."""
+
+    __slots__ = ("_send", "_recv", "sent", "received")
+
+    def __init__(self, send_key: bytes, recv_key: bytes):
+        self._send = hmac.new(send_key, digestmod=hashlib.sha256)
+        self._recv = hmac.new(recv_key, digestmod=hashlib.sha256)
+        self.sent = self.received = 0
+
+    @classmethod
+    def derive(cls, secret, context, transcript: bytes, listener: bool) -> "FrameAuth":
+        def key(direction):
+            return hmac.new(secret, b"frames|" + direction + b"|" + context.encode() + b"|"
+                            + transcript, hashlib.sha256).digest()
+        to_listener, to_connector = key(b"to-listener"), key(b"to-connector")
+        return cls(to_connector, to_listener) if listener else cls(to_listener, to_connector)
+
+    def seal(self, parts) -> memoryview:
+        """The tag of the next frame written, whose bytes are ``parts`` (buffers, in order)."""
+        mac = self._send.copy()
+        mac.update(_COUNTER.pack(self.sent))
+        self.sent += 1
+        for part in parts:
+            mac.update(part)
+        return memoryview(mac.digest()[:TAG])
+
+    def begin(self):
+        """The running MAC of the next frame read: feed it the frame's bytes as they come,
+        then ``check`` it against the tag that follows them."""
+        mac = self._recv.copy()
+        mac.update(_COUNTER.pack(self.received))
+        self.received += 1
+        return mac
+
+    @staticmethod
+    def check(mac, tag) -> bool:
+        return hmac.compare_digest(mac.digest()[:TAG], bytes(tag))
+
+    def authentic(self, frame, tag) -> bool:
+        """Whether ``tag`` closes the next frame read, whose bytes are ``frame``."""
+        mac = self.begin()
+        mac.update(frame)
+        return self.check(mac, tag)
+
+
+def _transcript(nonce_s, nonce_c, ident_c, ident_s) -> bytes:
+    return nonce_s + nonce_c + _IDENT.pack(ident_c) + _IDENT.pack(ident_s)
+
+
+def serve_handshake(sock: socket.socket, secret: bytes, context: str,
+                    my_ident: int = -1) -> tuple[int, FrameAuth]:
+    """Listener side. Returns the connector's identity and the keys of the frames that
+    follow; raises AuthenticationError."""
     nonce_s = os.urandom(NONCE)
     sock.sendall(MAGIC + nonce_s)
     try:
@@ -350,11 +415,14 @@ def serve_handshake(sock: socket.socket, secret: bytes, context: str, my_ident: 
         raise AuthenticationError(f"peer failed the challenge (wrong or missing job secret; "
                                   f"{secret_hint()})")
     sock.sendall(_IDENT.pack(my_ident) + _mac(secret, b"server", context, nonce_c, nonce_s, my_ident))
-    return ident
+    return ident, FrameAuth.derive(secret, context, _transcript(nonce_s, nonce_c, ident, my_ident),
+                                   listener=True)
 
 
-def client_handshake(sock: socket.socket, secret: bytes, context: str, my_ident: int = -1) -> int:
-    """Connector side. Returns the listener's identity; raises AuthenticationError."""
+def client_handshake(sock: socket.socket, secret: bytes, context: str,
+                     my_ident: int = -1) -> tuple[int, FrameAuth]:
+    """Connector side. Returns the listener's identity and the keys of the frames that
+    follow; raises AuthenticationError."""
     try:
         hello = recv_exact(sock, len(MAGIC) + NONCE)
     except (ConnectionError, OSError) as exc:
@@ -375,4 +443,5 @@ def client_handshake(sock: socket.socket, secret: bytes, context: str, my_ident:
     if not hmac.compare_digest(answer[8:], _mac(secret, b"server", context, nonce_c, nonce_s, ident)):
         raise AuthenticationError(f"listener failed the challenge (wrong job secret; "
                                   f"{secret_hint()})")
-    return ident
+    return ident, FrameAuth.derive(secret, context, _transcript(nonce_s, nonce_c, my_ident, ident),
+                                   listener=False)

@@ -126,7 +126,7 @@ def test_malformed_direct_read_frames_fail_the_transport_naming_the_peer(frames,
     store, (t0, t1) = transport_pair()
     try:
         assert t0.cma_peers == [1] and t1.cma_peers == [0]
-        inject(t0, 1, b"".join(frames))
+        inject(t0, 1, frames)
         with pytest.raises(TransportError) as info:
             t1.recv(np.zeros(64, np.uint8), 0, 5, 5)
         assert "rank 0" in str(info.value) and what in str(info.value), str(info.value)

@@ -129,7 +129,7 @@ def test_malformed_shm_frames_fail_the_transport_naming_the_peer(frames, what):
     store, (t0, t1) = transport_pair()
     try:
         assert t0.shm_peers == [1] and t1.shm_peers == [0]
-        inject(t0, 1, b"".join(frames))
+        inject(t0, 1, frames)
         with pytest.raises(TransportError) as info:
             t1.recv(np.zeros(8), 0, 77, 5)
         assert "rank 0" in str(info.value) and what in str(info.value), str(info.value)

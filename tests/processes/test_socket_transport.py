@@ -222,3 +222,42 @@ def _any_source_from_self(transport):
 def test_any_source_receive_matched_by_a_send_to_self_names_this_rank():
     got = run_ranks(2, _any_source_from_self)
     assert got == {0: ("ok", (0, [5.0] * 3)), 1: ("ok", (1, [5.0] * 3))}, got
+
+
+# -- every frame authenticated (two transports in threads of this process) ----------------------
+
+def _data_frame(tag, payload):
+    from collectives.transports.socket import HEADER
+    return HEADER.pack(0, bytes(HEADER.size - 17), tag, len(payload)) + payload
+
+
+def _frames_from_a_relay(t0):
+    """Frames a relay between the ranks could write: one without a tag (it holds no key), one
+    sealed by rank 0 whose payload it then rewrote, and one of rank 0's frames replayed."""
+    payload = np.full(4, 1000.0, np.float32).tobytes()
+    frame = _data_frame(7, np.ones(4, np.float32).tobytes())
+    tag = bytes(t0._peers[1].auth.seal((frame,)))
+    return {
+        "no tag": [_data_frame(7, payload) + bytes(16)],
+        "payload rewritten": [frame[:-16] + payload + tag],
+        "replayed": [frame + tag, frame + tag],
+    }
+
+
+@pytest.mark.parametrize("case", ["no tag", "payload rewritten", "replayed"])
+def test_a_frame_not_sealed_by_the_peer_fails_the_transport(case):
+    from socket_ranks import inject, transport_pair
+    store, (t0, t1) = transport_pair()
+    try:
+        frames = _frames_from_a_relay(t0)[case]
+        inject(t0, 1, frames, sealed=False)
+        got = np.zeros(4, np.float32)
+        with pytest.raises(TransportError) as info:
+            for _ in frames:
+                t1.recv(got, 0, 7, 5)
+                assert got.tolist() == [1.0] * 4      # only rank 0's own frame ever lands
+        assert "from rank 0 failed authentication" in str(info.value), str(info.value)
+    finally:
+        t0.close(timeout=2)
+        t1.close(timeout=2)
+        store.close()

@@ -3,7 +3,10 @@
 Every rank listens on the interface that routes to the master address (loopback when the
 master is local), publishes ``host:port`` in the store, connects to every lower rank and
 accepts every higher one; each connection opens with the job-secret handshake
-(``collectives.auth``) and is refused and logged if it fails. The key is $COLLECTIVES_SECRET
+(``collectives.auth``) and is refused and logged if it fails. The handshake also yields the
+connection's frame keys: every frame after it carries a tag (``auth.FrameAuth``), so a relay
+planted through the store (which need not be authenticated) can forward the handshake but
+neither read the keys nor alter a frame. The key is $COLLECTIVES_SECRET
 or, without it, the per-user secret file (``auth.job_secret``); it never travels in the store:
 a store need not be authenticated (torch's TCPStore, a user's own), and whoever could read it
 would join the mesh. Connections get TCP_NODELAY and a keepalive that notices a dead host in
@@ -28,7 +31,8 @@ SOCKET_BUFFER = settings.SOCKET_BUFFER()   # 0: kernel autotuning
 
 
 def connect(rank, size, store, timeout, refused):
-    """Connect ``rank`` to every other rank of the job. Returns ({peer: socket}, the store
+    """Connect ``rank`` to every other rank of the job. Returns ({peer: (socket, its
+    FrameAuth)}, the store
     namespace of this join, the setup deadline); refused connections are appended to
     ``refused`` (for diagnosis) and logged."""
     generation = store.add(f"collectives/socket/generation/{rank}", 1)
@@ -39,20 +43,20 @@ def connect(rank, size, store, timeout, refused):
     listener = socket.create_server((host, 0), backlog=max(16, size))
     listener.settimeout(0.2)
     lock = threading.Lock()
-    accepted: dict[int, socket.socket] = {}
+    accepted: dict[int, tuple] = {}
     done = threading.Event()
     expected = set(range(rank + 1, size))
 
     def admit(conn, addr):
         try:
             conn.settimeout(5.0)
-            who = serve_handshake(conn, secret, context, rank)
+            who, frames = serve_handshake(conn, secret, context, rank)
             if who not in expected:
                 raise AuthenticationError(f"claims rank {who}, which is not expected here")
             with lock:
                 if who in accepted:
                     raise AuthenticationError(f"rank {who} is already connected")
-                accepted[who] = conn
+                accepted[who] = conn, frames
                 if len(accepted) == len(expected):
                     done.set()
         except (AuthenticationError, OSError) as exc:
@@ -78,14 +82,14 @@ def connect(rank, size, store, timeout, refused):
     store.set(f"{ns}/addr/{rank}", f"{host}:{listener.getsockname()[1]}")
     started = time.monotonic()
     deadline = started + timeout
-    socks: dict[int, socket.socket] = {}
+    socks: dict[int, tuple] = {}
     try:
         for peer in range(rank):
             addr = store_get(store, f"{ns}/addr/{peer}", timeout).decode()
             h, p = addr.rsplit(":", 1)
             sock = dial(h, int(p), rank, peer, deadline)
             try:
-                who = client_handshake(sock, secret, context, rank)
+                who, frames = client_handshake(sock, secret, context, rank)
             except (AuthenticationError, OSError) as exc:
                 sock.close()
                 raise TransportError(f"socket transport rank {rank}: handshake with rank "
@@ -96,7 +100,7 @@ def connect(rank, size, store, timeout, refused):
             if who != peer:
                 raise TransportError(f"socket transport rank {rank}: {addr} answered as "
                                      f"rank {who}, expected {peer}")
-            socks[peer] = sock
+            socks[peer] = sock, frames
         waiting = debug.Waiting(debug.logger(log.name), timeout - (time.monotonic() - started))
         while not done.wait(waiting.step()):
             with lock:
@@ -109,10 +113,10 @@ def connect(rank, size, store, timeout, refused):
     finally:
         done.set()
         listener.close()
-    for peer, sock in accepted.items():
+    for peer, (sock, frames) in accepted.items():
         sock.settimeout(None)
-        socks[peer] = sock
-    for sock in socks.values():
+        socks[peer] = sock, frames
+    for sock, _ in socks.values():
         tune(sock)
     return socks, ns, deadline
 

@@ -124,8 +124,9 @@ class Peer:
     """One connection: its socket, what is being read from it and written to it, and the
     channels negotiated for it."""
 
-    def __init__(self, rank, sock):
+    def __init__(self, rank, sock, auth):
         self.rank, self.sock = rank, sock
+        self.auth = auth              # the tags of every frame each way (auth.FrameAuth)
         self.send_lock = threading.Lock()
         self.queue: collections.deque[Send] = collections.deque()
         self.writing = False          # registered for EVENT_WRITE
@@ -136,6 +137,8 @@ class Peer:
         self.target = None            # view being filled directly
         self.filled = 0
         self.on_filled = None
+        self.mac = None               # the running MAC of the frame being read
+        self.sealed = None            # (mac, on_filled): a payload is in, its tag is next
         # sending, under send_lock: the frame being written, the request it completes, and
         # whether the socket refused bytes (only then is EVENT_WRITE wanted)
         self.out: list[memoryview] = []
@@ -193,8 +196,8 @@ def negotiate(rank, peers, deadline):
     try:
         for peer in peers:
             peer.sock.settimeout(max(1.0, deadline - time.monotonic()))
-            send_setup(peer.sock, identity)
-        theirs = {peer.rank: recv_setup(peer.sock, rank, peer.rank) for peer in peers}
+            send_setup(peer, identity)
+        theirs = {peer.rank: recv_setup(peer, rank) for peer in peers}
         same = [p for p in peers if identity and theirs[p.rank] == identity]
         for peer in same:
             offer = b""
@@ -204,9 +207,9 @@ def negotiate(rank, peers, deadline):
             except (OSError, ValueError) as exc:
                 log.info("socket transport rank %d: no shared memory to rank %d, staying on "
                          "TCP: %s", rank, peer.rank, exc)
-            send_setup(peer.sock, offer)
+            send_setup(peer, offer)
         for peer in same:
-            offer = recv_setup(peer.sock, rank, peer.rank)
+            offer = recv_setup(peer, rank)
             try:
                 if offer:
                     name, size, cookie = offer.decode().split(" ")
@@ -215,9 +218,9 @@ def negotiate(rank, peers, deadline):
             except (OSError, ValueError) as exc:
                 log.info("socket transport rank %d: cannot map rank %d's shared memory, "
                          "staying on TCP: %s", rank, peer.rank, exc)
-            send_setup(peer.sock, b"1" if peer.shm_in is not None else b"0")
+            send_setup(peer, b"1" if peer.shm_in is not None else b"0")
         for peer in same:
-            mapped = recv_setup(peer.sock, rank, peer.rank) == b"1"
+            mapped = recv_setup(peer, rank) == b"1"
             if peer.shm_out is not None:
                 peer.shm_out.unlink()
             if mapped and peer.shm_out is not None and peer.shm_in is not None:
@@ -250,10 +253,10 @@ def _probe_cma(rank, peers):
     offer = f"{os.getpid()} {cma.address(probe)} {probe.tobytes().hex()}".encode() \
         if wanted else b""
     for peer in peers:
-        send_setup(peer.sock, offer)
+        send_setup(peer, offer)
     readable = {}
     for peer in peers:
-        theirs = recv_setup(peer.sock, rank, peer.rank)
+        theirs = recv_setup(peer, rank)
         ok = False
         if wanted and theirs:
             try:
@@ -267,10 +270,10 @@ def _probe_cma(rank, peers):
                          "the shared-memory ring: %s", rank, peer.rank, exc)
         if not ok:
             readable.pop(peer.rank, None)
-        send_setup(peer.sock, b"1" if ok else b"0")
+        send_setup(peer, b"1" if ok else b"0")
     cma_peers = []
     for peer in peers:
-        if recv_setup(peer.sock, rank, peer.rank) == b"1" and peer.rank in readable:
+        if recv_setup(peer, rank) == b"1" and peer.rank in readable:
             peer.cma_pid = readable[peer.rank]
             cma_peers.append(peer.rank)
     del probe

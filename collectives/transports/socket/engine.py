@@ -315,7 +315,7 @@ class Engine:
                 continue               # busy writing: the peer will see our EOF instead
             try:
                 if not peer.out:       # never split another frame
-                    peer.sock.send(frame)
+                    peer.sock.send(frame + peer.auth.seal((frame,)))
             except OSError:
                 pass
             finally:

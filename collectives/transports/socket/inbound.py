@@ -9,7 +9,10 @@ in order; ``irecv(peer=-1)`` takes the first message of that tag from any rank a
 when it belongs to a collective the whole transport, so every rank learns of the mismatch.
 Shared-memory and direct-read frames are checked against the ring's state before anything is
 read: a malformed frame fails the transport naming the peer, and nothing outside the ring is
-ever read or written.
+ever read or written. Every frame's tag (``auth.FrameAuth``) is checked before the frame is
+acted on: a control frame is read whole with its tag first; a payload may land before its tag
+arrives, but its receive completes only once the tag checks, and a tag that fails fails the
+transport.
 
 A mixin of ``SocketTransport``: it uses the transport's ``_lock``, ``_cond``, ``_posted``,
 ``_unexpected``, ``_fail``, ``_notify`` and ``_flush``.
@@ -23,8 +26,9 @@ from ...signature import mismatch
 from ..base import ANY_SOURCE, Request
 from . import cma
 from .channels import STAGE_BYTES, Send
-from .wire import (ABORT, ADDRESS, CMA_ACK, CMA_MSG, DATA, GOODBYE, HEADER, MAX_ABORT_REASON,
-                   MAX_MESSAGE, NO_SIGNATURE, SHM_CREDIT, SHM_KINDS, SHM_MSG)
+from .wire import (ABORT, ADDRESS, CMA_ACK, CMA_MSG, CONTROL_KINDS, DATA, GOODBYE, HEADER,
+                   MAX_ABORT_REASON, MAX_CONTROL, MAX_MESSAGE, NO_SIGNATURE, SHM_CREDIT,
+                   SHM_KINDS, SHM_MSG, TAG, unauthentic)
 
 
 class Recv(Request):
@@ -169,16 +173,17 @@ class Inbound:
                     n = sock.recv_into(peer.target[peer.filled:])
                     if n == 0:
                         return self._eof(peer)
+                    peer.mac.update(peer.target[peer.filled:peer.filled + n])
                     peer.filled += n
                     if peer.filled == peer.target.nbytes:
-                        done, peer.target, peer.filled = peer.on_filled, None, 0
-                        done()
+                        peer.sealed = peer.mac, peer.on_filled     # its tag comes next
+                        peer.target, peer.filled, peer.mac = None, 0, None
                     elif n < want:
                         return         # drained: the selector says when more arrives
                     continue
                 if peer.start == peer.end:
                     peer.start = peer.end = 0
-                elif STAGE_BYTES - peer.end < HEADER.size:
+                elif STAGE_BYTES - peer.end < MAX_CONTROL:
                     left = peer.end - peer.start
                     peer.stage[:left] = peer.stage[peer.start:peer.end]
                     peer.start, peer.end = 0, left
@@ -197,41 +202,65 @@ class Inbound:
     def _parse(self, peer) -> bool:
         """Consume whole frames from the staging buffer; False once the peer is unusable."""
         stage = peer.stage_view
-        while peer.end - peer.start >= HEADER.size:
-            kind, signature, tag, nbytes = HEADER.unpack_from(peer.stage, peer.start)
-            if kind in (CMA_MSG, CMA_ACK):
-                if kind == CMA_MSG and peer.end - peer.start < HEADER.size + ADDRESS.size:
-                    return True            # the address is still on its way
-                peer.start += HEADER.size
-                if not self._on_cma_frame(peer, kind, tag, nbytes, signature):
+        while True:
+            start, avail = peer.start, peer.end - peer.start
+            if peer.sealed is not None:            # a payload is in: its tag closes the frame
+                if avail < TAG:
+                    return True
+                (mac, on_filled), peer.sealed = peer.sealed, None
+                peer.start += TAG
+                if not peer.auth.check(mac, stage[start:start + TAG]):
+                    return self._unauthentic(peer)
+                on_filled()
+                continue
+            if avail < HEADER.size:
+                return True
+            kind, signature, tag, nbytes = HEADER.unpack_from(peer.stage, start)
+            if kind in CONTROL_KINDS:
+                size = HEADER.size + (ADDRESS.size if kind == CMA_MSG else 0)
+                if avail < size + TAG:
+                    return True            # the rest of the frame is still on its way
+                if not peer.auth.authentic(stage[start:start + size],
+                                           stage[start + size:start + size + TAG]):
+                    return self._unauthentic(peer)
+                peer.start += size + TAG
+                if kind == GOODBYE:
+                    self._goodbye(peer)
+                    return False
+                if kind in SHM_KINDS:
+                    ok = self._on_shm_frame(peer, kind, tag, nbytes, signature)
+                else:
+                    where = ADDRESS.unpack_from(peer.stage, start + HEADER.size)[0] \
+                        if kind == CMA_MSG else 0
+                    ok = self._on_cma_frame(peer, kind, tag, nbytes, signature, where)
+                if not ok:
                     return False
                 continue
-            if kind in SHM_KINDS:
-                peer.start += HEADER.size
-                if not self._on_shm_frame(peer, kind, tag, nbytes, signature):
-                    return False
-                continue
-            if kind not in (DATA, ABORT, GOODBYE) or nbytes > MAX_MESSAGE or (
+            if kind not in (DATA, ABORT) or nbytes > MAX_MESSAGE or (
                     kind == ABORT and nbytes > MAX_ABORT_REASON) or (
                     kind == DATA and peer.shm_msg is not None):
                 self._fail(peer.rank, f"rank {peer.rank} sent a malformed frame (kind {kind}, "
                                       f"{nbytes} bytes)")
                 return False
+            mac = peer.auth.begin()
+            mac.update(stage[start:start + HEADER.size])
             peer.start += HEADER.size
-            if kind == GOODBYE:
-                self._goodbye(peer)
-                return False
             target, on_filled = self._land(peer, kind, tag, nbytes, signature)
             take = min(peer.end - peer.start, nbytes)
             if take:
-                target[:take] = stage[peer.start:peer.start + take]
+                piece = stage[peer.start:peer.start + take]
+                target[:take] = piece
+                mac.update(piece)
                 peer.start += take
             if take == nbytes:
-                on_filled()
+                peer.sealed = mac, on_filled
                 continue
-            peer.target, peer.filled, peer.on_filled = target, take, on_filled
+            peer.target, peer.filled, peer.on_filled, peer.mac = target, take, on_filled, mac
             return True
-        return True
+
+    def _unauthentic(self, peer) -> bool:
+        self._fail(peer.rank, unauthentic(self.rank, peer.rank))
+        return False
 
     def _land(self, peer, kind, tag, nbytes, signature):
         """Where the payload of a new frame goes, and what to do once it is in."""
@@ -294,7 +323,7 @@ class Inbound:
             msg[2]()
         return True
 
-    def _on_cma_frame(self, peer, kind, tag, n, signature) -> bool:
+    def _on_cma_frame(self, peer, kind, tag, n, signature, where) -> bool:
         """Read an announced message straight out of the peer's memory into its receive, then
         owe it an acknowledgement; or complete our acknowledged sends. False (transport
         failed, naming the peer) on a frame that does not fit."""
@@ -313,8 +342,6 @@ class Inbound:
                     req.done = True
                 self._notify()
             return True
-        (where,) = ADDRESS.unpack_from(peer.stage, peer.start)
-        peer.start += ADDRESS.size
         if peer.cma_pid is None or peer.shm_msg is not None or not 0 < n <= MAX_MESSAGE:
             return self._malformed(peer, f"direct-read announcement of {n} bytes (tag {tag})")
         target, on_filled = self._land(peer, DATA, tag, n, signature)

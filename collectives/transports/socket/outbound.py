@@ -5,7 +5,9 @@ the socket (and the shared-memory ring) take (``sendmsg`` of header and payload,
 concatenation); the progress engine's token holder writes the rest when the socket drains or
 credit comes back, so a send never blocks. Frames of one peer go out whole and in order;
 credit and acknowledgement frames go out at any frame boundary, even between the chunks of a
-message, so two ranks streaming to each other never wait on each other's credit.
+message, so two ranks streaming to each other never wait on each other's credit. Each frame
+is closed by its tag (``auth.FrameAuth.seal``) where it is queued to the socket, under the
+peer's send lock, so the tags' counter follows the order of the wire.
 
 A mixin of ``SocketTransport``: it uses the transport's ``_cond``, ``_failure``, ``_fail``,
 ``_notify``, ``_wake`` and ``_register`` (``engine.py``).
@@ -59,11 +61,13 @@ class Outbound:
                             finished += 1
                     continue
                 if peer.acks_owed:
-                    out.append(header(CMA_ACK, 0, peer.acks_owed))
+                    frame = header(CMA_ACK, 0, peer.acks_owed)
+                    out += (frame, peer.auth.seal((frame,)))
                     peer.acks_owed = 0
                     continue
                 if peer.credit_owed:
-                    out.append(header(SHM_CREDIT, 0, peer.credit_owed))
+                    frame = header(SHM_CREDIT, 0, peer.credit_owed)
+                    out += (frame, peer.auth.seal((frame,)))
                     peer.credit_owed = 0
                     continue
                 if not peer.queue:
@@ -74,6 +78,7 @@ class Outbound:
                     break              # the ring is full: the reader's credit resumes us
                 frames, last = step
                 out.extend(frames)
+                out.append(peer.auth.seal(frames))
                 if last:
                     peer.out_req = req
             peer.blocked = False

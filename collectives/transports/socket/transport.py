@@ -93,7 +93,7 @@ class SocketTransport(Inbound, Outbound, Engine, Transport):
         socks, ns, deadline = bootstrap.connect(self.rank, self.size, store, self.timeout,
                                                 self.refused)
         for peer in sorted(socks):
-            self._peers[peer] = channels.Peer(peer, socks[peer])
+            self._peers[peer] = channels.Peer(peer, *socks[peer])
         self.shm_peers, self.cma_peers = channels.negotiate(
             self.rank, [self._peers[r] for r in sorted(self._peers)], deadline)
         self._choose_segments(store, ns)

@@ -1,7 +1,9 @@
 """What travels on a socket transport connection: frame kinds, the header, the limits.
 
-A frame is a 24-byte header (kind, the call's signature, tag, nbytes) and, for DATA and ABORT,
-``nbytes`` of payload. The signature (``collectives/signature.py``) lets a receive refuse a
+A frame is a 24-byte header (kind, the call's signature, tag, nbytes), for DATA and ABORT
+``nbytes`` of payload (for CMA_MSG an 8-byte address), and a 16-byte tag that authenticates
+all of it (``auth.FrameAuth``: keys from the connection's handshake, an implicit counter per
+direction); a frame is acted on only once its tag checks. The signature (``collectives/signature.py``) lets a receive refuse a
 message of another call; internal frames carry ``signature.NONE``. The same header opens the
 setup frames that pairs exchange on blocking sockets before the progress engine starts.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 import struct
 
 from ... import settings, signature
+from ...auth import TAG
 from ...errors import TransportError
 
 # kind, the call's signature, tag (or a ring offset), nbytes
@@ -26,6 +29,9 @@ SHM_KINDS = (SHM_MSG, SHM_CHUNK, SHM_CREDIT)
 # completes the sender's oldest CMA sends to that peer.
 CMA_MSG, CMA_ACK = 7, 8
 ADDRESS = struct.Struct("<Q")
+# Frames without a payload: read whole (with their tag) from the staging buffer.
+CONTROL_KINDS = frozenset((GOODBYE, SHM_MSG, SHM_CHUNK, SHM_CREDIT, CMA_MSG, CMA_ACK))
+MAX_CONTROL = HEADER.size + ADDRESS.size + TAG
 MAX_SETUP_FRAME = 4096
 MAX_MESSAGE = settings.SOCKET_MAX_MESSAGE()
 MAX_ABORT_REASON = 4096
@@ -36,18 +42,30 @@ def header(kind, tag, nbytes, sig=NO_SIGNATURE) -> memoryview:
     return memoryview(HEADER.pack(kind, sig, tag, nbytes))
 
 
-def send_setup(sock, payload: bytes):
-    """One setup frame on a blocking socket."""
-    sock.sendall(HEADER.pack(SHM_SETUP, NO_SIGNATURE, 0, len(payload)) + payload)
+def send_setup(peer, payload: bytes):
+    """One setup frame to ``peer`` (a ``channels.Peer``) on its blocking socket."""
+    frame = HEADER.pack(SHM_SETUP, NO_SIGNATURE, 0, len(payload)) + payload
+    peer.sock.sendall(frame + peer.auth.seal((frame,)))
 
 
-def recv_setup(sock, rank, peer) -> bytes:
-    """The payload of the next setup frame from ``peer``; anything else fails the setup."""
-    kind, _, _, nbytes = HEADER.unpack(recv_exact(sock, HEADER.size))
+def recv_setup(peer, rank) -> bytes:
+    """The payload of the next setup frame from ``peer``; anything else, or a frame whose
+    tag does not check, fails the setup."""
+    head = recv_exact(peer.sock, HEADER.size)
+    kind, _, _, nbytes = HEADER.unpack(head)
     if kind != SHM_SETUP or nbytes > MAX_SETUP_FRAME:
-        raise TransportError(f"socket transport rank {rank}: rank {peer} sent a "
+        raise TransportError(f"socket transport rank {rank}: rank {peer.rank} sent a "
                              f"malformed setup frame (kind {kind}, {nbytes} bytes)")
-    return recv_exact(sock, nbytes)
+    payload = recv_exact(peer.sock, nbytes)
+    if not peer.auth.authentic(head + payload, recv_exact(peer.sock, TAG)):
+        raise TransportError(unauthentic(rank, peer.rank))
+    return payload
+
+
+def unauthentic(rank, peer) -> str:
+    return (f"socket transport rank {rank}: a frame from rank {peer} failed authentication: "
+            f"the connection was altered in transit (a relay or injection between the ranks), "
+            f"not sent by a rank of this job")
 
 
 def recv_exact(sock, nbytes: int) -> bytes:
