@@ -34,6 +34,7 @@ from .errors import CollectiveError
 from . import executors
 from .kernels.reduce import BFLOAT16, check_op, fast_reducer, finish_average, reducer
 from .ops import REDUCING, ReduceOp
+from .store.base import timeout_seconds
 
 ENV_ALGORITHM = settings.ALGORITHM.name
 # steps merged into windows of this many (transforms.windowed); 1 = off
@@ -65,7 +66,9 @@ class ProcessGroup:
                  ranks=None, name: str = ""):
         self.transport = transport
         self.backend = backend
-        self.timeout = timeout
+        # seconds, None for no deadline (what every executor and transport wait takes)
+        self.timeout = timeout_seconds(timeout, f"process group {name or group_id} on rank "
+                                                f"{transport.rank}")
         self.group_id = group_id
         self.ranks = list(range(transport.size)) if ranks is None else list(ranks)
         self.name = name
@@ -320,8 +323,10 @@ class ProcessGroup:
     # -- the one entry point ---------------------------------------------------------------
 
     def prepare(self, collective: str, *, input=None, output=None, counts=None, root: int = 0,
-                op=ReduceOp.SUM, algorithm: str | None = None, timeout: float | None = None):
-        """Validate a call and return ``run()`` that performs it. Nothing moves before run()."""
+                op=ReduceOp.SUM, algorithm: str | None = None, timeout=None):
+        """Validate a call and return ``run()`` that performs it. Nothing moves before run().
+        ``timeout``: None, the group's; else seconds or a timedelta, as ``timeout_seconds``
+        reads it (inf: no deadline; NaN or negative: ValueError)."""
         lane = self._lane
         if lane is not None:        # a shape seen before, on the executor's compiled path
             run = lane.prepare(self, collective, input, output, counts, root, op, algorithm,
@@ -353,6 +358,9 @@ class ProcessGroup:
             known = self._repeats.get(key) if key is not None else None
         except TypeError:           # something in it cannot be hashed: the full path
             key = known = None
+        # the compiled lane skips this check: it only finds keys remembered after it passed
+        deadline = self.timeout if timeout is None else \
+            timeout_seconds(timeout, f"{collective} on rank {self.rank}")
         if known is not None:
             array = self._array_type
             if not (_plain(input, array, False) and _plain(output, array, True)):
@@ -379,7 +387,6 @@ class ProcessGroup:
         self._check_sizes(collective, input, output, n_in, n_out, root)
         nbytes = 0 if data is None else call_size(collective, counts, self.size) * data.itemsize
         name = self.resolve_algorithm(collective, algorithm, nbytes)
-        deadline = self.timeout if timeout is None else timeout
         check = self._call_check(collective, name, dtype, counts, root, op, deadline)
         tag = self.next_tag()
         if name == NATIVE:

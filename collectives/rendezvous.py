@@ -42,6 +42,7 @@ from . import debug, settings
 from .auth import warn_if_remote
 from .errors import CollectiveTimeout
 from .store import FileStore, Store, StoreError, StoreGone, StoreTimeout, TCPStore
+from .store.base import timeout_seconds
 
 TORCH_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"       # torchrun's, written True/False
 AGENT_STORE_ENV = (settings.USE_AGENT_STORE.name, TORCH_AGENT_STORE)
@@ -252,7 +253,7 @@ def rendezvous(init_method: str | None = None, rank: int | None = None,
                world_size: int | None = None, timeout=timedelta(minutes=30),
                store: Store | None = None):
     """Return ``(store, rank, world_size)``; the store is shared by every rank of the job."""
-    timeout = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    timeout = timeout_seconds(timeout, "rendezvous")
     if store is not None:
         if init_method is not None:
             raise ValueError("rendezvous: give either init_method or store, not both")

@@ -12,9 +12,10 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-from datetime import timedelta
 
 import numpy as np
+
+from .store.base import _FOREVER_S, timeout_seconds
 
 NOT_INITIALIZED = ("Default process group has not been initialized, please make sure to call "
                    "init_process_group.")
@@ -129,13 +130,22 @@ def _is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def seconds(timeout) -> float | None:
-    """torch passes timedelta; plain numbers are seconds."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, timedelta):
-        return timeout.total_seconds()
-    return float(timeout)
+def seconds(timeout, operation: str = "timeout") -> float | None:
+    """A timeout (a timedelta, as torch passes, or seconds) as seconds; None: no deadline.
+
+    The stores' rule (``store.base.timeout_seconds``), so that a value means one thing on
+    every rank and in every layer: None, inf, ``timedelta.max`` and any finite value too large
+    for a lock's or socket's wait are no deadline; NaN and negative values are ValueError,
+    other types TypeError, naming ``operation``, raised before anything moves.
+    """
+    return timeout_seconds(timeout, operation)
+
+
+def setup_seconds(limit: float | None) -> float:
+    """``limit`` (from ``seconds``) as a transport's set-up bound: set-ups add it to clocks
+    and give it to sockets, so no deadline is the stores' "forever" (about 31 years), a number
+    each of them takes."""
+    return _FOREVER_S if limit is None else limit
 
 
 # -- how this process is leaving --------------------------------------------------------------

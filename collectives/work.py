@@ -112,7 +112,7 @@ class Work:
             self._finish()
 
     def wait(self, timeout=None) -> bool:
-        limit = seconds(timeout)
+        limit = seconds(timeout, "Work.wait")
         if self._requests is not None:
             self._drive(limit)
         elif not self._future._event.wait(limit):

@@ -13,7 +13,7 @@ from torch.futures import Future as _TorchFuture
 
 from .. import sparse, tensors, transports, work as _work
 from ..group import ProcessGroup
-from ..state import seconds as _seconds
+from ..state import seconds as _seconds, setup_seconds as _setup_seconds
 from ..transports.subgroup import SubgroupTransport
 from .calls import (BACKEND, GPU_TRANSPORT, LANE_ID, TRANSPORT, _Checks, _in_order, _on_device,
                     _tensors_in)
@@ -31,10 +31,10 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
                  global_ranks=None):
         super().__init__(rank, size)      # (store, rank, size) makes no Python subclass in torch 2.13
         self._group_name, self._group_desc = group_name, ""
-        limit = _seconds(timeout)
+        limit = _seconds(timeout, f"{BACKEND} process group on rank {rank}")
         self._store = _TorchStore(store, limit)
         transport = transports.create(TRANSPORT, rank=rank, world_size=size,
-                                      store=self._store, timeout=limit)
+                                      store=self._store, timeout=_setup_seconds(limit))
         group_id = next(_group_ids)
         ranks = list(global_ranks) if global_ranks else None
         self._main = ProcessGroup(transport, backend=BACKEND, timeout=limit, group_id=group_id,
@@ -84,7 +84,7 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
                                f"{GPU_TRANSPORT} transport, which is not usable here: {why}")
         transport = transports.module(GPU_TRANSPORT).create(
             rank=self._main.rank, world_size=self._main.size, store=self._store,
-            timeout=self._main.timeout, device=device.index)
+            timeout=_setup_seconds(self._main.timeout), device=device.index)
         try:
             self._gpu = ProcessGroup(transport, **self._gpu_args)
         except BaseException:

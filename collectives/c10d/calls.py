@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from .. import tensors
 from ..ops import ReduceOp
-from ..state import seconds as _seconds
+from .work import torch_seconds
 
 BACKEND = "collectives"
 TRANSPORT = "socket"
@@ -117,8 +117,7 @@ class _Checks:
     @staticmethod
     def _timeout(opts):
         """The call's own timeout (torch's opts.timeout), else None: the group's."""
-        limit = _seconds(getattr(opts, "timeout", None))
-        return limit if limit is not None and limit > 0 else None
+        return torch_seconds(getattr(opts, "timeout", None))
 
 
     def _pairs(self, outputs, inputs, operation):

@@ -9,8 +9,6 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch.futures import Future as _TorchFuture
 
-from ..state import seconds as _seconds
-
 
 _callbacks = threading.local()      # .depth: how many Future callbacks this thread is inside
 
@@ -79,10 +77,15 @@ class _Completions:
             self._thread.join()
 
 
-def _wait_limit(timeout):
-    """torch's Work.wait takes a timedelta; zero (its default, also from C++) is no limit."""
-    limit = _seconds(timeout)
-    return None if limit is None or limit <= 0 else limit
+def torch_seconds(timeout) -> float | None:
+    """A timeout in torch's conventions as seconds, None where it sets none of its own: zero
+    (Work.wait's default, also from C++) and negative ones (the options' unset, -1 ms). What
+    is left reaches the group or our Work.wait, which apply the package's timeout rule (a
+    huge value is no deadline)."""
+    if timeout is None:
+        return None
+    limit = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    return limit if limit > 0 else None
 
 
 class Work(dist._Work):
@@ -155,7 +158,7 @@ class Work(dist._Work):
             if self._done is not None:
                 self._future.wait()         # the current stream waits for the collective
             return True
-        self._wait_ours(_wait_limit(timeout))
+        self._wait_ours(torch_seconds(timeout))
         if self._ours._requests is not None or (self._completions is not None
                                                 and self._completions.is_current()):
             # p2p, or a Future callback waiting for another operation whose completion is

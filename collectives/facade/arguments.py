@@ -7,7 +7,6 @@ import time as _time
 
 from .. import state, tensors, work as _work
 from ..errors import TIMED_OUT, CollectiveTimeout
-from ..state import seconds as _seconds
 
 
 def _group(group, operation):
@@ -19,11 +18,12 @@ def _issue(pg, collective, async_op, result, *, split=None, operation=None, algo
     """The end of every collective, once its arguments are checked: one ``prepare`` of the
     group, run now or queued on the group's worker (a Work if ``async_op``).
 
-    ``timeout`` (seconds or a timedelta) bounds this call's waits instead of the group's
-    timeout; None keeps the group's. ``split`` = (whole, parts): after the run, the gathered
+    ``timeout`` (seconds or a timedelta; inf: no deadline) bounds this call's waits instead of
+    the group's timeout; None keeps the group's. The group checks it (NaN or negative: a
+    ValueError before anything moves). ``split`` = (whole, parts): after the run, the gathered
     buffer is copied into the caller's tensors. A barrier's timeout is told in torch's words,
     naming ``operation`` (default: the collective). ``result``: the tensors the Work holds."""
-    run = pg.prepare(collective, algorithm=algorithm, timeout=_seconds(timeout), **buffers)
+    run = pg.prepare(collective, algorithm=algorithm, timeout=timeout, **buffers)
     if split is not None:
         run = _work.then(run, tensors.split_into, *split)
     if collective == "barrier":

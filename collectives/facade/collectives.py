@@ -5,7 +5,6 @@ from __future__ import annotations
 from .. import sparse, state, tensors, work as _work
 from .. import tensors as _tensors     # for functions whose torch parameter is named "tensors"
 from ..ops import ReduceOp, check_complex as _check_complex
-from ..state import seconds as _seconds
 from .arguments import (_all_to_all_counts, _check_outputs, _check_same_dtype, _group, _issue,
                         _real_views, _rooted_list, _splits)
 
@@ -58,7 +57,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False,
     if pg is None:
         return None
     if tensors.is_sparse_coo(tensor):
-        run = sparse.all_reduce(pg, tensor, op, _seconds(timeout))
+        run = sparse.all_reduce(pg, tensor, op, timeout)
         return _work.call(pg, run, async_op, [tensor])
     buf = tensors.flat(tensor, "all_reduce", pg.rank)
     _check_complex(op, buf.dtype, "all_reduce", pg.rank)

@@ -89,8 +89,8 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
 
     Args:
         ranks (list[int], optional): global ranks of the subgroup; None: every rank.
-        timeout (float or timedelta, optional): the subgroup's timeout; None: the default
-            group's.
+        timeout (float or timedelta, optional): the subgroup's timeout (inf: no deadline;
+            NaN or negative: ValueError); None: the default group's.
         group_desc (str, optional): the subgroup's name in messages.
         backend, pg_options, use_local_synchronization: accepted for torch's signature.
 
@@ -99,6 +99,9 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
     """
     world = state.world()
     size = world.default.size
+    # checked on members and non-members alike, before the group id is taken
+    limit = world.timeout if timeout is None else \
+        _seconds(timeout, f"new_group on rank {world.default.rank}")
     ranks = list(range(size)) if ranks is None else sorted(int(r) for r in ranks)
     for r in ranks:
         if not 0 <= r < size:
@@ -113,7 +116,6 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
     if world.default.rank not in ranks:
         return GroupMember.NON_GROUP_MEMBER
     transport = _subgroup_transport(world.transport, ranks, group_id)
-    limit = world.timeout if timeout is None else _seconds(timeout)
     pg = ProcessGroup(transport, backend=world.backend, timeout=limit, group_id=group_id,
                       ranks=ranks, name=group_desc or f"group{group_id}")
     world.groups.append(pg)

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from .. import state, transports, work as _work
 from ..group import ProcessGroup
-from ..state import GroupMember, seconds as _seconds
+from ..state import GroupMember, seconds as _seconds, setup_seconds as _setup_seconds
 from ..transports import mpi as _mpi_transport
 from ..transports.mpi_exit import ABORT_GRACE_SECONDS
 
@@ -108,7 +108,10 @@ def _backend_name(backend, init_method, store) -> str:
     return Backend(name.strip())
 
 
-def init_process_group(backend=None, init_method=None, timeout=timedelta(minutes=30),
+_DEFAULT_TIMEOUT = timedelta(minutes=30)          # torch's default for gloo
+
+
+def init_process_group(backend=None, init_method=None, timeout=_DEFAULT_TIMEOUT,
                        world_size=-1, rank=-1, store=None, group_name="", pg_options=None,
                        device_id=None):
     """Initialize the default process group: join the job.
@@ -123,8 +126,10 @@ def init_process_group(backend=None, init_method=None, timeout=timedelta(minutes
         backend (str or Backend, optional): mpi, socket (gloo), nccl or local; torch's
             "cpu:gloo,cuda:nccl" picks the CPU entry; None: mpi under mpiexec, else socket.
         init_method (str, optional): a URL: env://, tcp://host:port or file://path.
-        timeout (timedelta, optional): bounds the wait for every rank to arrive and each
-            collective of the default group (30 minutes, as in torch).
+        timeout (timedelta or seconds, optional): bounds the wait for every rank to arrive
+            and each collective of the default group (30 minutes, as in torch; None too);
+            inf, ``timedelta.max`` or any huge value: no deadline; NaN or negative:
+            ValueError, before this rank contacts any other.
         world_size (int, optional): number of ranks; -1: from the environment or MPI.
         rank (int, optional): this process's rank; -1: from the environment or MPI.
         store (Store, optional): a store all ranks reach; for ``local``, the LocalWorld.
@@ -136,18 +141,22 @@ def init_process_group(backend=None, init_method=None, timeout=timedelta(minutes
     """
     if state.current() is not None:
         raise ValueError("trying to initialize the default process group twice!")
-    name, limit = _backend_name(backend, init_method, store), _seconds(timeout)
+    if timeout is None:                 # torch's None: the default timeout
+        timeout = _DEFAULT_TIMEOUT
+    limit = _seconds(timeout, "init_process_group")
+    setup = _setup_seconds(limit)
+    name = _backend_name(backend, init_method, store)
     made = None
     if name == LOCAL:
         transport = _local_transport(store, rank, world_size)
     elif name == Backend.MPI:
-        transport = transports.create("mpi", rank=rank, world_size=world_size, timeout=limit)
+        transport = transports.create("mpi", rank=rank, world_size=world_size, timeout=setup)
         _abort_job_on_uncaught_exception(transport)
         _end_job_when_a_rank_leaves(transport)
     elif name == Backend.NCCL and init_method is None and store is None and _mpi_rendezvous():
         from ..transports.mpi import world_rank_and_size
         rank, world_size = world_rank_and_size(rank, world_size, "init_process_group('nccl')")
-        transport = transports.create(name, rank=rank, world_size=world_size, timeout=limit)
+        transport = transports.create(name, rank=rank, world_size=world_size, timeout=setup)
     else:
         from ..rendezvous import arrive, rendezvous
         made = store is None
@@ -155,7 +164,7 @@ def init_process_group(backend=None, init_method=None, timeout=timedelta(minutes
         try:
             arrive(store, rank, world_size, limit)
             transport = transports.create(name, rank=rank, world_size=world_size, store=store,
-                                          timeout=limit)
+                                          timeout=setup)
         except BaseException:
             if made:
                 store.close()

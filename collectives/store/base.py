@@ -29,12 +29,14 @@ class StoreTimeout(CollectiveTimeout):
     """A blocking store call ran out of time; the message names the missing keys."""
 
 
-def _seconds(timeout, operation: str = "store") -> float | None:
+def timeout_seconds(timeout, operation: str = "timeout") -> float | None:
     """A timeout (timedelta or seconds) as seconds, or None for no deadline.
 
     None, inf, ``timedelta.max`` and anything from ``_FOREVER_S`` up are no deadline. NaN and
     negative values raise ValueError, anything else TypeError, both naming ``operation``: they
-    are caught here, before a request is sent, not in a server thread.
+    are caught here, before a request is sent, not in a server thread. The one rule for every
+    timeout of the package: the collectives, groups and Work.wait apply it too, so a value
+    means the same on every rank and in every layer.
     """
     if timeout is None:
         return None
@@ -144,14 +146,14 @@ class Store:
     """torch.distributed.Store's methods over ``self._table``-like primitives."""
 
     def __init__(self, timeout=DEFAULT_TIMEOUT):
-        self._timeout = _seconds(timeout, f"{type(self).__name__}()")
+        self._timeout = timeout_seconds(timeout, f"{type(self).__name__}()")
 
     @property
     def timeout(self) -> timedelta:
         return timedelta(seconds=self._timeout if self._timeout is not None else _FOREVER_S)
 
     def set_timeout(self, timeout) -> None:
-        self._timeout = _seconds(timeout, f"{self._describe()}.set_timeout")
+        self._timeout = timeout_seconds(timeout, f"{self._describe()}.set_timeout")
 
     def _describe(self) -> str:
         return type(self).__name__
@@ -180,7 +182,7 @@ class Store:
         if timeout is None:
             seconds = self._timeout
         else:
-            seconds = _seconds(timeout, f"{self._describe()}.wait")
+            seconds = timeout_seconds(timeout, f"{self._describe()}.wait")
         missing = self._wait(keys, seconds)
         if missing:
             self._timed_out("wait", missing, seconds)
