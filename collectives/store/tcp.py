@@ -14,6 +14,11 @@ from .wire import _LEN, _OPS, _ERROR, _STORE_CONTEXT, _TIMEOUT, _pack, _read_fra
 
 _HELLO_WAIT = 30.0              # s a client waits for the challenge before it reconnects
 _AUTH_ATTEMPTS = 3              # handshake failures before a client calls it a wrong secret
+# Idle connections a client keeps for its next calls: its main thread's and one other's
+# (c10d's, a heartbeat). More concurrent callers open one each and close it after the call,
+# so the server's connection budget (CLIENTS_PER_RANK per rank) holds however many threads
+# use the client.
+_IDLE_KEPT = 2
 
 
 class TCPStore(Store):
@@ -22,6 +27,11 @@ class TCPStore(Store):
     ``port=0`` with ``is_master`` picks a free port (read it back from ``.port``). Clients
     retry the connection until the timeout, so start order does not matter. ``secret``
     defaults to $COLLECTIVES_SECRET. The server listens on ``host_name``'s interface only.
+
+    Threads: each call takes a connection no other call is using (an idle one, else a new
+    one) for its one round trip, so a ``get`` blocked in one thread never stalls another.
+    A client holds as many connections as calls run at once, and keeps ``_IDLE_KEPT`` of
+    them between calls, however many threads come and go.
     """
 
     def __init__(self, host_name: str, port: int, world_size: int | None = None,
@@ -32,9 +42,10 @@ class TCPStore(Store):
         self._secret = job_secret(secret)
         self._server = None
         self._lock = threading.Lock()
-        self._local = threading.local()
-        self._socks: list[socket.socket] = []
+        self._idle: list[socket.socket] = []      # open, and no call is using them
+        self._socks: set[socket.socket] = set()   # every open connection (close() ends them)
         self._closed = False
+        self._gone = None           # why the server is known gone: later calls fail at once
         if is_master:
             self._server = _StoreServer(host_name, int(port), self._secret, world_size)
             port = self._server.port
@@ -95,17 +106,40 @@ class TCPStore(Store):
             time.sleep(pause if deadline is None else min(pause, deadline - time.monotonic()))
             pause = min(pause * 2, 0.5)
 
+    def _take(self) -> socket.socket:
+        """A connection for one call: an idle one, else a new one."""
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"{self._describe()} is closed")
+            if self._gone is not None:
+                raise StoreGone(self._gone)
+            if self._idle:
+                return self._idle.pop()
+        sock = self._connect()
+        with self._lock:
+            if not self._closed:
+                self._socks.add(sock)
+                return sock
+        sock.close()
+        raise StoreError(f"{self._describe()} is closed")
+
+    def _put_back(self, sock, reusable: bool) -> None:
+        """After a call: kept for the next one, or closed (a broken or interrupted connection
+        may still carry a late reply; beyond _IDLE_KEPT idle ones it is not needed)."""
+        with self._lock:
+            keep = reusable and not self._closed and len(self._idle) < _IDLE_KEPT
+            if keep:
+                self._idle.append(sock)
+            else:
+                self._socks.discard(sock)
+        if not keep:
+            sock.close()
+
     def _conn(self) -> socket.socket:
-        """This thread's connection: a blocking get in one thread never stalls another."""
-        sock = getattr(self._local, "sock", None)
-        if sock is None:
-            with self._lock:
-                if self._closed:
-                    raise StoreError(f"{self._describe()} is closed")
-            sock = self._connect()
-            self._local.sock = sock
-            with self._lock:
-                self._socks.append(sock)
+        """A connection of this client, left idle: the next call takes it (the tests speak
+        raw frames on it)."""
+        sock = self._take()
+        self._put_back(sock, True)
         return sock
 
     def _call(self, op, fields):
@@ -113,13 +147,20 @@ class TCPStore(Store):
         if size > wire.MAX_FRAME:
             raise ValueError(f"{self._describe()}: {op}: a request of {size} bytes exceeds "
                              f"MAX_FRAME ({wire.MAX_FRAME} bytes)")
-        sock = self._conn()
+        sock = self._take()
+        reusable = False
         try:
             sock.sendall(_pack(_OPS[op], fields))
             status, out = _read_frame(sock)
+            reusable = True
         except (OSError, ValueError) as exc:
-            raise StoreGone(f"{self._describe()}: {op} failed, the store server is gone "
-                            f"or broken: {exc}") from None
+            # the server closed or died: its other connections are no better, and
+            # reconnecting would only retry until the timeout
+            self._gone = (f"{self._describe()}: {op} failed, the store server is gone or "
+                          f"broken: {exc}")
+            raise StoreGone(self._gone) from None
+        finally:
+            self._put_back(sock, reusable)
         if status == _ERROR:
             said = out[0].decode(errors="replace") if out else "an error without a message"
             raise StoreError(f"{self._describe()}: {said}")
@@ -158,7 +199,7 @@ class TCPStore(Store):
     def close(self):
         with self._lock:
             self._closed = True
-            socks, self._socks = self._socks, []
+            socks, self._socks, self._idle = self._socks, set(), []
         for sock in socks:
             sock.close()
         if self._server is not None:
