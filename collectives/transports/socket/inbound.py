@@ -259,7 +259,7 @@ class Inbound:
             return True
 
     def _unauthentic(self, peer) -> bool:
-        self._fail(peer.rank, unauthentic(self.rank, peer.rank))
+        self._fail(peer.rank, unauthentic(peer.rank))
         return False
 
     def _land(self, peer, kind, tag, nbytes, signature):

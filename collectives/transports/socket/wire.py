@@ -58,14 +58,13 @@ def recv_setup(peer, rank) -> bytes:
                              f"malformed setup frame (kind {kind}, {nbytes} bytes)")
     payload = recv_exact(peer.sock, nbytes)
     if not peer.auth.authentic(head + payload, recv_exact(peer.sock, TAG)):
-        raise TransportError(unauthentic(rank, peer.rank))
+        raise TransportError(f"socket transport rank {rank}: {unauthentic(peer.rank)}")
     return payload
 
 
-def unauthentic(rank, peer) -> str:
-    return (f"socket transport rank {rank}: a frame from rank {peer} failed authentication: "
-            f"the connection was altered in transit (a relay or injection between the ranks), "
-            f"not sent by a rank of this job")
+def unauthentic(peer) -> str:
+    return (f"a frame from rank {peer} failed authentication: the connection was altered in "
+            f"transit (a relay or injection between the ranks), not sent by a rank of this job")
 
 
 def recv_exact(sock, nbytes: int) -> bytes:

@@ -1,0 +1,78 @@
+"""A relay between two ranks: every frame after the handshake is authenticated.
+
+A real man-in-the-middle process (``helpers/relay.py``) takes rank 0's place in the store,
+forwards the job-secret handshake untouched and rewrites the float32 payloads that follow.
+The frames' tags (``auth.FrameAuth``) make that an error on the ranks, never a wrong sum.
+Under torchrun the store is torch's, which anyone may write; under our launcher the store
+authenticates, so there the relay stands for an attacker on the network path.
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from repo import HELPERS, ROOT
+
+torch = pytest.importorskip("torch")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_with_relay(store_kind, key, launch, env):
+    relay = subprocess.Popen([sys.executable, os.path.join(HELPERS, "relay.py"), store_kind,
+                              "127.0.0.1", str(env["MASTER_PORT"]), key],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=env)
+    try:
+        job = subprocess.run(launch, cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=120)
+        relayed, _ = relay.communicate(timeout=30)
+    finally:
+        relay.kill()
+    lines = [json.loads(line[line.index("{"):]) for line in job.stdout.splitlines()
+             if '{"rank"' in line]              # our launcher prefixes "[rank N]:"
+    said = f"job:\n{job.stdout}\n{job.stderr[-3000:]}\nrelay:\n{relayed}"
+    outcomes = {line["rank"]: line for line in lines}
+    assert sorted(outcomes) == [0, 1], said
+    assert "rewrote 0" not in relayed and "rewrote" in relayed, said
+    # never a sum the relay made: each rank raised, and the first to read a rewritten frame
+    # says why (the other may learn it only as its peer's exit)
+    assert all("error" in line for line in outcomes.values()), said
+    assert any("failed authentication" in line["error"] for line in outcomes.values()), said
+
+
+def _env(port):
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               COLLECTIVES_SECRET="relay-test-" + os.urandom(16).hex(),
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env.pop("COLLECTIVES_SOCKET_HOST", None)
+    return env
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
+                    reason="torchrun is not installed beside this Python")
+def test_a_relay_through_torchs_store_under_torchrun_is_an_error():
+    port = _free_port()
+    env = _env(port)
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    _run_with_relay("torch", "default_pg/0//cpu//collectives/socket/1/addr/0",
+                    [torchrun, "--nnodes", "1", "--nproc-per-node", "2", "--master-addr",
+                     "127.0.0.1", "--master-port", str(port),
+                     os.path.join(HELPERS, "relay_job.py"), "torch"], env)
+
+
+def test_a_relay_on_the_path_under_our_launcher_is_an_error():
+    port = _free_port()
+    env = _env(port)
+    _run_with_relay("ours", "collectives/socket/1/addr/0",
+                    [sys.executable, "-m", "collectives.run", "--nnodes", "1",
+                     "--nproc-per-node", "2", "--master-port", str(port),
+                     os.path.join(HELPERS, "relay_job.py"), "facade"], env)
