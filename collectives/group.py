@@ -72,6 +72,8 @@ class ProcessGroup:
         self.group_id = group_id
         self.ranks = list(range(transport.size)) if ranks is None else list(ranks)
         self.name = name
+        # why calls on it are refused (destroy_process_group sets it); None while usable
+        self.destroyed = None
         self._sequence = 0
         self._repeats = {}          # prepare's cache of repeated call shapes (_Shape)
         # the array type the transport works on (None: any array passes to _check_buffer)
@@ -113,17 +115,22 @@ class ProcessGroup:
         return self.table.overrides
 
     def _agree(self, table) -> None:
-        """One small all_gather of every rank's table digest (and what it was built from),
-        over a fixed schedule (not the table's: that is what may differ)."""
+        """Every rank's table digest (and what it was built from), compared."""
+        problem = tuning.disagreement(self.gather_records(table.agreement_record()),
+                                      self.rank, "ProcessGroup")
+        if problem:
+            raise CollectiveError(problem)
+
+    def gather_records(self, record: bytes) -> list[bytes]:
+        """Every rank's ``record`` (alike in length on every rank), in rank order: one small
+        all_gather over a fixed schedule, never the decision table's (the records say
+        whether the ranks may trust it)."""
         xp = self.xp or np
-        mine = xp.asarray(np.frombuffer(table.agreement_record(), dtype=np.uint8))
+        mine = xp.asarray(np.frombuffer(record, dtype=np.uint8))
         every = xp.empty(self.size * mine.size, dtype=np.uint8)
         self.prepare("all_gather", input=mine, output=every, algorithm="ring")()
         every = (every if xp is np else xp.asnumpy(every)).reshape(self.size, -1)
-        problem = tuning.disagreement([row.tobytes() for row in every], self.rank,
-                                      "ProcessGroup")
-        if problem:
-            raise CollectiveError(problem)
+        return [row.tobytes() for row in every]
 
     @property
     def rank(self) -> int:

@@ -106,6 +106,9 @@ def resolve(group_arg, operation: str):
         raise TypeError(f"{operation} on rank {found.default.rank}: group must be a process "
                         f"group from init_process_group / "
                         f"new_group, got {type(group_arg).__name__}")
+    destroyed = getattr(group_arg, "destroyed", None)
+    if destroyed is not None:     # its transport is closed: any byte sent would mislead peers
+        raise ValueError(f"{operation} on rank {found.default.rank}: {destroyed}")
     return group_arg
 
 

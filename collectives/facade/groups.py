@@ -1,9 +1,11 @@
 """Groups: ranks and their translation, new_group and the subgroup splits."""
 from __future__ import annotations
 
+import hashlib
 import os
 
 from .. import state
+from ..errors import CollectiveError
 from ..group import ProcessGroup
 from ..state import GroupMember, seconds as _seconds
 
@@ -85,7 +87,9 @@ def get_group_rank(group, global_rank: int) -> int:
 
 def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
               use_local_synchronization=False, group_desc=None):
-    """Make a subgroup of the default group. Every rank calls it, in the same order.
+    """Make a subgroup of the default group. Every rank of the job calls it, members or
+    not, in the same order and with the same ranks: checked by one small all_gather on the
+    default group, so ranks that differ all raise CollectiveError naming what each made.
 
     Args:
         ranks (list[int], optional): global ranks of the subgroup; None: every rank.
@@ -113,6 +117,7 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
                          f"distinct ranks within 0..{size - 1}")
     group_id = world.next_group_id
     world.next_group_id += 1
+    _agree_on_group(world, group_id, ranks)
     if world.default.rank not in ranks:
         return GroupMember.NON_GROUP_MEMBER
     transport = _subgroup_transport(world.transport, ranks, group_id)
@@ -120,6 +125,44 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
                       ranks=ranks, name=group_desc or f"group{group_id}")
     world.groups.append(pg)
     return pg
+
+
+# A group as every rank of the job names it at new_group: its creation number (its id: what
+# keeps its messages apart from every other group's) and its ranks. The label shows it in a
+# message; the digest, of the whole text, is what is compared.
+_GROUP_DIGEST_BYTES = 16
+_GROUP_LABEL_BYTES = 240
+
+
+def _agree_on_group(world, group_id, ranks) -> None:
+    """Check that every rank of the job, members or not, makes the same group at this call:
+    groups made in another order, or with other ranks, on some ranks would pair one group's
+    messages with another's (or wait for ranks that never come). One small all_gather on the
+    default group, before the subgroup exists and before its decision tables are compared
+    (which would otherwise be blamed)."""
+    default = world.default
+    if default.size == 1:
+        return
+    text = f"group {group_id} of ranks {ranks}"
+    label = text.encode()
+    if len(label) > _GROUP_LABEL_BYTES:
+        label = label[:_GROUP_LABEL_BYTES - 4] + b" ..."
+    record = (hashlib.sha256(text.encode()).digest()[:_GROUP_DIGEST_BYTES]
+              + label.ljust(_GROUP_LABEL_BYTES, b"\0"))
+    seen: dict[bytes, list[int]] = {}
+    labels = {}
+    for r, every in enumerate(default.gather_records(record)):
+        digest = every[:_GROUP_DIGEST_BYTES]
+        seen.setdefault(digest, []).append(r)
+        labels.setdefault(digest, every[_GROUP_DIGEST_BYTES:].rstrip(b"\0").decode(
+            errors="replace"))
+    if len(seen) > 1:
+        parts = [f"ranks {members} make {labels[digest]}" for digest, members in seen.items()]
+        raise CollectiveError(
+            f"new_group on rank {default.rank}: the ranks make different groups at this call "
+            f"(the job's new_group number {group_id}): " + "; ".join(parts) + ". Every rank "
+            f"of the job must call new_group (and new_subgroups) for every group, members or "
+            f"not, in the same order and with the same ranks")
 
 
 def _subgroup_transport(parent, ranks, group_id):

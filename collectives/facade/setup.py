@@ -269,6 +269,17 @@ def _local_transport(world, rank, world_size):
     return world.transport(rank)
 
 
+# What a call on a destroyed group says (state.resolve raises it before touching a transport).
+_DESTROYED_WORLD = ("this group belongs to a process group that was destroyed "
+                    "(destroy_process_group); create it again with new_group after "
+                    "init_process_group")
+_DESTROYED_DEFAULT = ("this group is the default group of a process group that was destroyed "
+                      "(destroy_process_group); pass group=None (or group.WORLD) for the "
+                      "current one")
+_DESTROYED_GROUP = ("this group was destroyed (destroy_process_group(group)); create it again "
+                    "with new_group")
+
+
 def destroy_process_group(group=None) -> None:
     """Finish pending async work and release ``group``.
 
@@ -283,6 +294,7 @@ def destroy_process_group(group=None) -> None:
     if group is None or group is world.default:
         for pg in world.groups:
             _work.stop(pg)
+            pg.destroyed = _DESTROYED_DEFAULT if pg is world.default else _DESTROYED_WORLD
         for pg in world.groups[1:]:
             if pg.transport is not world.transport:
                 pg.transport.close()
@@ -295,6 +307,7 @@ def destroy_process_group(group=None) -> None:
     elif group is not GroupMember.NON_GROUP_MEMBER and group in world.groups:
         _work.stop(group)
         world.groups.remove(group)
+        group.destroyed = _DESTROYED_GROUP
 
 
 def get_backend(group=None) -> Backend:
