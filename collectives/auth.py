@@ -1,13 +1,20 @@
-"""Per-job authentication for TCP connections: a mutual HMAC challenge-response.
+"""Per-job authentication for TCP connections: a mutual HMAC challenge-response, then a tag
+on every frame.
 
 Every TCPStore connection and every socket-transport connection opens with this handshake
-before any other byte is trusted. The listener sends a magic word and a random nonce; the connector answers with its
-own nonce, an 8-byte identity (its rank, or -1) and HMAC-SHA256(secret, "client" | context |
-both nonces | identity); the listener checks it and answers with its own identity and
-HMAC(secret, "server" | ...). Both sides therefore prove they hold the secret without sending
-it, nonces defeat replay, and ``context`` (e.g. "store" or a transport namespace) keeps a
-handshake of one purpose from being accepted for another. Cost: two small round trips per
-connection, once.
+before any other byte is trusted. The listener sends a magic word and a random nonce; the
+connector answers with its own nonce, an 8-byte identity (its rank, or -1) and
+HMAC-SHA256(secret, "client" | context | both nonces | identity); the listener checks it and
+answers with its own identity and HMAC(secret, "server" | ...). Both sides therefore prove
+they hold the secret without sending it, nonces defeat replay, and ``context`` (e.g. "store"
+or a transport namespace) keeps a handshake of one purpose from being accepted for another.
+Cost: two small round trips per connection, once.
+
+A handshake alone proves nothing about the bytes after it: a relay planted in the connection
+(through an unauthenticated store's address, or on the network path) could forward it
+untouched and then rewrite the data. So each handshake also yields the connection's frame keys
+(``FrameAuth``), and every frame after it carries a 16-byte HMAC-SHA256 tag over an implicit
+counter and the frame: nothing is acted on until its tag checks.
 
 Where the secret comes from (``job_secret``): an explicit value (``TCPStore(secret=...)``),
 else $COLLECTIVES_SECRET (``collectives.run`` generates one per job), else the per-user
@@ -32,9 +39,10 @@ What is trusted: a peer that completes the handshake is a rank of the job. The o
 collectives (``all_gather_object``, ``broadcast_object_list``, ...) unpickle what ranks send,
 so anyone who holds the secret can run code in every rank: guard the secret (the file, the
 environment of the processes) as you would a login. Limits: no encryption (anyone on the
-path reads the data); payloads after the handshake are not MACed (an attacker who can inject
-into an established TCP connection can alter them); a secret shorter than 32 bytes is as weak
-as it is guessable.
+path reads the data, and can cut the connection); a secret is refused below MIN_SECRET bytes,
+and one of fewer than 32 random bytes is only as strong as it is hard to guess. Shared-memory
+rings and cross-memory reads between processes of one user on one host carry no tags: the
+operating system's permissions keep others out of them (``transports.socket.channels``).
 """
 from __future__ import annotations
 
@@ -85,14 +93,28 @@ def new_secret() -> str:
     return secrets.token_hex(32)
 
 
+# Every frame's tag is keyed by the secret, and one observed handshake lets an attacker test
+# guesses offline: a short secret is guessable, so it is refused, never used quietly.
+MIN_SECRET = 16
+
+
 def job_secret(explicit: bytes | str | None = None) -> bytes:
     """The key: ``explicit`` if given, else $COLLECTIVES_SECRET, else the per-user secret file
     (created on first use). An empty value counts as not given: there is no unauthenticated
-    mode. Raises SecretFileError when the file is unsafe or cannot be made."""
-    for value in (explicit, settings.SECRET()):
+    mode. Raises ValueError for a given secret shorter than MIN_SECRET bytes, SecretFileError
+    when the file is unsafe, too short or cannot be made."""
+    for value, where in ((explicit, "the secret given"), (settings.SECRET(), f"${SECRET_ENV}")):
         if value:
-            return value.encode() if isinstance(value, str) else bytes(value)
+            value = value.encode() if isinstance(value, str) else bytes(value)
+            if len(value) < MIN_SECRET:
+                raise ValueError(f"job secret: {where} has {len(value)} bytes, fewer than "
+                                 f"{MIN_SECRET}: it could be guessed from one observed "
+                                 f"handshake. {_MAKE_ONE}")
+            return value
     return _user_secret()
+
+
+_MAKE_ONE = ("Make one with: python -c 'import secrets; print(secrets.token_hex(32))'")
 
 
 def _config_secret_path() -> str:
@@ -165,8 +187,10 @@ def _check_private(path: str, st: os.stat_result, what: str, loose: int) -> None
                               f"{path}, or set {SECRET_ENV}")
 
 
-def _secret_dir(directory: str) -> None:
-    """Make (0700) or check the secret's directory; its parents are made as usual."""
+def _secret_dir(directory: str, shared_parent: bool = False) -> None:
+    """Make (0700) or check the secret's directory; its parents are made as usual. Under a
+    ``shared_parent`` (the temporary directory, which every user may write) the directory
+    must be a real one, not a symbolic link that another user planted before us."""
     try:
         os.makedirs(os.path.dirname(directory), exist_ok=True)
         os.mkdir(directory, 0o700)
@@ -177,9 +201,14 @@ def _secret_dir(directory: str) -> None:
                             f"({exc}); set {SECRET_ENV}, or XDG_CONFIG_HOME to a writable "
                             f"directory") from None
     try:
-        st = os.stat(directory)          # a symlinked ~/.config/collectives is fine if it is ours
+        # a symlinked ~/.config/collectives is fine if it is ours; in /tmp a link is planted
+        st = (os.lstat if shared_parent else os.stat)(directory)
     except OSError as exc:
         raise SecretFileError(f"job secret: cannot use {directory}: {exc}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise SecretFileError(f"job secret: {directory} is a symbolic link in a directory "
+                              f"every user may write, so another user may have made it: "
+                              f"remove it (a private directory is made), or set {SECRET_ENV}")
     if not stat.S_ISDIR(st.st_mode):
         raise SecretFileError(f"job secret: {directory} is not a directory; remove it or set "
                               f"{SECRET_ENV}")
@@ -214,6 +243,11 @@ def _read_secret(path: str) -> bytes | None:
         os.close(fd)
     if not value:
         raise SecretFileError(f"job secret: {path} is empty; remove it (a new secret is made)")
+    if len(value) < MIN_SECRET:
+        raise SecretFileError(f"job secret: {path} holds {len(value)} bytes, fewer than "
+                              f"{MIN_SECRET}: it could be guessed from one observed handshake. "
+                              f"Remove it (a new secret is made), or write a longer one. "
+                              f"{_MAKE_ONE}")
     return value
 
 
@@ -226,7 +260,7 @@ def _user_secret() -> bytes:
         # Only a directory that cannot be made falls back; an unsafe one is an error.
         path = _runtime_secret_path()
         try:
-            _secret_dir(os.path.dirname(path))
+            _secret_dir(os.path.dirname(path), shared_parent=True)
         except _CannotCreate as second:
             raise SecretFileError(f"{first}; and {second}") from None
     _path_in_use = (config, path)

@@ -139,7 +139,7 @@ def _info(*args, env=None):
 
 
 def test_info_lists_every_setting_with_its_value_here():
-    out = _info("info", env={"COLLECTIVES_WINDOW": "4", "COLLECTIVES_SECRET": "hush",
+    out = _info("info", env={"COLLECTIVES_WINDOW": "4", "COLLECTIVES_SECRET": "hush-hush-hush-hush",
                              "COLLECTIVES_SOCKET_SHM_BYTES": "oops"})
     assert out.returncode == 0, out.stderr
     lines = {line.split()[0]: line for line in out.stdout.splitlines()
@@ -147,7 +147,7 @@ def test_info_lists_every_setting_with_its_value_here():
     assert set(lines) == set(settings.REGISTRY)
     assert "4 (default 1)" in lines["COLLECTIVES_WINDOW"]
     assert "1 (default)" in lines["COLLECTIVES_SOCKET_SHM"]
-    assert "hush" not in out.stdout and "(set, not shown)" in lines["COLLECTIVES_SECRET"]
+    assert "hush-hush" not in out.stdout and "(set, not shown)" in lines["COLLECTIVES_SECRET"]
     assert "INVALID" in lines["COLLECTIVES_SOCKET_SHM_BYTES"] and "'oops'" in \
         lines["COLLECTIVES_SOCKET_SHM_BYTES"]
     assert "[group]" in lines["COLLECTIVES_TUNING"] and "[call]" in lines["COLLECTIVES_DEBUG"]

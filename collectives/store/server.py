@@ -8,10 +8,10 @@ import threading
 import time
 
 from .. import settings
-from ..auth import AuthenticationError, recv_exact, serve_handshake
+from ..auth import AuthenticationError, serve_handshake
 from . import wire
 from .base import StoreError, _Table
-from .wire import (_ERROR, _FIELDS, _LEN, _OK, _OP_NAMES, _STORE_CONTEXT, _TIMEOUT,
+from .wire import (_ERROR, _FIELDS, _OK, _OP_NAMES, _STORE_CONTEXT, _TIMEOUT, Connection,
                    _amount_field, _key, _pack, _split_fields, _timeout_field)
 
 log = logging.getLogger("collectives.store")
@@ -210,8 +210,8 @@ class _StoreServer:
         admitted = False
         try:
             try:
-                serve_handshake(_HandshakeDeadline(conn, self.handshake_timeout), self.secret,
-                                _STORE_CONTEXT)
+                _, frames = serve_handshake(_HandshakeDeadline(conn, self.handshake_timeout),
+                                            self.secret, _STORE_CONTEXT)
                 conn.settimeout(None)
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except (AuthenticationError, OSError) as exc:
@@ -227,7 +227,9 @@ class _StoreServer:
                 self._pending.pop(conn, None)
                 self._evicted.discard(conn)
             if admitted:
-                self._serve_requests(conn, addr)
+                self._serve_requests(Connection(conn, frames), addr)
+        except AuthenticationError as exc:
+            self._refusals.note(f"dropped client {addr}: {exc}")
         except ConnectionError:
             pass                          # the client went away: normal at shutdown
         except Exception as exc:          # never let one connection's failure reach the others
@@ -239,14 +241,15 @@ class _StoreServer:
                 self._clients.discard(conn)
             conn.close()
 
-    def _serve_requests(self, conn, addr):
+    def _serve_requests(self, link, addr):
+        conn = link.sock
         while True:
-            (n,) = _LEN.unpack(recv_exact(conn, 4))
-            if n > wire.MAX_FRAME:
-                message = (f"request of {n} bytes exceeds MAX_FRAME ({wire.MAX_FRAME} bytes); "
-                           f"closing the connection")
+            body = link.read_body(wire.MAX_FRAME)
+            if isinstance(body, int):
+                message = (f"request of {body} bytes exceeds MAX_FRAME ({wire.MAX_FRAME} "
+                           f"bytes); closing the connection")
                 self._refusals.note(f"dropped client {addr}: {message}")
-                conn.sendall(_pack(_ERROR, [message.encode()]))
+                link.send(_pack(_ERROR, [message.encode()]))
                 # Closing with the body unread would send a reset, which can destroy the
                 # reply before the client reads it: end our side, discard a while, then close.
                 conn.shutdown(socket.SHUT_WR)
@@ -256,7 +259,7 @@ class _StoreServer:
                     if not conn.recv(1 << 16):
                         break
                 return
-            conn.sendall(self._answer(recv_exact(conn, n) if n else b"", addr))
+            link.send(self._answer(body, addr))
 
     def _answer(self, body: bytes, addr) -> bytes:
         """The reply to one request; a bad request gets an error reply, never an exception."""

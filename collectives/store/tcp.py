@@ -10,7 +10,7 @@ from ..auth import AuthenticationError, client_handshake, job_secret
 from . import wire
 from .base import DEFAULT_TIMEOUT, Store, StoreError, StoreGone, StoreTimeout
 from .server import _StoreServer
-from .wire import _LEN, _OPS, _ERROR, _STORE_CONTEXT, _TIMEOUT, _pack, _read_frame
+from .wire import _LEN, _OPS, _ERROR, _STORE_CONTEXT, _TIMEOUT, Connection, _pack
 
 _HELLO_WAIT = 30.0              # s a client waits for the challenge before it reconnects
 _AUTH_ATTEMPTS = 3              # handshake failures before a client calls it a wrong secret
@@ -42,8 +42,8 @@ class TCPStore(Store):
         self._secret = job_secret(secret)
         self._server = None
         self._lock = threading.Lock()
-        self._idle: list[socket.socket] = []      # open, and no call is using them
-        self._socks: set[socket.socket] = set()   # every open connection (close() ends them)
+        self._idle: list[Connection] = []      # open, and no call is using them
+        self._socks: set[Connection] = set()   # every open connection (close() ends them)
         self._closed = False
         self._gone = None           # why the server is known gone: later calls fail at once
         if is_master:
@@ -61,7 +61,7 @@ class TCPStore(Store):
     def _describe(self):
         return f"TCPStore({self.host}:{self.port})"
 
-    def _connect(self) -> socket.socket:
+    def _connect(self) -> Connection:
         """A new authenticated connection, retried until the store's timeout.
 
         A server that is full, flooded or out of file descriptors closes a new connection
@@ -83,10 +83,10 @@ class TCPStore(Store):
                         errno.ECONNRESET, "the server closed the connection before its "
                         "challenge: it is busy (at its connection limit, flooded or out of "
                         "file descriptors)")
-                client_handshake(sock, self._secret, _STORE_CONTEXT)
+                _, frames = client_handshake(sock, self._secret, _STORE_CONTEXT)
                 sock.settimeout(None)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                return sock
+                return Connection(sock, frames)
             except AuthenticationError as exc:
                 sock.close()
                 refusals, last = refusals + 1, exc
@@ -106,7 +106,7 @@ class TCPStore(Store):
             time.sleep(pause if deadline is None else min(pause, deadline - time.monotonic()))
             pause = min(pause * 2, 0.5)
 
-    def _take(self) -> socket.socket:
+    def _take(self) -> Connection:
         """A connection for one call: an idle one, else a new one."""
         with self._lock:
             if self._closed:
@@ -135,7 +135,7 @@ class TCPStore(Store):
         if not keep:
             sock.close()
 
-    def _conn(self) -> socket.socket:
+    def _conn(self) -> Connection:
         """A connection of this client, left idle: the next call takes it (the tests speak
         raw frames on it)."""
         sock = self._take()
@@ -150,8 +150,8 @@ class TCPStore(Store):
         sock = self._take()
         reusable = False
         try:
-            sock.sendall(_pack(_OPS[op], fields))
-            status, out = _read_frame(sock)
+            sock.send(_pack(_OPS[op], fields))
+            status, out = sock.read()
             reusable = True
         except (OSError, ValueError) as exc:
             # the server closed or died: its other connections are no better, and

@@ -2,14 +2,16 @@
 
 A request is len | op byte | fields; each field is len | bytes. A reply is len | status byte |
 fields. Lengths are u32 and bounded by MAX_FRAME, which the server and the client read from
-this module at call time (one limit for both sides).
+this module at call time (one limit for both sides). After the connection's handshake every
+frame is closed by its 16-byte tag (``auth.FrameAuth``): a relay that forwarded the handshake
+can neither alter, insert nor replay a request or a reply (``Connection``).
 """
 from __future__ import annotations
 
 import math
 import struct
 
-from ..auth import recv_exact
+from ..auth import TAG, AuthenticationError, recv_exact
 from .base import _FOREVER_S
 
 MAX_FRAME = 64 << 20            # a store value larger than this is a bug or an attack
@@ -48,12 +50,40 @@ def _split_fields(body: bytes) -> list[bytes]:
     return fields
 
 
-def _read_frame(sock) -> tuple[int, list[bytes]]:
-    (n,) = _LEN.unpack(recv_exact(sock, 4))
-    if n < 1 or n > MAX_FRAME:
-        raise ValueError(f"frame of {n} bytes is out of bounds (1..{MAX_FRAME})")
-    body = recv_exact(sock, n)
-    return body[0], _split_fields(body)
+class Connection:
+    """One store connection after its handshake: frames written and read with their tags."""
+    __slots__ = ("sock", "frames")
+
+    def __init__(self, sock, frames):
+        self.sock, self.frames = sock, frames       # frames: the handshake's auth.FrameAuth
+
+    def send(self, frame: bytes) -> None:
+        self.sock.sendall(frame + self.frames.seal((frame,)))
+
+    def read_body(self, limit: int | None = None) -> bytes:
+        """The next frame's body, its tag checked; a length beyond ``limit`` is returned as
+        an int, unread, for the caller to refuse."""
+        head = recv_exact(self.sock, 4)
+        (n,) = _LEN.unpack(head)
+        if limit is not None and n > limit:
+            return n
+        body = recv_exact(self.sock, n) if n else b""
+        if not self.frames.authentic(head + body, recv_exact(self.sock, TAG)):
+            raise AuthenticationError("a store frame failed authentication: the connection "
+                                      "was altered in transit (a relay or injection), not "
+                                      "written by the other end")
+        return body
+
+    def read(self) -> tuple[int, list[bytes]]:
+        """The next reply: (status, fields)."""
+        body = self.read_body(MAX_FRAME)
+        if isinstance(body, int) or not body:
+            raise ValueError(f"frame of {body if isinstance(body, int) else 0} bytes is out "
+                             f"of bounds (1..{MAX_FRAME})")
+        return body[0], _split_fields(body)
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def _key(raw: bytes) -> str:

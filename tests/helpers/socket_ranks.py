@@ -21,7 +21,7 @@ from collectives.transports import create
 from collectives.transports.socket.shm import SHM_DIR
 
 CTX = multiprocessing.get_context("fork")
-STORE_SECRET = "store-secret"
+STORE_SECRET = "store-secret-of-the-tests"
 
 
 def _rank_main(rank, size, port, fn, args, results, env):

@@ -154,7 +154,8 @@ def test_timeout_names_rank_peer_and_tag():
 
 
 def test_wrong_secret_is_refused():
-    env = {0: {"COLLECTIVES_SECRET": "right"}, 1: {"COLLECTIVES_SECRET": "wrong"},
+    env = {0: {"COLLECTIVES_SECRET": "the-right-job-secret"},
+           1: {"COLLECTIVES_SECRET": "the-wrong-job-secret"},
            "setup_timeout": 3}
     got = run_ranks(2, _ring_all_reduce, 10, env=env)
     assert {s for s, _ in got.values()} == {"error"}

@@ -18,7 +18,8 @@ CTX = multiprocessing.get_context("fork")
 
 @pytest.fixture
 def master():
-    store = TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=5, secret="s3")
+    store = TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=5,
+                     secret="store-test-secret")
     yield store
     store.close()
 
@@ -88,7 +89,8 @@ def _tcp_client(port, rank, secret):
 
 
 def test_tcp_store_across_processes(master):
-    procs = [CTX.Process(target=_tcp_client, args=(master.port, r, "s3")) for r in range(3)]
+    procs = [CTX.Process(target=_tcp_client, args=(master.port, r, "store-test-secret"))
+             for r in range(3)]
     for p in procs:
         p.start()
     for p in procs:
@@ -117,7 +119,7 @@ def test_file_store_across_processes(tmp_path):
 
 def test_wrong_secret_is_refused(master):
     with pytest.raises(StoreError, match="authentication"):
-        TCPStore("127.0.0.1", master.port, timeout=3, secret="not-the-secret")
+        TCPStore("127.0.0.1", master.port, timeout=3, secret="not-the-store-test-secret")
     master.set("still", "alive")
     assert master.get("still") == b"alive"
 
@@ -130,12 +132,12 @@ def test_garbage_clients_do_not_hurt_the_server(master):
             s.sendall(payload)
     silent = socket.create_connection(("127.0.0.1", master.port))   # says nothing at all
     # An authenticated client sending an absurd frame length is dropped, not obeyed.
-    client = TCPStore("127.0.0.1", master.port, timeout=3, secret="s3")
-    client._conn().sendall(struct.pack("<I", 0xFFFFFFF0) + b"\x01")
+    client = TCPStore("127.0.0.1", master.port, timeout=3, secret="store-test-secret")
+    client._conn().send(struct.pack("<I", 0xFFFFFFF0) + b"\x01")
     with pytest.raises(StoreError):
         client._call("ping", [])
     master.set("ok", "1")
-    other = TCPStore("127.0.0.1", master.port, timeout=3, secret="s3")
+    other = TCPStore("127.0.0.1", master.port, timeout=3, secret="store-test-secret")
     assert other.get("ok") == b"1"
     silent.close()
 
@@ -209,7 +211,7 @@ def _rank_0_of_three(port, report):
     leaves as soon as its call returns, which takes the server away."""
     from collectives import rendezvous as rdzv
     server = TCPStore("127.0.0.1", port, world_size=1, is_master=True, timeout=10,
-                      secret="s3")
+                      secret="store-test-secret")
     try:
         rdzv.arrive(server, 0, 3, 0.5)
         report.send("joined")
@@ -242,7 +244,7 @@ def test_a_timed_out_rendezvous_is_read_by_every_rank_before_rank_0_s_store_clos
             time.sleep(0.3)               # between two requests
         return found
     monkeypatch.setattr(rdzv, "_get", polling_get)
-    client = TCPStore("127.0.0.1", port, world_size=1, timeout=10, secret="s3")
+    client = TCPStore("127.0.0.1", port, world_size=1, timeout=10, secret="store-test-secret")
     with pytest.raises(CollectiveTimeout, match=r"ranks \[2\] did not arrive"):
         rdzv.arrive(client, 1, 3, 0.6)
     client.close()

@@ -165,7 +165,7 @@ def _store_server(tmp_path, port):
     path = tmp_path / "store_server.py"
     path.write_text(STORE_SERVER)
     server = subprocess.Popen([sys.executable, str(path), str(port)], stdout=subprocess.PIPE,
-                              text=True, env=_env({"COLLECTIVES_SECRET": "reliability-test"}))
+                              text=True, env=_env({"COLLECTIVES_SECRET": "reliability-test-secret"}))
     assert server.stdout.readline().strip() == "ready"
     return server
 
@@ -238,7 +238,7 @@ def test_store_dies_while_a_client_waits_on_it(tmp_path):
     port = free_port()
     server = _store_server(tmp_path, port)
     try:
-        client = TCPStore("127.0.0.1", port, timeout=30, secret="reliability-test")
+        client = TCPStore("127.0.0.1", port, timeout=30, secret="reliability-test-secret")
         client.set("present", b"1")
         assert client.get("present") == b"1"
         import threading

@@ -76,3 +76,45 @@ def test_a_relay_on_the_path_under_our_launcher_is_an_error():
                     [sys.executable, "-m", "collectives.run", "--nnodes", "1",
                      "--nproc-per-node", "2", "--master-port", str(port),
                      os.path.join(HELPERS, "relay_job.py"), "facade"], env)
+
+
+def test_a_relay_between_a_store_client_and_its_server_is_an_error():
+    """The store's frames carry tags too: a rewritten reply is an error, never the value."""
+    import select
+    import threading
+
+    from collectives.store import TCPStore
+    from collectives.store.base import StoreError
+
+    secret = "relay-store-" + os.urandom(16).hex()
+    server = TCPStore("127.0.0.1", 0, is_master=True, timeout=10, secret=secret,
+                      wait_for_workers=False)
+    server.set("answer", "value-one")
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def forward(src, dst, clear):
+        """Copy src to dst; after ``clear`` bytes (the handshake), rewrite the value."""
+        passed = 0
+        while select.select([src], [], [], 10)[0]:
+            data = src.recv(1 << 16)
+            if not data:
+                return
+            head, body = data[:max(0, clear - passed)], data[max(0, clear - passed):]
+            passed += len(data)
+            dst.sendall(head + body.replace(b"value-one", b"value-two"))
+
+    def relay():
+        client, _ = listener.accept()
+        upstream = socket.create_connection(("127.0.0.1", server.port))
+        threading.Thread(target=forward, args=(client, upstream, 80), daemon=True).start()
+        forward(upstream, client, 80)
+
+    threading.Thread(target=relay, daemon=True).start()
+    victim = TCPStore("127.0.0.1", listener.getsockname()[1], timeout=10, secret=secret)
+    try:
+        with pytest.raises(StoreError, match="failed authentication"):
+            victim.get("answer")
+    finally:
+        victim.close()
+        server.close()
+        listener.close()

@@ -57,8 +57,9 @@ def test_fresh_home_gets_a_private_secret_file(fresh_home):
 
 
 def test_env_secret_wins_and_empty_means_unset(fresh_home, monkeypatch):
-    monkeypatch.setenv(auth.SECRET_ENV, "from-env")
-    assert job_secret() == b"from-env" and job_secret("explicit") == b"explicit"
+    monkeypatch.setenv(auth.SECRET_ENV, "from-the-environment")
+    assert job_secret() == b"from-the-environment"
+    assert job_secret("an-explicit-secret") == b"an-explicit-secret"
     assert not os.path.exists(_secret_path(fresh_home))
     monkeypatch.setenv(auth.SECRET_ENV, "")
     assert job_secret() == job_secret("") and len(job_secret()) >= 32
@@ -187,7 +188,7 @@ def _intruder(port, secret_path, queue):
         except OSError as exc:
             report["read_secret"] = type(exc).__name__
         # The key a store without a secret used to have (empty), and a guess.
-        for name, key in (("empty_key", b""), ("guessed_key", b"guess")):
+        for name, key in (("empty_key", b""), ("guessed_key", b"a-guessed-secret-value")):
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
                     sock.settimeout(5)
@@ -196,7 +197,8 @@ def _intruder(port, secret_path, queue):
             except (AuthenticationError, OSError) as exc:
                 report[name] = type(exc).__name__
         try:
-            TCPStore("127.0.0.1", port, timeout=3, secret="guess").get("collectives/socket/1")
+            TCPStore("127.0.0.1", port, timeout=3,
+                     secret="a-guessed-secret-value").get("collectives/socket/1")
             report["store"] = "joined"
         except StoreError as exc:
             report["store"] = str(exc)
@@ -325,3 +327,41 @@ def test_unwritable_home_falls_back_to_a_private_runtime_dir(fresh_home, monkeyp
     os.chmod(path, 0o644)
     with pytest.raises(auth.SecretFileError, match="readable by group or others"):
         job_secret()
+
+
+def test_a_short_secret_is_refused_wherever_it_comes_from(fresh_home, monkeypatch):
+    """One observed handshake lets an attacker test guesses offline: a guessable secret is
+    an error naming where it came from, never used quietly."""
+    monkeypatch.setenv(auth.SECRET_ENV, "a")
+    with pytest.raises(ValueError, match=r"\$COLLECTIVES_SECRET has 1 bytes, fewer than 16"):
+        job_secret()
+    with pytest.raises(ValueError, match="the secret given has 5 bytes"):
+        job_secret("short")
+    monkeypatch.delenv(auth.SECRET_ENV)
+    path = _secret_path(fresh_home)
+    os.makedirs(os.path.dirname(path), mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, b"x\n")
+    os.close(fd)
+    with pytest.raises(auth.SecretFileError, match=r"holds 1 bytes, fewer than 16"):
+        job_secret()
+    assert len(job_secret("0123456789abcdef")) == auth.MIN_SECRET
+
+
+def test_a_planted_link_in_the_shared_fallback_directory_is_refused(fresh_home, monkeypatch,
+                                                                   tmp_path):
+    """Where the home cannot hold the secret it goes to a directory under /tmp, which every
+    user may write: a link planted there before us (to a directory of ours whose parent
+    another user controls, say) is refused, not followed."""
+    monkeypatch.setenv("HOME", "/dev/null/home")
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    shared = tmp_path / "tmp"
+    shared.mkdir(mode=0o1777)
+    monkeypatch.setenv("TMPDIR", str(shared))
+    monkeypatch.setattr(tempfile, "tempdir", None)          # re-read TMPDIR
+    target = tmp_path / "elsewhere"
+    target.mkdir(mode=0o700)
+    os.symlink(target, shared / f"collectives-{os.geteuid()}")
+    with pytest.raises(auth.SecretFileError, match="symbolic link in a directory every user"):
+        job_secret()
+    assert not (target / "secret").exists()

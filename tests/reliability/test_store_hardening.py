@@ -21,7 +21,7 @@ import collectives.store.server as server_mod     # the flood limits
 import collectives.store.wire as store_mod       # the wire format and MAX_FRAME
 from collectives.store import StoreError, StoreTimeout, TCPStore
 
-SECRET = "hardening"
+SECRET = "hardening-test-secret"
 BOUND = 10.0            # generous: a loaded 2-core CI machine must not fail these
 
 
@@ -324,14 +324,14 @@ BAD_FRAMES = {
 @pytest.mark.parametrize("name", list(BAD_FRAMES))
 def test_malformed_frame_gets_an_error_and_the_connection_lives(master, name):
     client = TCPStore("127.0.0.1", master.port, timeout=5, secret=SECRET)
-    sock = client._conn()
-    sock.settimeout(BOUND)
-    sock.sendall(BAD_FRAMES[name])
-    status, fields = store_mod._read_frame(sock)
+    conn = client._conn()                               # frames sent as a client sends them
+    conn.sock.settimeout(BOUND)
+    conn.send(BAD_FRAMES[name])
+    status, fields = conn.read()
     assert status == store_mod._ERROR and fields, (status, fields)
     print(f"\n{name}: {fields[0].decode()}")
-    sock.sendall(_frame(OPS["ping"], []))               # the same connection still serves
-    assert store_mod._read_frame(sock) == (store_mod._OK, [])
+    conn.send(_frame(OPS["ping"], []))                  # the same connection still serves
+    assert conn.read() == (store_mod._OK, [])
     master.set("fine", "1")
     assert client.get("fine") == b"1"
     client.close()
@@ -348,16 +348,16 @@ def test_missing_field_is_a_store_error_naming_the_operation(master):
 
 def test_huge_server_side_timeout_is_no_deadline(master):
     client = TCPStore("127.0.0.1", master.port, timeout=5, secret=SECRET)
-    sock = client._conn()
-    sock.settimeout(BOUND)
-    sock.sendall(_frame(OPS["wait"], [b"1e300", b"raw-late"]))
+    conn = client._conn()
+    conn.sock.settimeout(BOUND)
+    conn.send(_frame(OPS["wait"], [b"1e300", b"raw-late"]))
     # No answer yet: the server is waiting (checked only so that the key is set after the wait
     # began where the machine is fast enough; where it is not, the test still holds).
-    assert select.select([sock], [], [], 0.3)[0] == []
+    assert select.select([conn.sock], [], [], 0.3)[0] == []
     master.set("raw-late", "1")
-    assert store_mod._read_frame(sock) == (store_mod._OK, [])
-    sock.sendall(_frame(OPS["get"], [b"raw-late", b"inf"]))
-    assert store_mod._read_frame(sock) == (store_mod._OK, [b"1"])
+    assert conn.read() == (store_mod._OK, [])
+    conn.send(_frame(OPS["get"], [b"raw-late", b"inf"]))
+    assert conn.read() == (store_mod._OK, [b"1"])
     client.close()
 
 
@@ -366,12 +366,12 @@ def test_oversized_frames(master, monkeypatch):
     client = TCPStore("127.0.0.1", master.port, timeout=5, secret=SECRET)
     with pytest.raises(ValueError, match=r"set.*1024"):
         client.set("big", b"x" * 2000)                  # refused before sending
-    sock = client._conn()
-    sock.settimeout(BOUND)
-    sock.sendall(struct.pack("<I", 2000) + b"\x01" * 2000)
-    status, fields = store_mod._read_frame(sock)        # a clear answer, then the drop
+    conn = client._conn()
+    conn.sock.settimeout(BOUND)
+    conn.send(struct.pack("<I", 2000) + b"\x01" * 2000)
+    status, fields = conn.read()                        # a clear answer, then the drop
     assert status == store_mod._ERROR and b"1024" in fields[0]
-    assert sock.recv(1) == b""
+    assert conn.sock.recv(1) == b""
     other = TCPStore("127.0.0.1", master.port, timeout=5, secret=SECRET)
     other.set("small", "1")
     assert master.get("small") == b"1"
