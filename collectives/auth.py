@@ -426,6 +426,20 @@ class FrameAuth:
         return self.check(mac, tag)
 
 
+def sign(secret: bytes, purpose: str, value: bytes) -> bytes:
+    """``value`` followed by its tag, for a store that need not be authenticated (torch's
+    TCPStore): whoever can write the store but lacks the secret cannot forge it."""
+    return value + hmac.new(secret, b"value|" + purpose.encode() + b"|" + value,
+                            hashlib.sha256).digest()[:TAG]
+
+
+def signed_value(secret: bytes, purpose: str, blob: bytes) -> bytes | None:
+    """The value ``sign`` wrapped in ``blob``, or None when its tag does not check."""
+    value = blob[:-TAG]
+    return value if len(blob) >= TAG and hmac.compare_digest(sign(secret, purpose, value),
+                                                              blob) else None
+
+
 def _transcript(nonce_s, nonce_c, ident_c, ident_s) -> bytes:
     return nonce_s + nonce_c + _IDENT.pack(ident_c) + _IDENT.pack(ident_s)
 

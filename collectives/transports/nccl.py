@@ -60,6 +60,7 @@ import time
 import numpy as np
 
 from .. import settings
+from ..auth import job_secret, secret_hint, sign, signed_value
 from ..errors import CollectiveTimeout, TransportError
 from ..kernels.reduce import BFLOAT16
 from ..ops import ReduceOp
@@ -187,16 +188,24 @@ def _exchange_unique_id(rank, world_size, store, timeout, nccl) -> tuple:
     if world_size == 1:
         return nccl.get_unique_id()
     if store is not None:
-        key = _uid_key(world_size)
+        # The id says where rank 0's NCCL listens: signed with the job secret, so that whoever
+        # may write an unauthenticated store (torch's TCPStore) cannot send the ranks elsewhere.
+        key, secret = _uid_key(world_size), job_secret()
         if rank == 0:
             uid = nccl.get_unique_id()
-            store.set(key, bytes(b & 0xFF for b in uid))
+            store.set(key, sign(secret, key, bytes(b & 0xFF for b in uid)))
             return uid
         raw = store.get(key)
-        if len(raw) != _UID_BYTES:
-            raise TransportError(f"nccl on rank {rank}: the store holds {len(raw)} bytes under "
+        uid = signed_value(secret, key, raw)
+        if uid is None:
+            raise TransportError(f"nccl on rank {rank}: the NCCL unique id under {key!r} in "
+                                 f"the store failed authentication: it was not written by "
+                                 f"rank 0 of this job, or the ranks hold different secrets "
+                                 f"({secret_hint()})")
+        if len(uid) != _UID_BYTES:
+            raise TransportError(f"nccl on rank {rank}: the store holds {len(uid)} bytes under "
                                  f"{key!r}, not a {_UID_BYTES}-byte NCCL unique id")
-        return bytes(raw)
+        return uid
     try:
         from mpi4py import MPI
     except ImportError:

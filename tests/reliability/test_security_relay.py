@@ -118,3 +118,23 @@ def test_a_relay_between_a_store_client_and_its_server_is_an_error():
         victim.close()
         server.close()
         listener.close()
+
+
+def test_an_nccl_unique_id_written_by_someone_else_is_refused(monkeypatch):
+    """The NCCL unique id says where rank 0's NCCL listens, and it goes through the store,
+    which under torchrun anyone may write: it is signed with the job secret, so a replaced id
+    is an error on the reader, never a communicator with the writer."""
+    import types
+
+    from collectives.errors import TransportError
+    from collectives.store import HashStore
+    from collectives.transports import nccl as nccl_transport
+
+    monkeypatch.setenv("COLLECTIVES_SECRET", "nccl-id-test-" + os.urandom(16).hex())
+    fake = types.SimpleNamespace(get_unique_id=lambda: bytes(range(128)))
+    store = HashStore()
+    assert nccl_transport._exchange_unique_id(0, 2, store, 5, fake) == bytes(range(128))
+    assert nccl_transport._exchange_unique_id(1, 2, store, 5, fake) == bytes(range(128))
+    store.set(nccl_transport._uid_key(2), bytes(128))       # an attacker's own id
+    with pytest.raises(TransportError, match="unique id .* failed authentication"):
+        nccl_transport._exchange_unique_id(1, 2, store, 5, fake)
