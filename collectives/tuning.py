@@ -13,6 +13,18 @@ A group builds its table once, when it is made (``DecisionTable.for_group``); at
    group on peer memory) for what nothing measured covers: other world sizes, sizes outside
    the measured range, collectives the run did not measure.
 
+Sources 3 and 4 choose among ``algorithms.auto_candidates``: the package's own schedules and
+those registered with ``@algorithm(..., auto=True)``. A schedule registered without it runs
+only where a call or ``COLLECTIVES_ALGORITHM`` names it; a tuning file row naming one is an
+error. An opted-in schedule is proven in the simulator when the table is made, at the
+group's world size on the schedule tests' cases (for every collective without an override),
+and again at each size class before a row prices it (classes of up to
+``algorithms.PROVE_MAX_ELEMENTS`` elements over the ranks); a failure is a ValueError that
+names the schedule, the collective, the world size and what went wrong: at the group's
+making, or at the call whose size class found it. Proofs are kept per schedule function and
+world size in the process. The opted-in names are among the sources the ranks' digests
+cover, so ranks that opted in different schedules refuse to make the group.
+
 Size classes are powers of two of the call's size in bytes (``call_size``' convention):
 class 0 holds empty calls, class c >= 1 the sizes [2^(c-1), 2^c); the last class holds
 everything larger. The model prices a class at its smallest size. Model rows are worked out
@@ -44,10 +56,10 @@ from dataclasses import dataclass
 from statistics import median, quantiles
 
 from . import settings
-from .algorithms import capabilities, cost
+from .algorithms import PROVE_MAX_ELEMENTS, auto_candidates, capabilities, cost, prove_opted_in
 from .algorithms.measured import KEY as RATIOS_KEY
 from .algorithms.measured import parse as parse_ratios
-from .algorithms.schedule import COLLECTIVES
+from .algorithms.schedule import COLLECTIVES, auto_names, is_opted_in, is_package_schedule
 
 DECISIONS = "decisions"
 LAST_CLASS = 41                 # 1 TiB and up share the last class
@@ -167,7 +179,7 @@ def measured_points(entry: dict, collective: str, size: int, params, path: str =
         return []
     curves = parse_ratios(entry[RATIOS_KEY], f"{_where(path)}: {RATIOS_KEY!r}").get(
         (collective, size), {})
-    valid = set(capabilities()[collective])
+    valid = set(auto_names(collective))
     times: dict[int, dict[str, float]] = {}
     for name, points in curves.items():
         if name not in valid:
@@ -187,13 +199,17 @@ def measured_points(entry: dict, collective: str, size: int, params, path: str =
 def _checked_rows(listed, collective, where) -> list:
     if not isinstance(listed, list):
         raise ValueError(f"{where}: expected a list of rows {{bytes, algorithm, ...}}")
-    valid = set(capabilities()[collective])
+    valid = set(auto_names(collective))
     out, seen = [], set()
     for row in listed:
         try:
             nbytes, name = int(row["bytes"]), row["algorithm"]
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{where}: row {row!r} needs bytes and algorithm ({exc})") from None
+        if name in capabilities()[collective] and name not in valid:
+            raise ValueError(f"{where}: row {row!r}: {name!r} is registered without "
+                             f"auto=True, so auto may not run it; register it with "
+                             f"@algorithm({collective!r}, {name!r}, auto=True) or drop the row")
         if nbytes < 0 or name not in valid or nbytes in seen:
             raise ValueError(f"{where}: row {row!r}: bytes must be >= 0, appear once, and "
                              f"algorithm one of {', '.join(sorted(valid))}")
@@ -211,7 +227,7 @@ class DecisionTable:
 
     def __init__(self, size: int, transport: str, *, tuning: str = "", overrides=None,
                  window: int = 1, segment: int | None = None, native_available: bool = False,
-                 agreed=None, model: str | None = None):
+                 agreed=None, model: str | None = None, rank: int | None = None):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"decision table: world size must be a positive integer, "
                              f"got {size!r}")
@@ -229,14 +245,21 @@ class DecisionTable:
         self.params = cost.load_params(transport, self.tuning, self.model)
         self._measured: dict[str, list] = {}     # collective -> measured points (lazily)
         self._rows: dict[tuple[str, int], Decision] = {}
+        # the schedules registered with auto=True that auto may choose here (collective ->
+        # names): every rank must have opted in the same ones
+        self.opted_in = {c: names for c in COLLECTIVES if c not in self.overrides
+                         and (names := tuple(n for n in auto_names(c) if is_opted_in(c, n)))}
         # What decides the schedules (the knobs are rank-local: the ends of a message need not
         # window or segment alike, and a transport may segment by what each rank sees)
         sources = {"size": size, "transport": transport, "model": self.model,
                    "overrides": sorted(self.overrides.items()), "params": repr(self.params),
-                   "entry": self.entry, "agreed": sorted(self.agreed.items())}
+                   "entry": self.entry, "agreed": sorted(self.agreed.items()),
+                   "opted_in": sorted(self.opted_in.items())}
         blob = json.dumps(sources, sort_keys=True, default=repr).encode()
         self.digest = hashlib.sha256(blob).digest()[:DIGEST_BYTES]
         validate_entry(self.entry, self.tuning)      # malformed: an error now, on every rank
+        for collective in self.opted_in:            # wrong: an error now, on every rank
+            self._proven(lambda: auto_candidates(collective, size), rank)
 
     @classmethod
     def for_group(cls, size: int, transport, *, window: int = 1) -> "DecisionTable":
@@ -251,7 +274,39 @@ class DecisionTable:
                    overrides=parse_overrides(settings.ALGORITHM(), native), window=window,
                    segment=segment, native_available=native,
                    agreed=getattr(getattr(transport, "peer_executor", None), "agreed", None),
-                   model=getattr(transport, "model_name", None))
+                   model=getattr(transport, "model_name", None),
+                   rank=getattr(transport, "rank", None))
+
+    @staticmethod
+    def _proven(prove, rank=None):
+        """``prove()``, its ValueError naming the rank where the table knows it."""
+        try:
+            return prove()
+        except ValueError as exc:
+            if rank is None:
+                raise
+            raise ValueError(f"ProcessGroup on rank {rank}: {exc}") from None
+
+    def _candidates(self, collective: str, cls: int) -> tuple[str, ...]:
+        """What the model chooses among: the package's schedules and those opted in when the
+        table was made (the ones its digest covers; proven then), each of the latter also
+        proven at the class's size (where it is small enough to simulate:
+        ``PROVE_MAX_ELEMENTS``)."""
+        opted = [n for n in self.opted_in.get(collective, ()) if is_opted_in(collective, n)]
+        for name in opted:
+            prove_opted_in(collective, name, self.size)     # again only if registered anew
+            self._prove_at(collective, name, cls)
+        return tuple(sorted([n for n in auto_names(collective)
+                             if is_package_schedule(collective, n)] + opted))
+
+    def _prove_at(self, collective: str, name: str, cls: int) -> None:
+        if not is_opted_in(collective, name):
+            return
+        nbytes = class_bytes(cls)
+        if collective != "barrier" and -(-nbytes // 4) * self.size > PROVE_MAX_ELEMENTS:
+            return
+        prove_opted_in(collective, name, self.size,
+                       cost.uniform_counts(collective, self.size, nbytes))
 
     @property
     def hash(self) -> str:
@@ -265,6 +320,9 @@ class DecisionTable:
                 f"{c}={a}" for c, a in sorted(self.overrides.items()))
         for name, value in sorted(self.agreed.items()):
             text += f", {name}={value}"
+        if self.opted_in:
+            text += ", auto=True: " + ",".join(f"{c}={n}" for c, names in
+                                                sorted(self.opted_in.items()) for n in names)
         return text
 
     # -- look-up ---------------------------------------------------------------------------
@@ -317,11 +375,12 @@ class DecisionTable:
                 elif row.get("by") == "neighbour":
                     note += (f" (within the noise: the winner at "
                              f"{format_bytes(row.get('neighbour_bytes', 0))})")
+                self._prove_at(collective, name, cls)
                 return self._knobs(name, "measured", note)
         return self._model(collective, cls)
 
     def _model(self, collective: str, cls: int) -> Decision:
-        candidates = capabilities()[collective]
+        candidates = self._candidates(collective, cls)
         if not candidates:
             raise ValueError(f"{collective} has no algorithm registered")
         ranked = cost.ranking(collective, self.size, class_bytes(cls), self.params, candidates)
@@ -500,8 +559,8 @@ def decisions_from_records(records, params, itemsize: int = 4, *,
     among them ("by": "model"). Each row keeps every algorithm's median, the noise and the
     threshold. ``ties``: which of the two steps before the model run (``tools/auto_rules.py``
     replays earlier runs without them).
-    Baselines (native), auto, labelled variants (``ring:graph``) and rows with wrong results
-    are no candidates.
+    Baselines (native), auto, labelled variants (``ring:graph``), schedules ``auto`` may not
+    run (registered without ``auto=True``) and rows with wrong results are no candidates.
 
     The threshold compares medians over rounds, so it is the noise of a median: the run's
     noise (one schedule's spread over its rounds, ``tie_noise``) / sqrt(rounds). The spread
@@ -523,7 +582,7 @@ def decisions_from_records(records, params, itemsize: int = 4, *,
     for row in records:
         name, collective = row["algorithm"], row["collective"]
         if ":" in name or name in CANDIDATE_EXCLUDED or row.get("wrong") or \
-                name not in capabilities().get(collective, ()):
+                name not in auto_names(collective):
             continue
         key = (collective, int(row["world_size"]))
         at = table.setdefault(key, {}).setdefault(int(row["size"]), {})

@@ -4,6 +4,11 @@ No I/O and no transport here. ``capabilities()`` is the table of what exists; ``
 adds the names users look for (Open MPI's and the literature's: rabenseifner, bruck,
 van_de_geijn, dissemination, binomial), each another name of the schedule that implements
 it; asking for anything else is a ValueError that lists the valid names.
+
+``auto`` chooses among fewer: ``auto_candidates()``, the package's own schedules and those
+registered with ``@algorithm(collective, name, auto=True)``, each of the latter proven in the
+simulator at the world size first. A schedule registered without ``auto=True`` runs only
+where a call names it, so a half-finished experiment never runs in a plain call.
 """
 from __future__ import annotations
 
@@ -17,8 +22,11 @@ from . import recursive_doubling  # noqa: F401
 from . import ring_bidirectional  # noqa: F401
 from . import direct  # noqa: F401
 from . import cost
-from .schedule import COLLECTIVES, REGISTRY, Plan, build_plan
+from .schedule import (COLLECTIVES, REGISTRY, Plan, auto_names, build_plan, is_opted_in,
+                       record_package_schedules)
 from .. import settings
+
+record_package_schedules()      # every schedule the modules above registered is the package's
 
 ENV_DEBUG = settings.DEBUG.name     # the same variable collectives.debug reads
 
@@ -40,8 +48,9 @@ ALIASES = {
 
 
 def capabilities(aliases: bool = False) -> dict[str, tuple[str, ...]]:
-    """collective -> the algorithm names implemented for it (sorted); with ``aliases``, the
-    other names they answer to as well (``ALIASES``). ``auto`` chooses among the former."""
+    """collective -> the algorithm names implemented for it (sorted): every registered
+    schedule, each of which runs where a call names it; with ``aliases``, the other names
+    they answer to as well (``ALIASES``). ``auto`` chooses among ``auto_candidates()``."""
     table = {c: tuple(sorted(REGISTRY.get(c, {}))) for c in COLLECTIVES}
     if aliases:
         table = {c: names + tuple(sorted(a for a, name in ALIASES.get(c, {}).items()
@@ -68,6 +77,54 @@ def check_algorithm(collective: str, name: str, *, native_available: bool = Fals
         raise ValueError(f"{collective} has no algorithm {name!r}; valid: {', '.join(listed)}")
 
 
+# A decision table also proves an opted-in schedule at each size class it would price it for,
+# up to this many elements summed over the ranks' buffers (64-bit words in the simulator: 8
+# MiB a buffer); larger classes rest on ``simulate.proving_cases``.
+PROVE_MAX_ELEMENTS = 1 << 20
+
+
+def auto_candidates(collective: str, size: int) -> tuple[str, ...]:
+    """The schedules ``auto`` chooses among for ``collective`` on ``size`` ranks, sorted:
+    the package's own (proven by its schedule tests) and those registered with
+    ``auto=True``, each of the latter once the simulator has proven it at ``size`` ranks on
+    the schedule tests' cases (``simulate.proving_cases``; once per schedule function and
+    world size in a process). Raises ValueError, naming the schedule, the collective, the
+    world size and what went wrong, where an opted-in schedule fails."""
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+    names = auto_names(collective)
+    for name in names:
+        if is_opted_in(collective, name):
+            prove_opted_in(collective, name, size)
+    return names
+
+
+def prove_opted_in(collective: str, name: str, size: int, counts=None) -> None:
+    """Raise ValueError unless the opted-in schedule ``name`` gives every rank the right
+    result at ``size`` ranks: on ``simulate.proving_cases``, or, with ``counts`` (the
+    schedule's counts argument, hashable), on those at roots 0 and p-1. Results are kept
+    per schedule function, world size and counts."""
+    problem = _proof(collective, name, REGISTRY[collective][name], size, counts)
+    if problem is not None:
+        raise ValueError(
+            f"{collective} schedule {name!r}, registered with auto=True, fails in the "
+            f"simulator at world size {size}: {problem}. auto runs only schedules proven "
+            f"correct at the group's world size: fix it, or register it without auto=True "
+            f"(it still runs where a call names it)")
+
+
+@functools.lru_cache(maxsize=4096)
+def _proof(collective, name, fn, size, counts):
+    """What ``simulate.prove`` found (None: correct); ``fn`` keys the cache, so a name
+    registered again is proven again."""
+    from . import simulate      # numpy and the reduction kernels: only where a proof is due
+    if counts is None:
+        cases = simulate.proving_cases(collective, size)
+    else:
+        cases = [(counts, root) for root in sorted({0, size - 1})]
+    return simulate.prove(collective, name, size, cases)
+
+
 def choose(collective: str, size: int, nbytes: int, transport: str = "") -> str:
     """The model's choice: the registered algorithm with the least predicted time (cost.py's
     α-β-γ model, with ``transport``'s parameters from the tuning file or its defaults, times
@@ -77,19 +134,18 @@ def choose(collective: str, size: int, nbytes: int, transport: str = "") -> str:
     (``collectives/tuning.py``), which falls back to the model for what nothing measured.
     ``nbytes`` follows ``cost.uniform_counts``' convention (what the process group passes).
     Under ``COLLECTIVES_DEBUG=INFO`` (or DETAIL) each choice is logged with its prediction."""
-    ranked = _ranked(collective, size, nbytes, transport, settings.TUNING())
+    ranked = _ranked(collective, size, nbytes, transport, settings.TUNING(),
+                     auto_candidates(collective, size))
     if settings.DEBUG() != "OFF":
         _log_choice(collective, size, nbytes, transport, ranked)
     return ranked[0][1]
 
 
 @functools.lru_cache(maxsize=16384)
-def _ranked(collective, size, nbytes, transport, tuning):
+def _ranked(collective, size, nbytes, transport, tuning, candidates):
     """Cached per call shape: every collective call goes through ``choose``. ``tuning`` (the
-    file's path) is part of the key so that pointing the variable elsewhere takes effect."""
-    candidates = capabilities().get(collective)
-    if candidates is None:
-        raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+    file's path) and ``candidates`` are part of the key so that pointing the variable
+    elsewhere, or opting a schedule in, takes effect."""
     if not candidates:
         raise ValueError(f"{collective} has no algorithm registered")
     params = cost.load_params(transport, tuning or "")
@@ -118,5 +174,5 @@ def _log_choice(collective, size, nbytes, transport, ranked):
     log.info(text)
 
 
-__all__ = ["ALIASES", "AUTO", "NATIVE", "Plan", "build_plan", "canonical", "capabilities",
-           "check_algorithm", "choose"]
+__all__ = ["ALIASES", "AUTO", "NATIVE", "Plan", "auto_candidates", "build_plan", "canonical",
+           "capabilities", "check_algorithm", "choose", "prove_opted_in"]

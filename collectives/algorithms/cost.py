@@ -90,7 +90,8 @@ from .measured import load as load_corrections
 from .params import (DEFAULTS, ENV_TUNING, FALLBACK_TRANSPORT, HOST_SHARED_BYTES,  # noqa: F401
                      SHAPE_FIELDS, SOCKET_SPILL_BYTES, Params, default_params, load_params,
                      read_tuning, save_params, write_tuning)
-from .schedule import COLLECTIVES, REGISTRY, Copy, build_plan, partition, plan_args
+from .schedule import (COLLECTIVES, REGISTRY, Copy, auto_names, build_plan, partition,
+                       plan_args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,10 +391,11 @@ def cheapest(collective: str, size: int, nbytes: int, transport: str = "", candi
              params: Params | None = None, itemsize: int = 4,
              corrections: Corrections | None = None) -> tuple[str, float]:
     """(name, predicted seconds) of the candidate with the least predicted time; candidates
-    default to every registered algorithm of ``collective``; ``params`` and ``corrections``
+    default to the algorithms ``auto`` may choose for ``collective`` (``auto_names``: the
+    package's own and those registered with ``auto=True``); ``params`` and ``corrections``
     to the transport's from the tuning file (``COLLECTIVES_TUNING``), else its defaults."""
     if candidates is None:
-        candidates = sorted(REGISTRY.get(collective, {}))
+        candidates = auto_names(collective)
     candidates = list(candidates)
     if not candidates:
         raise ValueError(f"cost model: no candidate algorithms for {collective}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import sys
 from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple
 
@@ -257,17 +258,80 @@ def _scratch_needed(steps) -> int:
 
 # collective -> algorithm name -> schedule function
 REGISTRY: dict[str, dict[str, Callable]] = {}
+# What ``auto`` may choose, as collective -> name -> the function so registered (a name
+# registered again by other code is that code's schedule, not the one listed here):
+# PACKAGE holds the package's own schedules (recorded by ``collectives.algorithms`` once its
+# modules have registered them; the schedule tests prove them at world sizes 1-33, 64, 100
+# and 1024); OPTED_IN those registered with ``auto=True``, which a group's decision table
+# proves in the simulator at its world size before ``auto`` may run them.
+PACKAGE: dict[str, dict[str, Callable]] = {}
+OPTED_IN: dict[str, dict[str, Callable]] = {}
+RESERVED_NAMES = ("auto", "native")     # what a call's algorithm= means besides a schedule
 
 
-def algorithm(collective: str, name: str):
-    """Register a schedule function as ``name`` for ``collective``."""
+def algorithm(collective: str, name: str, *, auto: bool = False):
+    """Register a schedule function as ``name`` for ``collective``.
+
+    A registered schedule runs where a call names it (``algorithm=name``, or
+    ``COLLECTIVES_ALGORITHM``). ``auto`` chooses only among the package's own schedules
+    unless ``auto=True``: then it is a candidate too, once the simulator has proven it at
+    the group's world size (``collectives.algorithms.auto_candidates``); a group whose table
+    finds it wrong refuses to be made, with a ValueError saying what was wrong.
+    Registering a name again replaces the schedule (and its opt-in) and forgets its plans."""
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+    if not isinstance(name, str) or not name or name in RESERVED_NAMES or ":" in name:
+        raise ValueError(f"algorithm({collective!r}, {name!r}): the name must be a non-empty "
+                         f"string without ':' other than {' and '.join(RESERVED_NAMES)}")
+    if not isinstance(auto, bool):
+        raise TypeError(f"algorithm({collective!r}, {name!r}): auto must be True or False, "
+                        f"got {auto!r}")
 
     def register(fn):
         REGISTRY.setdefault(collective, {})[name] = fn
+        opted = OPTED_IN.setdefault(collective, {})
+        opted.pop(name, None)
+        if auto:
+            opted[name] = fn
+        # plans and the model's prices are cached by name: any held for this name were
+        # another function's (one registered before, or removed from the registry since)
+        build_plan.cache_clear()
+        cost = sys.modules.get(f"{__package__}.cost")
+        if cost is not None:
+            cost.clear_caches()
         return fn
     return register
+
+
+def record_package_schedules() -> None:
+    """Mark every schedule registered so far as the package's own (``PACKAGE``): called once
+    by ``collectives.algorithms`` after importing the modules that define them."""
+    for collective, table in REGISTRY.items():
+        PACKAGE.setdefault(collective, {}).update(table)
+
+
+def _listed(table: dict, collective: str, name: str) -> bool:
+    fn = table.get(collective, {}).get(name)
+    return fn is not None and REGISTRY.get(collective, {}).get(name) is fn
+
+
+def is_package_schedule(collective: str, name: str) -> bool:
+    """Whether ``name`` is still the package's own schedule for ``collective``."""
+    return _listed(PACKAGE, collective, name)
+
+
+def is_opted_in(collective: str, name: str) -> bool:
+    """Whether ``name`` was registered with ``auto=True`` (and is not the package's own)."""
+    return _listed(OPTED_IN, collective, name) and not is_package_schedule(collective, name)
+
+
+def auto_names(collective: str) -> tuple[str, ...]:
+    """The names ``auto`` may choose for ``collective``, sorted: the package's own schedules
+    and those registered with ``auto=True`` (proving those is the caller's part:
+    ``collectives.algorithms.auto_candidates``)."""
+    return tuple(sorted(name for name in REGISTRY.get(collective, {})
+                        if is_package_schedule(collective, name)
+                        or is_opted_in(collective, name)))
 
 
 @functools.lru_cache(maxsize=4096)
