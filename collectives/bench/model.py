@@ -34,15 +34,27 @@ from .cases import BUS_FACTOR, element_count, format_size, parse_dtype
 SIMULATOR_SECONDS_PER_OP = 6e-6
 
 
+def effective_sizes(collective: str, sizes, itemsize: int, p: int) -> list[tuple[int, list]]:
+    """[(element count, the requested sizes that come to it)] in the order first requested:
+    a size is rounded to whole elements and, where it is split into blocks, to at least one
+    element per rank, so at large P several small sizes are one call (4K and 16K of float32
+    at P = 4096 are both 4096 elements)."""
+    merged: dict[int, list] = {}
+    for size in sizes:
+        merged.setdefault(element_count(collective, size, itemsize, p), []).append(size)
+    return list(merged.items())
+
+
 def predicted_rows(p: int, collectives, algorithms, sizes, params, itemsize: int = 4):
-    """One record per (collective, size, algorithm) with the model's time and busbw; ``best``
-    marks the least predicted time at that size (ties by name, as ``auto`` breaks them)."""
+    """One record per (collective, effective size, algorithm) with the model's time and
+    busbw; ``best`` marks the least predicted time at that size (ties by name, as ``auto``
+    breaks them); ``requested``: the sizes asked for that come to this one
+    (``effective_sizes``), so no call is listed twice."""
     have = capabilities()
     rows = []
     for collective in collectives:
         names = [a for a in algorithms if a in have[collective]]
-        for size in sizes:
-            count = element_count(collective, size, itemsize, p)
+        for count, requested in effective_sizes(collective, sizes, itemsize, p):
             nbytes = count * itemsize
             ranked = cost.ranking(collective, p, nbytes, params, names, itemsize)
             for seconds, name in sorted(ranked, key=lambda item: names.index(item[1])):
@@ -50,8 +62,17 @@ def predicted_rows(p: int, collectives, algorithms, sizes, params, itemsize: int
                 rows.append({"collective": collective, "algorithm": name, "world_size": p,
                              "size": nbytes, "count": count, "predicted_us": seconds * 1e6,
                              "busbw_gbs": algbw * BUS_FACTOR[collective](p),
-                             "best": name == ranked[0][1]})
+                             "best": name == ranked[0][1], "requested": requested})
     return rows
+
+
+def format_duration(seconds: float) -> str:
+    """A wall time in the unit that shows it: ``850 us``, ``12.3 ms``, ``4.56 s``."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} us"
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds:.2f} s"
 
 
 def verify_counts(collective: str, p: int):
@@ -71,9 +92,11 @@ def simulator_work(collective, algorithm, p, counts) -> int:
     return p * sum(1 + len(s.sends) + len(s.recvs) + len(s.local) for s in plan.steps)
 
 
-def verify_all(p: int, collectives, algorithms, budget: float, out=sys.stdout):
-    """Verify every (collective, algorithm) at P, cheapest first, within ``budget`` seconds.
+def verify_all(p: int, collectives, algorithms, budget: float, out=None):
+    """Verify every (collective, algorithm) at P, cheapest first, within ``budget`` seconds,
+    reporting each to ``out`` (sys.stdout as it is at the call).
     Returns [{collective, algorithm, counts, seconds | estimate_s, status}]."""
+    out = sys.stdout if out is None else out
     have = capabilities()
     jobs = []
     for collective in collectives:
@@ -89,8 +112,8 @@ def verify_all(p: int, collectives, algorithms, budget: float, out=sys.stdout):
         if spent + estimate > budget:
             entry.update(status="skipped", estimate_s=estimate)
             results.append(entry)
-            print(f"#   {collective:15s} {name:19s} skipped: ~{estimate:.0f} s in the simulator "
-                  f"would pass --verify-seconds {budget:g}", file=out, flush=True)
+            print(f"#   {collective:15s} {name:19s} skipped: ~{format_duration(estimate)} in "
+                  f"the simulator would pass --verify-seconds {budget:g}", file=out, flush=True)
             continue
         start = time.perf_counter()
         try:
@@ -101,7 +124,8 @@ def verify_all(p: int, collectives, algorithms, budget: float, out=sys.stdout):
         entry["seconds"] = time.perf_counter() - start
         spent += entry["seconds"]
         results.append(entry)
-        print(f"#   {collective:15s} {name:19s} {entry['status']:6s} {entry['seconds']:7.2f} s"
+        print(f"#   {collective:15s} {name:19s} {entry['status']:6s} "
+              f"{format_duration(entry['seconds']):>9s}"
               + (f"  {entry['error']}" if entry.get("error") else ""), file=out, flush=True)
     return results
 
@@ -113,6 +137,16 @@ def format_rows(rows) -> str:
         lines += ["", f"# {collective}, {p} ranks (predicted; * = best of these)",
                   f"#{'size':>9} {'count':>11} {'algorithm':>19} {'model_us':>12} "
                   f"{'busbw':>9}  best", "#" + "-" * 68]
+        rounded = {}
+        for r in rows:
+            if r["collective"] == collective:
+                asked = [s for s in r.get("requested", ()) if s != r["size"]]
+                if asked:
+                    rounded[r["size"]] = asked
+        why = "whole elements" if collective == "all_reduce" else \
+            "whole elements, at least one per rank"
+        for size, asked in rounded.items():
+            lines.append(f"# {', '.join(map(format_size, asked))} -> {format_size(size)}: {why}")
         for r in (r for r in rows if r["collective"] == collective):
             lines.append(f"{format_size(r['size']):>10} {r['count']:>11} {r['algorithm']:>19} "
                          f"{r['predicted_us']:>12.1f} {r['busbw_gbs']:>9.3f}  "
@@ -135,13 +169,13 @@ def simulate_main(args, config) -> int:
     start = time.perf_counter()
     rows = predicted_rows(p, config.collectives, algorithms, config.sizes, params, itemsize)
     print(format_rows(rows), flush=True)
-    print(f"\n# predicted in {time.perf_counter() - start:.2f} s", flush=True)
+    print(f"\n# predicted in {format_duration(time.perf_counter() - start)}", flush=True)
     print(f"# verifying the schedules at P = {p} in the simulator (small counts):", flush=True)
     start = time.perf_counter()
     checks = verify_all(p, config.collectives, algorithms, args.verify_seconds)
     failed = [c for c in checks if c["status"] == "FAILED"]
     skipped = [c for c in checks if c["status"] == "skipped"]
-    print(f"# verification took {time.perf_counter() - start:.2f} s: "
+    print(f"# verification took {format_duration(time.perf_counter() - start)}: "
           f"{sum(c['status'] == 'ok' for c in checks)} ok, {len(failed)} failed, "
           f"{len(skipped)} skipped", flush=True)
     if args.json:
