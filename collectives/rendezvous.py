@@ -3,7 +3,9 @@
 - ``env://`` (the default): MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the environment
   (rank and world size may come from the arguments instead). Rank 0 runs the TCPStore server,
   unless the launcher already runs one ($COLLECTIVES_USE_AGENT_STORE=1, set by
-  ``collectives.run``; torch's TORCHELASTIC_USE_AGENT_STORE is honoured too).
+  ``collectives.run``). Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the agent's store
+  is torch's TCPStore: the ranks reach it through torch's client (without torch, an error at
+  once saying what to do).
 - ``tcp://host:port`` (``?rank=R&world_size=N`` accepted): same, with the address in the URL.
 - ``file:///path``: a FileStore on a file every rank can see (created 0600; a symbolic link,
   another user's file, a file others may read and a file that is not a FileStore's are
@@ -76,19 +78,66 @@ def _check(rank, world_size, init_method):
                          f"size {world_size}")
 
 
+def _check_launcher_size(rank, world_size):
+    """A world size given as an argument must be the launcher's ($WORLD_SIZE, where one set
+    it): the ranks it did not start would never arrive, and the others would wait out the
+    whole init timeout for them."""
+    raw = os.environ.get("WORLD_SIZE", "")
+    try:
+        started = int(raw)
+    except ValueError:
+        return                  # not a launcher's (an unset or odd value is not relied on)
+    if started != world_size:
+        raise ValueError(f"init_process_group on rank {rank}: world_size={world_size} was "
+                         f"given, but the launcher started {started} ranks (WORLD_SIZE="
+                         f"{raw}): ranks the launcher did not start never arrive; leave "
+                         f"world_size out (-1: the launcher's) or launch {world_size} ranks")
+
+
 def _uses_agent_store() -> bool:
-    return settings.USE_AGENT_STORE() or \
+    return settings.USE_AGENT_STORE() or _uses_torch_agent_store()
+
+
+def _uses_torch_agent_store() -> bool:
+    """torchrun's agent runs torch's TCPStore (our launcher sets its own variable)."""
+    return not settings.USE_AGENT_STORE() and \
         os.environ.get(TORCH_AGENT_STORE, "").lower() in ("1", "true", "yes")
 
 
 def _tcp_store(host, port, rank, world_size, timeout):
     warn_if_remote(host, f"rendezvous on rank {rank}")
     # The server does not wait for every worker: arrive() does, naming the ranks missing.
+    if _uses_torch_agent_store():
+        return _torch_agent_store(host, port, rank, world_size, timeout)
     if _uses_agent_store():
         return TCPStore(host, port, world_size, timeout=timeout, wait_for_workers=False)
     if rank == 0:
         return _serve(host, port, world_size, timeout)
     return _join_server(host, port, rank, world_size, timeout)
+
+
+def _torch_agent_store(host, port, rank, world_size, timeout):
+    """The store of torchrun's agent: torch's TCPStore, whose protocol is not ours (our
+    client would retry until the timeout, finding no server it can talk to), reached through
+    torch's own client under our store interface. Without torch: an error at once, saying
+    what to do."""
+    try:
+        import torch.distributed as torch_dist
+        from .store.torch_store import NO_DEADLINE, TorchStore
+    except ImportError as exc:
+        raise RuntimeError(
+            f"init_process_group on rank {rank}: {TORCH_AGENT_STORE} is set: the launcher "
+            f"(torchrun) runs torch's TCPStore at {host}:{port}, which only torch's client "
+            f"speaks, and torch does not import here ({exc}); install torch, or start the "
+            f"job with `python -m collectives.run` (torchrun's flags), whose store is "
+            f"ours") from None
+    limit = NO_DEADLINE if timeout is None else timedelta(seconds=timeout)
+    try:
+        store = torch_dist.TCPStore(host, port, world_size, False, limit)
+    except (RuntimeError, ValueError) as exc:   # torch's DistStoreError is a RuntimeError
+        raise StoreError(f"init_process_group on rank {rank}: cannot reach torchrun's store "
+                         f"(torch's TCPStore) at {host}:{port}: {exc}") from None
+    return TorchStore(store, timeout)
 
 
 def _serve(host, port, world_size, timeout):
@@ -286,6 +335,7 @@ def rendezvous(init_method: str | None = None, rank: int | None = None,
         rank = _int_setting(rank, "RANK", init_method)
         world_size = _int_setting(world_size, "WORLD_SIZE", init_method)
         _check(rank, world_size, init_method)
+        _check_launcher_size(rank, world_size)
         return _tcp_store(host, port, rank, world_size, timeout), rank, world_size
 
     if url.scheme == "tcp":
@@ -294,6 +344,7 @@ def rendezvous(init_method: str | None = None, rank: int | None = None,
         rank = _int_setting(rank, "RANK", init_method)
         world_size = _int_setting(world_size, "WORLD_SIZE", init_method)
         _check(rank, world_size, init_method)
+        _check_launcher_size(rank, world_size)
         return _tcp_store(url.hostname, url.port, rank, world_size, timeout), rank, world_size
 
     if url.scheme == "file":
@@ -303,6 +354,7 @@ def rendezvous(init_method: str | None = None, rank: int | None = None,
         rank = _int_setting(rank, "RANK", init_method)
         world_size = _int_setting(world_size, "WORLD_SIZE", init_method)
         _check(rank, world_size, init_method)
+        _check_launcher_size(rank, world_size)
         return FileStore(path, world_size, timeout=timeout), rank, world_size
 
     raise ValueError(f"rendezvous: unsupported init_method {init_method!r}; "

@@ -1,6 +1,6 @@
-"""Stores between torch and us: ours over a torch store (what the socket transport's
-rendezvous calls), torch's over our launcher's store server, and torch's ``env://`` handler
-that hands torch the latter under ``python -m collectives.run``."""
+"""Stores between torch and us: ours over a torch store (``store.torch_store``, what the
+socket transport's rendezvous calls), torch's over our launcher's store server, and torch's
+``env://`` handler that hands torch the latter under ``python -m collectives.run``."""
 from __future__ import annotations
 
 import importlib
@@ -12,53 +12,10 @@ import torch.distributed as dist
 
 from .. import settings
 from ..store import Store, TCPStore
+from ..store.torch_store import TorchStore as _TorchStore  # noqa: F401  (the backend's)
 
 # torch.distributed.rendezvous is also the name of a function there: take the module itself
 _torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")
-
-# torch's "no deadline" for a store wait (its waits take a timedelta, never None)
-_NO_DEADLINE = timedelta(days=365)
-
-
-class _TorchStore(Store):
-    """Our store interface (what the socket transport's rendezvous calls) over a torch store.
-    ``underlying_store`` leads the transport to the master's host (torch's TCPStore has
-    ``host``), so each rank listens on the interface that routes there."""
-
-    def __init__(self, store, timeout):
-        super().__init__(timeout)
-        self.underlying_store = store
-
-    def _set(self, key, value):
-        self.underlying_store.set(key, value)
-
-    def _get(self, key, timeout):
-        if self._wait([key], timeout):
-            return None
-        return self.underlying_store.get(key)
-
-    def _add(self, key, amount):
-        return self.underlying_store.add(key, amount)
-
-    def _wait(self, keys, timeout):
-        limit = _NO_DEADLINE if timeout is None else timedelta(seconds=timeout)
-        try:
-            self.underlying_store.wait(keys, limit)
-        except dist.DistStoreError:
-            return [k for k in keys if not self.underlying_store.check([k])]
-        return []
-
-    def _compare_set(self, key, expected, desired):
-        return self.underlying_store.compare_set(key, expected, desired)
-
-    def _delete(self, key):
-        return self.underlying_store.delete_key(key)
-
-    def _num_keys(self):
-        return self.underlying_store.num_keys()
-
-    def _check(self, keys):
-        return self.underlying_store.check(keys)
 
 
 class _LauncherStore(dist.Store):
