@@ -41,7 +41,8 @@ class TorchStore(Store):
 
     def _wait(self, keys, timeout):
         if timeout is not None and timeout < _SHORTEST:
-            # torch counts whole milliseconds, and a zero timeout is none at all for it
+            # torch counts whole milliseconds, and each of its waits that runs out logs a
+            # warning: a mere look (rendezvous polls the ranks present) is a check
             return [k for k in keys if not self.underlying_store.check([k])]
         limit = NO_DEADLINE if timeout is None else timedelta(seconds=timeout)
         try:
