@@ -5,6 +5,14 @@ Asynchronous collectives run on one worker thread per process group, in submissi
 other; a synchronous call first drains its group's queue. Point-to-point Work wraps
 transport requests instead and is completed by whoever waits on it.
 
+On a GPU transport (one whose ``call_scope`` names a device and stream) an asynchronous
+collective is enqueued at the call, from the caller's thread, on the caller's current stream,
+as NCCL's own backend does: a worker thread would lack the device's context, and the host
+need not wait to enqueue. Its Work holds a CUDA event recorded after it; ``wait()`` makes the
+waiting thread's current stream wait for that event (the host does not block), and
+``is_completed()`` asks the GPU. Tensors freed by the caller right after the call are safe:
+the caching allocators hand their memory out again only in that stream's order.
+
 Limits: the worker thread and the caller may use the transport at the same time (an
 ``isend`` posted while an async collective runs); the local transport is thread-safe, other
 transports must be too (MPI: MPI_THREAD_MULTIPLE) for such overlap.
@@ -84,13 +92,17 @@ class Future:
 class Work:
     """The handle ``async_op=True`` returns. ``wait`` raises the operation's error."""
 
-    def __init__(self, result=(), *, requests=None, transport=None, on_done=None):
+    def __init__(self, result=(), *, requests=None, transport=None, on_done=None,
+                 enqueued=None):
         self._result = list(result)
         self._requests = requests          # p2p: transport requests completed by wait()
         self._transport = transport
         self._on_done = on_done            # p2p: e.g. record the sender of an any-source recv
+        self._enqueued = enqueued          # GPU: (GPU finished?, order the current stream)
         self._future = Future(drive=self._drive if requests is not None else None)
         self._lock = threading.Lock()
+        if enqueued is not None:
+            self._future._set(self._result)
 
     # called by the worker (collectives) or by wait() (p2p)
     def _finish(self, exception=None):
@@ -113,6 +125,9 @@ class Work:
 
     def wait(self, timeout=None) -> bool:
         limit = seconds(timeout, "Work.wait")
+        if self._enqueued is not None:
+            self._enqueued[1]()            # the waiting stream, not the host, waits
+            return True
         if self._requests is not None:
             self._drive(limit)
         elif not self._future._event.wait(limit):
@@ -122,6 +137,8 @@ class Work:
         return True
 
     def is_completed(self) -> bool:
+        if self._enqueued is not None:
+            return self._enqueued[0]()
         if not self._future.done() and self._requests is not None:
             if all(request.test() for request in self._requests):
                 self._drive()
@@ -228,21 +245,19 @@ def then(run, finish, *args):
     return run_and_finish
 
 
-def _inside(scope, run):
-    def scoped():
-        with scope():
-            return run()
-    return scoped
-
-
 def call(pg, run, async_op: bool, result):
-    """The end of every facade collective: run now, or queue and return Work. Runs inside
-    the transport's ``call_scope`` (NCCL: the caller's GPU and stream, captured now)."""
+    """The end of every facade collective: run now, or queue and return Work. On a GPU
+    transport it runs now in any case, inside the transport's ``call_scope`` (the caller's
+    GPU and stream): enqueued there, with Work that orders a waiting stream after it."""
     scope = pg.transport.call_scope(result)
-    if scope is not None:
-        run = _inside(scope, run)
-    if async_op:
+    if scope is None and async_op:
         return submit(pg, run, result)
     drain(pg)
-    run()
+    if scope is None:
+        run()
+        return None
+    with scope():
+        run()
+        if async_op:
+            return Work(result, enqueued=pg.transport.enqueued(result))
     return None

@@ -101,10 +101,16 @@ class Transport:
 
     def call_scope(self, buffers):
         """What a facade call must run inside, captured in the caller's thread when the call
-        is made (None: nothing). The NCCL transport returns its device and the caller's
-        stream, so an async collective that runs later on the group's worker thread still
-        lands on the caller's GPU and stream."""
+        is made (None: nothing, the call runs on the host). The NCCL transport returns its
+        device and the caller's current stream: the call is enqueued there, and an async one
+        gets its completion from ``enqueued``."""
         return None
+
+    def enqueued(self, buffers):
+        """Called inside ``call_scope`` right after an async call was enqueued: (whether the
+        GPU has finished it, a function that makes the waiting thread's current stream wait
+        for it). Only transports whose ``call_scope`` is not None have it."""
+        raise NotImplementedError(f"{type(self).__name__} runs calls on the host")
 
     def check_peer(self, peer: int, operation: str) -> None:
         if not 0 <= peer < self.size:

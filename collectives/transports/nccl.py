@@ -251,18 +251,22 @@ class NcclTransport(Transport):
 
     # -- what the executor needs ---------------------------------------------------------
 
-    def call_scope(self, buffers):
-        """This rank's GPU and the stream the caller's tensors are ordered on: torch's current
-        stream when any buffer is a torch CUDA tensor, else CuPy's current stream (both are
-        per thread, so they are read now, in the caller's thread)."""
+    def _callers_stream(self, buffers):
+        """The stream the caller's tensors are ordered on: torch's current stream when any
+        buffer is a torch CUDA tensor, else CuPy's current stream (both are per thread)."""
         cupy = self.xp
         torch = sys.modules.get("torch")
         if torch is not None and any(isinstance(b, torch.Tensor) and b.is_cuda
                                      for b in _flatten(buffers)):
-            stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream,
-                                              self.device)
-        else:
-            stream = cupy.cuda.get_current_stream()
+            return cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream,
+                                            self.device)
+        return cupy.cuda.get_current_stream()
+
+    def call_scope(self, buffers):
+        """This rank's GPU and the caller's stream (``_callers_stream``), read now, in the
+        caller's thread."""
+        cupy = self.xp
+        stream = self._callers_stream(buffers)
         device = cupy.cuda.Device(self.device)
 
         @contextlib.contextmanager
@@ -270,6 +274,18 @@ class NcclTransport(Transport):
             with device, stream:
                 yield
         return scope
+
+    def enqueued(self, buffers):
+        """An event recorded now on the call's stream (we are inside its scope); a wait
+        orders the waiting thread's current stream after it, the host never blocks."""
+        cupy = self.xp
+        event = cupy.cuda.Event(disable_timing=True)
+        event.record()
+
+        def order_after():
+            with cupy.cuda.Device(self.device):
+                self._callers_stream(buffers).wait_event(event)
+        return (lambda: event.done), order_after
 
     def comm_stream(self):
         """The private stream transfers run on when a plan is pipelined."""

@@ -85,6 +85,9 @@ class SubgroupTransport(Transport):
     def call_scope(self, buffers):
         return self.parent.call_scope(buffers)
 
+    def enqueued(self, buffers):
+        return self.parent.enqueued(buffers)
+
     def wait_all(self, requests, timeout=None):
         self.parent.wait_all([getattr(r, "inner", r) for r in requests], timeout)
 

@@ -140,6 +140,10 @@ class Event:
     def done(self, value):
         self._done = value
 
+    def record(self, stream=None):
+        """CuPy's Event.record: on ``stream``, else the current stream."""
+        (stream or self.world.current_stream()).record(self)
+
 
 class Stream:
     def __init__(self, world, rank, ptr):
@@ -345,6 +349,7 @@ class World:
         cuda.get_current_stream = world.current_stream
         cuda.Stream = lambda non_blocking=False: world._stream(world.rank)
         cuda.Device = _Device
+        cuda.Event = lambda disable_timing=False: Event(world)
         cupy = types.ModuleType("cupy")
         cupy.cuda = cuda
         cupy.ndarray = FakeArray

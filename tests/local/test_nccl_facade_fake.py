@@ -211,3 +211,29 @@ def test_symmetric_memory_needs_the_peer_path(world):
                 getattr(state.current().default, operation)(np.zeros(4, np.float32))
         return True
     assert run_ranks(world(2), body) == [True, True]
+
+
+# -- async collectives on GPU arrays --------------------------------------------------------
+
+
+def test_async_collectives_are_enqueued_from_the_callers_thread(world):
+    """async_op=True on a GPU transport enqueues the collective at the call, on the caller's
+    stream, from the caller's thread (a worker thread lacks the device's context: the real
+    launch failed there with CUDA_ERROR_INVALID_CONTEXT); wait() orders the caller's stream
+    after it, and the host never blocks."""
+    from collectives import work as work_module
+    fake = world(2)
+
+    def body(rank):
+        x = device(fake, [rank + 1.0] * 4)
+        out = device(fake, [0.0] * 8)
+        gathered = dist.all_gather_into_tensor(out, x, async_op=True)
+        broadcast = dist.broadcast(x, src=1, async_op=True)
+        assert gathered.wait() and broadcast.wait()
+        assert state.world().default not in work_module._workers   # no worker thread ran them
+        value = fake.asnumpy(x)                                 # the stream ran up to here
+        assert gathered.is_completed() and broadcast.is_completed()
+        return value.tolist(), fake.asnumpy(out).tolist()
+
+    for value, gathered in run_ranks(fake, body):
+        assert value == [2.0] * 4 and gathered == [1.0] * 4 + [2.0] * 4
