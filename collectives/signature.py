@@ -10,9 +10,16 @@ transport in its mailboxes) compare the sender's with the receiver's when they m
 message, and a difference is a ``CallMismatch`` on the receiving rank. Counts need no field:
 the receive already checks the message's length. The sequence number is the tag.
 
+A transport with room for only a few bits (MPI, in its tags: ``transports/mpi.py``) carries
+``fold(signature, width)``: a receive posted with one call's bits never matches a message of
+another's, and ``folded_mismatch`` names the other call as the calls nearest this rank's
+whose signature folds to the bits that arrived.
+
 Limits: the algorithm travels as one byte of a hash of its name (two research algorithms may
-share it, 1 in 255); the root as 16 bits (roots 65536 apart look alike). MPI and NCCL carry
-no signature: there ``COLLECTIVES_DEBUG=DETAIL`` is the check.
+share it, 1 in 255); the root as 16 bits (roots 65536 apart look alike). Folded into 8 bits,
+two calls look alike 1 time in 254, and the other call is named by its bits (an exact name
+where one call near this rank's folds to them). NCCL carries no signature: there
+``COLLECTIVES_DEBUG=DETAIL`` is the check.
 """
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ import zlib
 import numpy as np
 
 from .errors import CollectiveError
-from .ops import COLLECTIVES
+from .ops import COLLECTIVES, REDUCING
 
 SIZE = 7
 NONE = bytes(SIZE)                   # no signature: user point-to-point, internal exchanges
@@ -64,6 +71,69 @@ def mismatch(rank: int, source: int, tag: int, mine: bytes, theirs: bytes) -> Ca
         f"rank {rank}: the message from rank {source} (tag {tag}) belongs to "
         f"{describe(theirs)}, but this rank called {describe(mine)}: the ranks of the group "
         f"made mismatched calls")
+
+
+def fold(signature: bytes, width: int) -> int:
+    """The signature in ``width`` bits: 1 .. 2**width - 2. NONE folds to 0, and 2**width - 1
+    is left to the transport (MPI marks its notices with it)."""
+    if signature == NONE:
+        return 0
+    return zlib.crc32(signature) % ((1 << width) - 2) + 1
+
+
+def folded_mismatch(rank: int, source: int, tag: int, mine: bytes, theirs: int, width: int,
+                    size: int) -> CallMismatch:
+    """``mismatch`` where only ``theirs = fold(their signature, width)`` arrived."""
+    return CallMismatch(
+        f"rank {rank}: the message from rank {source} (tag {tag}) belongs to another call: "
+        f"{_folded_name(mine, theirs, width, size)}, but this rank called {describe(mine)}: "
+        f"the ranks of the group made mismatched calls")
+
+
+def _folded_name(mine: bytes, folded: int, width: int, size: int) -> str:
+    """The calls nearest ``mine`` (fewest fields differing) that fold to ``folded``: 8 bits
+    cannot say which of the many calls folding alike it was, the nearest is the likely one."""
+    if folded == 0:
+        return "an exchange that carries no signature"
+    near = _near_calls(mine, folded, width, size)
+    if not near:
+        return f"its tag carries signature bits {folded:#x}"
+    shown = " or ".join(describe(s) for s in near[:3]) + (" or ..." if len(near) > 3 else "")
+    return f"its tag carries the signature bits of {shown} (the nearest such " \
+           f"call{'s' if len(near) > 1 else ''})"
+
+
+_ROOTS_TRIED = 256          # roots beyond (and this rank's) are not tried when naming a call
+
+
+def _near_calls(mine: bytes, folded: int, width: int, size: int) -> list:
+    from .algorithms.schedule import REGISTRY, ROOTED      # only to name calls in an error
+    fields = _fields(mine)
+    root = mine[5] | mine[6] << 8
+    found = []
+    for collective in COLLECTIVES:
+        algorithms = sorted({_name_code(name) for name in REGISTRY.get(collective, ())}
+                            | {mine[2]})
+        ops = range(1, len(_OPS) + 1) if collective in REDUCING else (0,)
+        roots = sorted(set(range(1, min(size, _ROOTS_TRIED) + 1)) | ({root} if root else set())) \
+            if collective in ROOTED else (0,)
+        for algorithm in algorithms:
+            for dtype in (*range(1, len(_DTYPE_NAMES) + 1), _OTHER_DTYPE):
+                for op in ops:
+                    for root in roots:
+                        call = bytes((1, COLLECTIVES.index(collective) + 1, algorithm, dtype,
+                                      op, root & 0xFF, root >> 8))
+                        if call != mine and fold(call, width) == folded:
+                            found.append((sum(a != b for a, b in zip(_fields(call), fields)),
+                                          call))
+    if not found:
+        return []
+    nearest = min(distance for distance, _ in found)
+    return [call for distance, call in found if distance == nearest]
+
+
+def _fields(signature: bytes) -> tuple:
+    return (*signature[1:5], signature[5:7])
 
 
 def _name_code(name: str) -> int:

@@ -21,6 +21,11 @@ flight at once (the step walk: its widest step), on the stack for common plans.
 Offsets and counts are in elements; ``itemsize`` turns them into bytes. A call costs ~1 µs of
 Python (argument parsing, three data pointers) on top of the MPI work. The C that Cython cannot
 write (float16/bfloat16 reductions with SIMD, the MPI family macros) is in ``_mpi_exec.h``.
+
+A signed call (a ``Signing``: the transport folds the call's signature into the tag's top
+bits) tags its messages so, and its slow waits look for messages of its tag with other
+signature bits, as the transport's own waits do (``transports/mpi.py``): another call's, or a
+notice from a rank that left the call.
 """
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport malloc, free
@@ -28,9 +33,10 @@ from libc.string cimport memmove
 from posix.time cimport clock_gettime, CLOCK_MONOTONIC, timespec, nanosleep
 
 from mpi4py.libmpi cimport (MPI_Comm, MPI_Request, MPI_Status, MPI_Isend, MPI_Irecv,
-                            MPI_Testall, MPI_Cancel, MPI_Wait, MPI_Get_count,
-                            MPI_Request_free, MPI_REQUEST_NULL,
-                            MPI_BYTE, MPI_SUCCESS, MPI_STATUS_IGNORE, MPI_Error_class)
+                            MPI_Testall, MPI_Cancel, MPI_Wait, MPI_Get_count, MPI_Iprobe,
+                            MPI_Request_free, MPI_REQUEST_NULL, MPI_ANY_SOURCE, MPI_ANY_TAG,
+                            MPI_BYTE, MPI_SUCCESS, MPI_STATUS_IGNORE, MPI_Error_class,
+                            MPI_ERR_PENDING, MPI_ERR_TRUNCATE)
 from mpi4py.MPI cimport Comm
 
 cdef extern from "_mpi_exec.h":
@@ -48,6 +54,7 @@ cdef extern from "_mpi_exec.h":
     char* coll_ndarray_data(object array)
 
 BUILT_FOR = COLLECTIVES_MPI_FAMILY.decode()
+ERR_TRUNCATE = MPI_ERR_TRUNCATE         # the error class of a message larger than its receive
 
 # dtype codes (compiled.py maps numpy dtypes to these) and op codes (ReduceOp values)
 DEF F32 = 0
@@ -182,17 +189,53 @@ cdef extern from "<sched.h>" nogil:
 # that is late, not a message in flight) sleep with a short growing backoff. MPI makes no
 # progress while we sleep: Open MPI moves a large shared-memory message in fragments, each
 # needing a poll on both sides, and sleeping after 10 ms made 32 MiB messages 4x slower.
+# A signed call's wait that has not finished after PROBE_AFTER seconds looks for another
+# call's messages (then every PROBE_EVERY, and at the deadline): the transport's _PROBE_AFTER.
 DEF SPIN_POLLS = 64
 DEF YIELD_SECONDS = 1.0
 DEF FIRST_SLEEP = 2e-5
 DEF MAX_SLEEP = 2e-4
+DEF PROBE_AFTER = 5e-3
+DEF PROBE_EVERY = 5e-3
+DEF TIMED_OUT = -1          # _wait's results besides MPI's codes (which are never negative)
+DEF FOREIGN = -2
 
 
-cdef int _wait(int n, MPI_Request* reqs, MPI_Status* statuses, double deadline) noexcept nogil:
-    """Testall until done, or until ``deadline`` (< 0: none). 0 done, 1 timed out, else MPI code."""
+cdef struct Probe:
+    MPI_Comm comm
+    int base            # the call's tag without its signature bits
+    int mine            # its signature bits
+    int shift
+    int values          # 2**width; 0: the call is unsigned, nothing to look for
+    int source          # what was found
+    int tag
+
+
+cdef bint _foreign(Probe* p) noexcept nogil:
+    """Whether a message of this call's tag with other signature bits has arrived (another
+    call's, or a notice); its sender and MPI tag go into ``p``."""
+    cdef int flag = 0, value
+    cdef MPI_Status status
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, p.comm, &flag, &status)
+    if not flag:
+        return False                # the usual case: nothing unreceived at all
+    for value in range(p.values):
+        if value != p.mine:
+            MPI_Iprobe(MPI_ANY_SOURCE, p.base | (value << p.shift), p.comm, &flag, &status)
+            if flag:
+                p.source = status.MPI_SOURCE
+                p.tag = status.MPI_TAG
+                return True
+    return False
+
+
+cdef int _wait(int n, MPI_Request* reqs, MPI_Status* statuses, double deadline,
+               Probe* probe) noexcept nogil:
+    """Testall until done, or until ``deadline`` (< 0: none). 0 done, TIMED_OUT, FOREIGN (a
+    signed call found another call's message: ``probe`` says whose), else MPI's code."""
     cdef int flag = 0, err, polls = 0
     cdef timespec pause
-    cdef double sleep = FIRST_SLEEP, start = -1.0, now
+    cdef double sleep = FIRST_SLEEP, start = -1.0, now, look_at = -1.0
     while True:
         err = MPI_Testall(n, reqs, &flag, statuses)
         if err != MPI_SUCCESS or flag:
@@ -203,8 +246,15 @@ cdef int _wait(int n, MPI_Request* reqs, MPI_Status* statuses, double deadline) 
         now = _now()
         if start < 0:
             start = now
+            look_at = now + PROBE_AFTER
+        if probe.values and now >= look_at:
+            if _foreign(probe):
+                return FOREIGN
+            look_at = now + PROBE_EVERY
         if deadline >= 0 and now >= deadline:
-            return 1
+            if probe.values and _foreign(probe):    # a mismatch says more than a timeout
+                return FOREIGN
+            return TIMED_OUT
         if now - start < YIELD_SECONDS:
             sched_yield()
         else:
@@ -295,11 +345,27 @@ cdef void _abandon(int slots, MPI_Request* reqs, const char* receiving) noexcept
                 MPI_Request_free(&reqs[k])
 
 
+cdef class Signing:
+    """How one call signature goes into a tag: its bits in place (``mark``), in the top
+    ``bits`` bits from bit ``shift`` (the transport's ``signature_mark``, ``signature_shift``,
+    ``signature_width``); made once per signature."""
+    cdef readonly int mark, shift, bits
+
+    def __cinit__(self, int mark, int shift, int bits):
+        # MPI tags are C ints: the mark's bits end below bit 31
+        if not (0 < bits and 0 < shift and shift + bits <= 31 and mark > 0
+                and mark & ((1 << shift) - 1) == 0):
+            raise ValueError(f"Signing: mark {mark:#x} is not {bits} bits from bit {shift}")
+        self.mark, self.shift, self.bits = mark, shift, bits
+
+
 def execute(FlatProgram program, Comm comm, input, output, scratch, int itemsize, int dtype,
-            int op, int tag, double timeout):
-    """Run the flattened program on the arrays (None where a plan does not use one). Returns
-    None, or (step, kind, peer, detail) describing the failure, which compiled.py turns into
-    the right exception."""
+            int op, int tag, double timeout, Signing signing=None):
+    """Run the flattened program on the arrays (None where a plan does not use one), its
+    messages tagged ``tag`` (with the call's signature folded in where ``signing`` is given).
+    Returns None, or (step, kind, peer, detail, bytes the failed receive expected) describing
+    the failure, which compiled.py turns into the right exception (kind "mpi": detail is the
+    error class; "size": the bytes that came; "foreign": the MPI tag found)."""
     cdef char* bases[3]
     bases[0] = _data(input)
     bases[1] = _data(output)
@@ -317,6 +383,16 @@ def execute(FlatProgram program, Comm comm, input, output, scratch, int itemsize
     cdef int slots = program.slots, width = program.slots + program.gather
     cdef int n, first, slot, err = 0, count = 0, failed_at = -1, kind = 0
     cdef int peer = -1, detail = 0, cls = 0
+    cdef Py_ssize_t expected = 0        # bytes of the receive that failed
+    cdef Probe probe
+    probe.comm = handle
+    probe.values = probe.shift = probe.base = probe.mine = probe.source = probe.tag = 0
+    if signing is not None:
+        probe.shift = signing.shift
+        probe.base = tag & ((1 << signing.shift) - 1)
+        probe.mine = signing.mark >> signing.shift
+        probe.values = 1 << signing.bits
+        tag = probe.base | signing.mark
     cdef MPI_Request stack_reqs[STACK_REQUESTS]
     cdef MPI_Status stack_statuses[STACK_REQUESTS]
     cdef char stack_receiving[STACK_REQUESTS]
@@ -367,25 +443,30 @@ def execute(FlatProgram program, Comm comm, input, output, scratch, int itemsize
                     status = statuses + slots
                     for k in range(n):
                         waited[k] = reqs[w[4 * k]]
-                err = _wait(n, waited, status, deadline)
-                if row[4] < 0 and err != 1:
+                err = _wait(n, waited, status, deadline, &probe)
+                if row[4] < 0 and err >= 0:
                     for k in range(n):
                         reqs[w[4 * k]] = waited[k]
-                if err == 1:
+                if err == TIMED_OUT:
                     failed_at = <int>row[1]; kind = 1
+                elif err == FOREIGN:
+                    failed_at = <int>row[1]; kind = 4; peer = probe.source; detail = probe.tag
                 elif err != MPI_SUCCESS:
                     failed_at = <int>row[1]; kind = 2; detail = err
-                    for k in range(n):
+                    for k in range(n):      # the request that failed, not one still pending
                         if status[k].MPI_ERROR != MPI_SUCCESS:
-                            peer = <int>w[4 * k + 2]; detail = status[k].MPI_ERROR
-                            break
+                            MPI_Error_class(status[k].MPI_ERROR, &cls)
+                            if cls != MPI_ERR_PENDING:
+                                peer = <int>w[4 * k + 2]; detail = status[k].MPI_ERROR
+                                expected = w[4 * k + 3] * itemsize
+                                break
                 else:
                     for k in range(n):      # a shorter message is a mismatch, not garbage
                         if w[4 * k + 1]:
                             MPI_Get_count(&status[k], MPI_BYTE, &count)
                             if count != w[4 * k + 3] * itemsize:
                                 failed_at = <int>row[1]; kind = 3; peer = <int>w[4 * k + 2]
-                                detail = count
+                                detail = count; expected = w[4 * k + 3] * itemsize
                                 break
             else:
                 for k in range(n):
@@ -408,8 +489,9 @@ def execute(FlatProgram program, Comm comm, input, output, scratch, int itemsize
         return None
     if kind == 2:
         MPI_Error_class(detail, &cls)
-        return (failed_at, "mpi", peer, cls)
-    return (failed_at, "timeout" if kind == 1 else "size", peer, detail)
+        return (failed_at, "mpi", peer, cls, expected)
+    return (failed_at, "timeout" if kind == 1 else "size" if kind == 3 else "foreign", peer,
+            detail, expected)
 
 
 def reduce_array(int dtype, int op, dst, a, b, int path=-1):

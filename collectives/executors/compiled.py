@@ -279,22 +279,30 @@ def make_executor(comm, lowering=lowered.stepwise):
 
     Per call it costs a dict lookup on the plan, a spare scratch array taken and given back
     (thread-safe: list pop/append, or the pool's lock for large scratch; a concurrent user of
-    the same plan allocates its own) and the C call."""
+    the same plan allocates its own), for a signed call (``signature``: the transport folds
+    it into the tag) a dict lookup and the tag's two operations, and the C call."""
     if not available():
         return None
     run = _module.execute
     # one table of entries per lowering on each plan, so that a call looks up only its dtype
     cache = "_compiled" if lowering is lowered.stepwise else \
         f"_compiled_{lowering.__module__}.{lowering.__qualname__}"
+    signs = {}          # signature -> how the transport of ``comm`` tags it (_signing)
 
     def execute(plan, transport, buffers, reduce=None, *, tag=0, timeout=None,
-                operation=None, dtype=None, op=ReduceOp.SUM):
+                operation=None, dtype=None, op=ReduceOp.SUM, signature=None):
         if dtype is None:
             dtype = next(a.dtype for a in buffers.values() if a is not None)
         entry = _compiled(plan, dtype, lowering, cache)
         if entry.host:
             return host.execute(plan, transport, buffers, reduce, tag=tag, timeout=timeout,
-                                operation=operation, dtype=dtype)
+                                operation=operation, dtype=dtype,
+                                **({} if signature is None else {"signature": signature}))
+        signing = None
+        if signature is not None:
+            signing = signs.get(signature, _UNKNOWN)
+            if signing is _UNKNOWN:
+                signing = signs[signature] = _signing(transport, signature)
         scratch = None
         if entry.scratch:
             spare = entry.spare
@@ -310,27 +318,51 @@ def make_executor(comm, lowering=lowered.stepwise):
             code = entry.ops[ReduceOp.parse(op)]
         failure = run(entry.flat, comm, buffers.get("input"), buffers.get("output"), scratch,
                       entry.itemsize, entry.code, code, tag,
-                      -1.0 if timeout is None else timeout)
+                      -1.0 if timeout is None else timeout, signing)
         if scratch is not None:
             if entry.spare is not None:
                 entry.spare.append(scratch)
             else:
                 scratch_pool.give(scratch.base)
         if failure is not None:
-            _raise(plan, operation, failure, timeout, transport.rank, tag)
+            _raise(plan, operation, failure, timeout, transport, tag, signature)
     return execute
 
 
-def _raise(plan, operation, failure, timeout, rank, tag):
-    step, kind, peer, detail = failure
+_UNKNOWN = object()
+
+
+def _signing(transport, signature):
+    """How the transport tags ``signature`` (a ``Signing``), or None where it carries none."""
+    mark = transport.signature_mark(signature)
+    if not mark:
+        return None
+    return _module.Signing(mark, transport.signature_shift, transport.signature_width)
+
+
+def _raise(plan, operation, failure, timeout, transport, tag, signature):
+    step, kind, peer, detail, expected = failure
+    rank = transport.rank
     where = (f"{operation or plan.collective} ({plan.algorithm}) on rank {rank}, step "
              f"{step + 1} of {len(plan.steps)}")
     if kind == "timeout":
         peers = sorted({t.peer for t in plan.steps[step].recvs + plan.steps[step].sends})
         raise CollectiveTimeout(f"{where}: still waiting after {timeout:.3g} s on rank(s) "
                                 f"{', '.join(map(str, peers))}, tag {tag}")
+    if kind == "foreign":
+        error = transport.other_call(peer, detail, tag, signature)
+        raise type(error)(f"{where}: {error}")
+    # a message of a signed call has that call's signature: only its size can differ
+    what = "operations or sizes" if signature is None else "sizes"
     if kind == "size":
-        raise CollectiveError(f"{where}: message from rank {peer} has {detail} bytes, not what "
-                              f"the receive expects: the ranks called mismatched operations "
-                              f"or sizes")
-    raise TransportError(f"{where}: MPI error class {detail} talking to rank {peer}")
+        error = CollectiveError(f"{where}: message from rank {peer} has {detail} bytes but the "
+                                f"receive expects {expected}: the ranks called mismatched "
+                                f"{what}")
+    elif kind == "mpi" and detail == _module.ERR_TRUNCATE:
+        error = CollectiveError(f"{where}: message from rank {peer} is larger than the "
+                                f"{expected}-byte receive: the ranks called mismatched {what}")
+    else:
+        raise TransportError(f"{where}: MPI error class {detail} talking to rank {peer}")
+    if signature is not None:
+        transport.notify(tag, signature, str(error))
+    raise error

@@ -16,8 +16,32 @@ Reductions need a real MPI datatype: float16/bfloat16 have none in the MPI stand
 dtype as bytes. ``subgroup(ranks)`` builds a real sub-communicator with ``Create_group``
 (only the members call it), so ``native`` works inside subgroups too.
 
+Mismatched calls (float32 against int32, SUM against MAX, all_reduce against broadcast) send
+messages of the right length, which MPI would match: each rank would reduce the other's bytes
+as its own and return garbage. So a collective's messages carry its signature
+(``collectives.signature``) folded into the tag: the group's tag with its top
+``signature_width`` bits (8) replaced by ``fold(signature)``. A receive then never matches
+another call's message, and the calls that no longer match wait: a wait that has not finished
+after ``_PROBE_AFTER`` looks (``Iprobe``, every ``_PROBE_EVERY`` and once more at the timeout)
+for a message with this call's tag and other signature bits, and on finding one raises
+``CallMismatch`` naming the sender and both calls. A rank that leaves a call over a mismatch
+(of signatures or sizes) sends every other rank a *notice* (the top bits all ones, its error
+as text): their waits find it the same way and raise too, so no rank of the call is left
+waiting for the one that left. The fast path pays the tag's two operations; a wait that needs
+more than 5 ms pays an ``Iprobe`` (one per signature value when anything unreceived is
+there at all). User point-to-point and internal exchanges carry no signature: their tags are
+the group's as given.
+
 Cost per message: one mpi4py call plus a numpy view (~1 µs of Python); the collective
 algorithms themselves are the host executor's job.
+
+Limits: a signed collective's tag repeats every 2**(bits - 9) calls (bits: those MPI_TAG_UB
+gives, at most 32: 2**20 calls on MPICH, 2**14 on Open MPI over UCX), where messages that no
+rank received (those of a failed call) match again. Two calls alike in 8 bits (1 in 254) are
+not told apart; the other call is named as the nearest call whose signature has its bits. A
+rank that finished its part of a mismatched call before its peers saw the mismatch (a sender
+only, its sends buffered) returns: its peers raise, no output holds another call's bytes.
+MPI's own collectives (``native``) carry no signature.
 """
 from __future__ import annotations
 
@@ -30,6 +54,7 @@ import numpy as np
 
 from ..errors import CollectiveError, CollectiveTimeout, TransportError
 from ..ops import REDUCING, ReduceOp
+from ..signature import NONE as NO_SIGNATURE, CallMismatch, fold, folded_mismatch
 from .base import ANY_SOURCE, Request, Transport
 
 # Variables an MPI launcher sets in every rank it starts (MPICH/Hydra, Intel MPI, Open MPI,
@@ -48,6 +73,14 @@ _SPIN_POLLS = 200          # Testall polls before the first yield: most steps fi
 _YIELD_SECONDS = 1.0       # then yield the CPU (sleep(0)) until this long has passed: large
                            # messages progress only while someone polls (see _mpi_exec.pyx)
 _MAX_SLEEP = 2e-4          # then sleep, doubling from 20 µs up to this (short: no progress while asleep)
+_PROBE_AFTER = 5e-3        # a signed call's wait first looks for other calls' messages after this
+_PROBE_EVERY = 5e-3        # and again this often: a healthy wait rarely lasts this long, and
+                           # a look costs one Iprobe where nothing unreceived is there
+
+_GROUP_TAG_BITS = 32       # the most bits a group's tags use (group.TAG_BITS)
+_SIGNATURE_BITS = 8        # of them, the top ones carry a collective's signature
+_FEWEST_SEQUENCE_BITS = 12     # what a tiny MPI_TAG_UB leaves the sequence, taken from the signature
+_NOTICE_BYTES = 4096       # the most of an error's text a notice carries
 
 
 def _mpi():
@@ -107,11 +140,14 @@ def world_rank_and_size(rank=None, world_size=None, who="mpi transport") -> tupl
 
 
 class MPIRequest(Request):
-    """One pending Isend/Irecv. ``source`` is the sender of a completed receive."""
-    __slots__ = ("handle", "peer", "kind", "tag", "nbytes", "source", "cancelled")
+    """One pending Isend/Irecv. ``source`` is the sender of a completed receive; ``wire`` the
+    MPI tag (``tag`` with the call's ``signature`` folded in)."""
+    __slots__ = ("handle", "peer", "kind", "tag", "nbytes", "source", "cancelled", "wire",
+                 "signature")
 
-    def __init__(self, handle, peer, kind, tag, nbytes):
+    def __init__(self, handle, peer, kind, tag, nbytes, wire, signature):
         self.handle, self.peer, self.kind, self.tag, self.nbytes = handle, peer, kind, tag, nbytes
+        self.wire, self.signature = wire, signature
         self.source = None if peer == ANY_SOURCE else peer
         self.cancelled = False
 
@@ -149,7 +185,14 @@ def _check_received(req, status, rank):
     if got != req.nbytes:
         raise CollectiveError(
             f"rank {rank}: message from rank {req.source} (tag {req.tag}) has {got} bytes but "
-            f"the receive expects {req.nbytes}: the ranks called mismatched operations or sizes")
+            f"the receive expects {req.nbytes}: {_what_mismatched(req)}")
+
+
+def _what_mismatched(req) -> str:
+    """A message of a signed call has that call's signature: only its size can differ."""
+    if req.signature == NO_SIGNATURE:
+        return "the ranks called mismatched operations or sizes"
+    return "the ranks called mismatched sizes"
 
 
 class MPITransport(Transport):
@@ -167,33 +210,70 @@ class MPITransport(Transport):
         self.world_ranks = list(range(self.size)) if world_ranks is None else list(world_ranks)
         self._MPI = MPI
         self.max_tag = MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)
+        # the signature's place in a collective's tag: the top bits of those MPI_TAG_UB gives
+        # (every one of them: a TAG_UB one short of a power of two leaves one bit unused)
+        bits = min(_GROUP_TAG_BITS, (self.max_tag + 1).bit_length() - 1)
+        width = min(_SIGNATURE_BITS, bits - _FEWEST_SEQUENCE_BITS)
+        self.signature_width = width if width >= 2 else 0      # 2 values are reserved
+        self.carries_signatures = self.signature_width > 0
+        self.signature_shift = bits - self.signature_width
+        self._low = (1 << self.signature_shift) - 1        # the group tag's bits kept
+        self._notice = (1 << self.signature_width) - 1     # the top bits of a notice's tag
+        self._marks = {NO_SIGNATURE: 0}                    # signature -> its bits in place
+        self._notices = []                                 # (request, payload) still sending
         self._subgroups = []
         self.native = MPINative(comm)
 
+    # -- tags ------------------------------------------------------------------------------
+
+    def signature_mark(self, signature) -> int:
+        """The signature's bits in their place in a wire tag (0: none). A message of ``tag``
+        goes out as ``tag & (2**signature_shift - 1) | mark`` (as ``tag`` where 0)."""
+        mark = self._marks.get(signature)
+        if mark is None:
+            mark = fold(signature, self.signature_width) << self.signature_shift \
+                if self.signature_width else 0
+            self._marks[signature] = mark
+        return mark
+
+    def group_tag(self, wire: int) -> int:
+        """A wire tag with any signature taken off: the group's tag for point-to-point (even)
+        tags, its low bits (the sequence number's, below ``signature_shift``) for a
+        collective's."""
+        return wire & self._low if wire & 1 else wire
+
     # -- point to point --------------------------------------------------------------------
 
-    def isend(self, buf, peer, tag):
+    def isend(self, buf, peer, tag, signature=NO_SIGNATURE):
         if not 0 <= peer < self.size:
             self.check_peer(peer, "send")
         data = _as_bytes(buf)
+        mark = self._marks.get(signature)
+        if mark is None:
+            mark = self.signature_mark(signature)
+        wire = (tag & self._low) | mark if mark else tag
         try:
-            handle = self.comm.Isend([data, self._MPI.BYTE], peer, tag)
+            handle = self.comm.Isend([data, self._MPI.BYTE], peer, wire)
         except self._MPI.Exception as exc:
             raise TransportError(f"rank {self.rank}: send to rank {peer} (tag {tag}) failed: "
                                  f"{exc}") from exc
-        return MPIRequest(handle, peer, "send", tag, data.nbytes)
+        return MPIRequest(handle, peer, "send", tag, data.nbytes, wire, signature)
 
-    def irecv(self, buf, peer, tag):
+    def irecv(self, buf, peer, tag, signature=NO_SIGNATURE):
         if peer != ANY_SOURCE and not 0 <= peer < self.size:
             self.check_peer(peer, "recv")
         data = _as_bytes(buf)
         source = self._MPI.ANY_SOURCE if peer == ANY_SOURCE else peer
+        mark = self._marks.get(signature)
+        if mark is None:
+            mark = self.signature_mark(signature)
+        wire = (tag & self._low) | mark if mark else tag
         try:
-            handle = self.comm.Irecv([data, self._MPI.BYTE], source, tag)
+            handle = self.comm.Irecv([data, self._MPI.BYTE], source, wire)
         except self._MPI.Exception as exc:
             raise TransportError(f"rank {self.rank}: receive from rank {peer} (tag {tag}) "
                                  f"failed: {exc}") from exc
-        return MPIRequest(handle, peer, "recv", tag, data.nbytes)
+        return MPIRequest(handle, peer, "recv", tag, data.nbytes, wire, signature)
 
     def wait_all(self, requests, timeout=None):
         MPI = self._MPI
@@ -205,37 +285,100 @@ class MPITransport(Transport):
             return
         handles = [r.handle for r in requests]
         statuses = [MPI.Status() for _ in handles]
+        # a collective's requests all carry its signature: its waits look for other calls'
+        signed = requests[0] if self._marks.get(requests[0].signature) else None
         try:
-            if timeout is None:
+            if timeout is None and signed is None:
                 MPI.Request.Waitall(handles, statuses)
-            elif not self._poll(handles, statuses, timeout):
+            elif not self._poll(handles, statuses, timeout, signed):
                 self._timed_out(requests, timeout)
         except MPI.Exception as exc:
             self._failed(requests, statuses, exc)
-        for req, status in zip(requests, statuses):
+        for req in requests:
             req.handle = None
-            _check_received(req, status, self.rank)
+        for req, status in zip(requests, statuses):
+            try:
+                _check_received(req, status, self.rank)
+            except CollectiveError as exc:
+                self.notify(req.tag, req.signature, str(exc))
+                raise
 
-    def _poll(self, handles, statuses, timeout) -> bool:
+    def _poll(self, handles, statuses, timeout, signed) -> bool:
+        """Testall until done (True) or ``timeout`` (None: none) has passed (False); a signed
+        call's wait raises CallMismatch on finding another call's message or a notice."""
         testall = self._MPI.Request.Testall
         for _ in range(_SPIN_POLLS):
             if testall(handles, statuses):
                 return True
         start = time.monotonic()
-        deadline = start + timeout
+        deadline = start + timeout if timeout is not None else float("inf")
         yield_until = start + _YIELD_SECONDS
+        look_at = start + _PROBE_AFTER if signed is not None else float("inf")
         pause = 2e-5
         while True:
             if testall(handles, statuses):
                 return True
             now = time.monotonic()
+            if now >= look_at:
+                self._look_for_other_calls(signed)
+                look_at = now + _PROBE_EVERY
             if now >= deadline:
+                if signed is not None:      # a mismatch says more than the timeout would
+                    self._look_for_other_calls(signed)
                 return False
             if now < yield_until:
                 time.sleep(0)
             else:
                 time.sleep(min(pause, deadline - now))
                 pause = min(pause * 2, _MAX_SLEEP)
+
+    def _look_for_other_calls(self, req):
+        """Raise CallMismatch where a message of ``req``'s call (its tag) with other signature
+        bits has arrived: another call's, or a notice."""
+        MPI, comm = self._MPI, self.comm
+        if not comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG):
+            return                  # the usual case: nothing unreceived at all
+        status = MPI.Status()
+        base, shift = req.wire & self._low, self.signature_shift
+        mine = req.wire >> shift
+        for value in range(1 << self.signature_width):
+            if value != mine and comm.Iprobe(MPI.ANY_SOURCE, base | value << shift, status):
+                raise self.other_call(status.Get_source(), status.Get_tag(), req.tag,
+                                      req.signature)
+
+    def other_call(self, source: int, wire: int, tag: int, signature) -> CallMismatch:
+        """The error for a message from ``source`` with MPI tag ``wire`` that has arrived in
+        the call of ``tag`` and ``signature`` with other signature bits. A notice is received
+        and says what its sender saw; another call's message stays where it is, and every
+        other rank gets a notice."""
+        MPI = self._MPI
+        value = wire >> self.signature_shift
+        if value == self._notice:
+            status = MPI.Status()
+            self.comm.Probe(source, wire, status)
+            text = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+            self.comm.Recv([text, MPI.BYTE], source, wire)
+            return CallMismatch(f"rank {self.rank}: rank {source} left this call (tag {tag}): "
+                                f"{text.tobytes().decode(errors='replace')}")
+        error = folded_mismatch(self.rank, source, tag, signature, value,
+                                self.signature_width, self.size)
+        self.notify(tag, signature, str(error))
+        return error
+
+    def notify(self, tag: int, signature, text: str) -> None:
+        """Tell every other rank that this rank leaves the call of ``tag`` and ``signature``
+        over a mismatch (``text``): a rank still waiting in it raises instead of waiting for
+        this one until its timeout. Unsigned calls send nothing."""
+        if not self.signature_mark(signature):
+            return
+        MPI = self._MPI
+        wire = (tag & self._low) | self._notice << self.signature_shift
+        payload = np.frombuffer(text.encode()[:_NOTICE_BYTES], np.uint8).copy()
+        sending = [(req, data) for req, data in self._notices if not req.Test()]
+        for peer in range(self.size):
+            if peer != self.rank:
+                sending.append((self.comm.Isend([payload, MPI.BYTE], peer, wire), payload))
+        self._notices = sending         # buffers stay alive until MPI has sent them
 
     def _timed_out(self, requests, timeout):
         """Raise, leaving every request pending: a later wait may still complete it."""
@@ -279,10 +422,11 @@ class MPITransport(Transport):
                 source = status.Get_source()
                 source = req.peer if source in (MPI.ANY_SOURCE, MPI.UNDEFINED) or source < 0 \
                     else source
-                raise CollectiveError(
+                error = CollectiveError(
                     f"rank {self.rank}: message from rank {source} (tag {req.tag}) is larger "
-                    f"than the {req.nbytes}-byte receive: the ranks called mismatched "
-                    f"operations or sizes") from exc
+                    f"than the {req.nbytes}-byte receive: {_what_mismatched(req)}")
+                self.notify(req.tag, req.signature, str(error))
+                raise error from exc
         peers = ", ".join(f"rank {r.peer} ({r.kind})" for r, _, _ in culprits) or "unknown peer"
         raise TransportError(f"rank {self.rank}: MPI failed on {peers}: {exc}") from exc
 
@@ -326,6 +470,13 @@ class MPITransport(Transport):
 
     def close(self) -> None:
         self._release()
+        for req, payload in self._notices:      # notices nobody received: MPI may drop them
+            try:
+                req.Free()
+            except self._MPI.Exception:
+                pass
+            _FREED_NOTICES.append(payload)     # MPI may still read a freed send's buffer
+        self._notices = []
         for sub in self._subgroups:
             sub.close()
         self._subgroups = []
@@ -336,6 +487,7 @@ class MPITransport(Transport):
 
 
 _SUBGROUP_TAG = 12345
+_FREED_NOTICES = []
 
 
 # ---------------------------------------------------------------------------------------------

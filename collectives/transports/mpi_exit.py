@@ -105,7 +105,20 @@ class ExitGuard:
             time.sleep(pause)
             pause = min(pause * 2, _MAX_EXIT_PAUSE)
         MPI.Request.Waitall(sends)      # every peer has posted its receive by now
+        self._drop_unreceived(comms)
         self.comm.Free()
+
+    def _drop_unreceived(self, comms):
+        """Receive and drop every message still unreceived: one no rank receives now (a failed
+        call's: another call's message, a notice, a send given up on). MPICH's MPI_Finalize
+        fails on a communicator that holds one, skips the launcher's goodbye, and mpiexec
+        kills the job. Every peer has left: what it sent here went out before its leaving."""
+        MPI = self.MPI
+        status = MPI.Status()
+        for transport, _ in comms:
+            while transport.comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+                stray = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+                transport.comm.Recv([stray, MPI.BYTE], status.Get_source(), status.Get_tag())
 
     def _communicators(self):
         """(transport, {world rank: rank in it}) of the world and every live subgroup."""
@@ -128,7 +141,7 @@ class ExitGuard:
             for peer in sorted(running):
                 source = members.get(peer)
                 if source is not None and transport.comm.Iprobe(source, MPI.ANY_TAG, status):
-                    tag = status.Get_tag()
+                    tag = transport.group_tag(status.Get_tag())     # the signature off
                     if tag & 1 and self.started(transport, tag) is False:
                         return peer, tag
         return None

@@ -82,7 +82,7 @@ def socket_job(tmp_path, body, size, *, env=None, per_rank_env=None, limit=60, p
     procs = []
     for rank in range(size):
         extra = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                 "WORLD_SIZE": str(size), "COLLECTIVES_SECRET": "reliability-test"}
+                 "WORLD_SIZE": str(size), "COLLECTIVES_SECRET": "reliability-test-secret"}
         extra.update(env or {})
         extra.update((per_rank_env or {}).get(rank, {}))
         command = [*(prefix.get(rank, ()) if isinstance(prefix, dict) else prefix),
@@ -311,3 +311,59 @@ try:
 except CollectiveError as exc:
     report(rank=rank, waited=time.monotonic() - t0, **failure(exc))
 """
+
+
+# Mismatched calls without COLLECTIVES_DEBUG=DETAIL: messages of the right length, which a
+# transport that carries no signature would match (rank 1 would reduce float32 bytes as
+# int32). Every rank must raise, naming both calls; the sizes case must say sizes.
+CALL_MISMATCHES = """
+from collectives.executors import compiled
+dist.init_process_group(os.environ.get("BACKEND", "gloo"), timeout=20)
+rank = dist.get_rank()
+odd = rank == 1
+report(rank=rank, case="executor", compiled=compiled.available())
+cases = {}
+for algorithm in ("ring", "tree", "recursive_doubling", "direct", None):
+    cases["dtype", algorithm] = lambda a=algorithm: dist.all_reduce(
+        np.full(64, rank + 1, np.int32 if odd else np.float32), algorithm=a)
+    cases["op", algorithm] = lambda a=algorithm: dist.all_reduce(
+        np.full(64, rank + 1.0, np.float32), algorithm=a,
+        op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
+for algorithm in ("ring", "tree"):
+    cases["sizes", algorithm] = lambda a=algorithm: dist.all_reduce(
+        np.ones(100 if odd else 200, np.float32), algorithm=a)
+for (name, algorithm), call in cases.items():
+    t0 = time.monotonic()
+    try:
+        call()
+        report(rank=rank, case=name, algorithm=algorithm, unexpected="success")
+    except CollectiveError as exc:
+        report(rank=rank, case=name, algorithm=algorithm, waited=time.monotonic() - t0,
+               **failure(exc))
+x = np.full(1000, rank + 1.0)                 # the group is still usable afterwards
+dist.all_reduce(x)
+report(rank=rank, case="after", ok=bool((x == 6).all()))
+"""
+
+# what each case's message must name: both calls' differing field, or the sizes
+CALL_MISMATCH_WORDS = {"dtype": ("float32", "int32"), "op": ("SUM", "MAX"),
+                       "sizes": ("mismatched sizes",)}
+
+
+def check_call_mismatch_reports(results_by_rank):
+    """Every rank raised a CollectiveError (never a timeout, never a success with another
+    call's bytes) for every case, naming this rank, the mismatch and both calls."""
+    for rank, results in enumerate(results_by_rank):
+        cases = [r for r in results if r["case"] in CALL_MISMATCH_WORDS]
+        assert len(cases) == 12, results
+        for got in cases:
+            assert got.get("type") in ("CallMismatch", "CollectiveError"), (rank, got)
+            message = got["message"]
+            assert f"all_reduce ({got['algorithm'] or ''}" in message, message
+            assert f"on rank {rank}" in message and "mismatched" in message, message
+            assert re.search(r"from rank \d|rank \d left this call", message), message
+            for word in CALL_MISMATCH_WORDS[got["case"]]:
+                assert word in message, (word, message)
+            assert got["waited"] < CI_BOUND, got
+        after = [r for r in results if r["case"] == "after"]
+        assert after and after[0]["ok"] is True, results

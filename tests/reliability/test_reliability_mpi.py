@@ -1,14 +1,18 @@
 """Reliability under ``mpiexec`` (the MPICH wheel's): a rank that raises aborts the whole job
 at once with a message naming it, mismatched calls under COLLECTIVES_DEBUG=DETAIL fail every
-rank naming the ranks and fields, a size mismatch without DETAIL is an error, and a rank that
+rank naming the ranks and fields, mismatched calls without DETAIL (dtype, op, sizes) fail
+every rank naming both calls, on the compiled executor and the Python one, and a rank that
 never arrives is a CollectiveTimeout naming operation, algorithm, rank, peer, step and time.
 The same job scripts as the socket tests; every job is killed at its limit, so a hang fails.
 """
 import re
 
+import pytest
+
 from mpiexec import needs_mpi
-from reliability_jobs import (CI_BOUND, MISMATCHES, NEVER_ARRIVES, SIZE_MISMATCH,
-                              check_detail_reports, explain)
+from reliability_jobs import (CALL_MISMATCHES, CI_BOUND, MISMATCHES, NEVER_ARRIVES,
+                              SIZE_MISMATCH, check_call_mismatch_reports, check_detail_reports,
+                              explain)
 
 pytestmark = needs_mpi
 MPI = {"BACKEND": "mpi"}
@@ -58,6 +62,23 @@ def test_size_mismatch_without_detail_under_mpiexec(mpi_job):
     for results in by_rank(record, 3):
         assert "type" in results[0], explain(record)       # an error, never quiet garbage
     assert any("mismatched" in r["message"] for r in record["results"]), explain(record)
+
+
+@pytest.mark.parametrize("compiled", ["1", "0"], ids=["compiled", "python"])
+def test_call_mismatches_without_detail_fail_every_rank(mpi_job, compiled):
+    record = mpi_job(CALL_MISMATCHES, 3, env={**MPI, "COLLECTIVES_COMPILED": compiled},
+                     limit=120)
+    assert record["rc"] == 0, explain(record)
+    results = by_rank(record, 3)
+    in_c = {r["compiled"] for rank in results for r in rank if r["case"] == "executor"}
+    if compiled == "1" and in_c != {True}:
+        pytest.skip("the compiled executor is not built here")
+    assert in_c == {compiled == "1"}, explain(record)
+    for r in results[0]:
+        if "message" in r:
+            print(f"\nrank 0, {r['case']} ({r['algorithm']}): {r['type']} after "
+                  f"{r['waited'] * 1000:.0f} ms: {r['message']}")
+    check_call_mismatch_reports(results)
 
 
 def test_rank_that_never_arrives_under_mpiexec(mpi_job):
