@@ -134,8 +134,10 @@ def world_rank_and_size(rank=None, world_size=None, who="mpi transport") -> tupl
     for name, given, actual in (("rank", rank, comm.Get_rank()),
                                 ("world_size", world_size, comm.Get_size())):
         if given is not None and given != -1 and int(given) != actual:
-            raise ValueError(f"{who}: {name}={given} was given but MPI says {actual} "
-                             f"(under mpiexec the launcher decides rank and size)")
+            raise ValueError(f"{who} on rank {comm.Get_rank()}: {name}={given} was given but "
+                             f"MPI says {actual} (mpiexec started {comm.Get_size()} ranks; "
+                             f"under mpiexec the launcher decides rank and size: leave "
+                             f"{name} out)")
     return comm.Get_rank(), comm.Get_size()
 
 
