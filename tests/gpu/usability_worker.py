@@ -2,8 +2,8 @@
 
 ``--case mpi`` (under ``mpiexec -n N``, no MASTER_ADDR): ``init_process_group("nccl")`` with
 no init_method takes rank and size from MPI; then point-to-point on CuPy arrays and, where
-torch has CUDA, on torch CUDA tensors: send/recv, isend/irecv, batch_isend_irecv; then the
-object collectives. Each rank prints one ``RESULT {json}`` line (checks run, failures).
+torch has CUDA, on torch CUDA tensors: send/recv, isend/irecv, batch_isend_irecv, and the
+collectives with async_op=True; then the object collectives. Each rank prints one ``RESULT {json}`` line (checks run, failures).
 
 ``--case raise`` (under mpiexec or ``python -m collectives.run``): the other ranks wait for
 an all_reduce (on the host, inside NCCL) that rank 1 never joins: it raises an uncaught
@@ -96,6 +96,65 @@ def p2p_cases(checks, rank, size, make, kind):
     checks.check(f"{kind}: batch_isend_irecv ring", batch)
 
 
+def async_cases(checks, rank, size, make, kind):
+    """Collectives with async_op=True (they used to fail on the group's worker thread with
+    CUDA_ERROR_INVALID_CONTEXT). Each input is dropped right after the call and new arrays
+    are made before the wait: they may take its memory, but only after the collective in
+    the stream's order."""
+    n = 1 << 12
+    total = size * (size + 1) / 2
+
+    def check(out, want):
+        got = host(out)
+        return None if np.array_equal(got, np.asarray(want, np.float32)) else (
+            f"got {got[:4]}..., want {np.asarray(want)[:4]}...")
+
+    def all_reduce():
+        x = make([rank + 1.0] * n)
+        work = dist.all_reduce(x, async_op=True)
+        make([-7.0] * n)
+        work.wait()
+        return check(x, [total] * n)
+
+    def all_gather_into_tensor():
+        x, out = make([rank + 1.0] * n), make([0.0] * (n * size))
+        work = dist.all_gather_into_tensor(out, x, async_op=True)
+        del x
+        make([-7.0] * n)
+        work.wait()
+        return check(out, np.repeat(np.arange(1, size + 1), n))
+
+    def reduce_scatter_tensor():
+        x, out = make([rank + 1.0] * (n * size)), make([0.0] * n)
+        work = dist.reduce_scatter_tensor(out, x, async_op=True)
+        del x
+        make([-7.0] * (n * size))
+        work.wait()
+        return check(out, [total] * n)
+
+    def all_to_all_single():
+        x = make(np.repeat(np.arange(size) + rank * size, n))
+        out = make([0.0] * (n * size))
+        work = dist.all_to_all_single(out, x, async_op=True)
+        del x
+        make([-7.0] * (n * size))
+        work.wait()
+        return check(out, np.repeat(np.arange(size) * size + rank, n))
+
+    def broadcast():
+        x = make([rank + 1.0] * n)
+        work = dist.broadcast(x, src=size - 1, async_op=True)
+        work.wait()
+        return check(x, [size] * n)
+
+    for name, case in (("all_reduce", all_reduce),
+                       ("all_gather_into_tensor", all_gather_into_tensor),
+                       ("reduce_scatter_tensor", reduce_scatter_tensor),
+                       ("all_to_all_single", all_to_all_single),
+                       ("broadcast", broadcast)):
+        checks.check(f"async {name} ({kind})", case)
+
+
 def object_cases(checks, rank, size):
     def all_gather_object():
         got = [None] * size
@@ -141,6 +200,7 @@ def case_mpi(args):
     def make_cupy(values):
         return cupy.asarray(np.asarray(values, np.float32))
     p2p_cases(checks, rank, size, make_cupy, "cupy")
+    async_cases(checks, rank, size, make_cupy, "cupy")
     try:
         import torch
         have_torch = torch.cuda.is_available()
@@ -152,6 +212,7 @@ def case_mpi(args):
         def make_torch(values):
             return torch.tensor(values, dtype=torch.float32, device=f"cuda:{device}")
         p2p_cases(checks, rank, size, make_torch, "torch")
+        async_cases(checks, rank, size, make_torch, "torch")
     object_cases(checks, rank, size)
     dist.destroy_process_group()
     print("RESULT " + json.dumps({"rank": rank, "size": size, "runs": checks.runs,
