@@ -14,7 +14,10 @@ Node 0's launcher runs the TCPStore server itself (it outlives any worker, and h
 from the start, so ``--standalone`` has no port race); workers connect to it as clients
 (COLLECTIVES_USE_AGENT_STORE=1). Every output line is prefixed ``[rank N]:``. When a worker
 fails, the launcher stops the others (SIGTERM, then SIGKILL after a grace period) and exits
-with that worker's code, naming it. SIGINT, SIGTERM or SIGHUP to the launcher go to every
+with the code of the first worker that failed, naming it and, as consequences, the workers
+that failed after it: a worker of the job that leaves with an error tells the launcher (through
+the store it serves) before its peers can fail because of it, so a peer that ends sooner is
+not blamed. SIGINT, SIGTERM or SIGHUP to the launcher go to every
 worker, which is then stopped the same way; the launcher exits with 128 + the signal.
 
 Each worker runs in a session of its own, and stopping a worker signals its process group:
@@ -180,19 +183,19 @@ def launch(ns) -> int:
         workers.append((rank, local_rank, proc))
 
     failed = None
+    ended = []                         # workers in the order their exits were seen
+    on_their_own = {}                  # rank -> exit code, of workers that ended unstopped
     try:
         while not received:
             _reap_orphans(workers, watchdog)
-            running = 0
-            for rank, local_rank, proc in workers:
-                code = proc.poll()
-                if code is None:
-                    running += 1
-                elif code != 0 and failed is None:
-                    failed = (rank, local_rank, proc, code)
-            if failed is not None or running == 0:
+            _note_exits(workers, ended)
+            if any(proc.returncode for _, _, proc in ended) or len(ended) == len(workers):
                 break
             time.sleep(0.05)
+        if not received and any(proc.returncode for _, _, proc in ended):
+            failed = _first_failure(workers, ended, store, received)
+        on_their_own = {rank: proc.returncode for rank, _, proc in workers
+                        if proc.poll() is not None}
         # A received signal goes to every worker first (SIGINT: a KeyboardInterrupt). On
         # success this only stops what workers left behind in their process groups.
         _stop(workers, received[0] if received else signal.SIGTERM, received)
@@ -217,12 +220,81 @@ def launch(ns) -> int:
     if failed is None:
         return 0
     rank, local_rank, proc, code = failed
-    how = (f"was killed by signal {-code} ({signal.Signals(-code).name})" if code < 0
-           else f"exited with code {code}")
-    sys.stderr.write(f"collectives.run: worker rank {rank} (local rank {local_rank}, pid "
-                     f"{proc.pid}) {how}; stopped the other workers\n")
+    report = (f"collectives.run: worker rank {rank} (local rank {local_rank}, pid {proc.pid}) "
+              f"{_how(code)}, the first to fail; stopped the other workers\n")
+    after = [f"worker rank {r} {_how(c)}" for r, c in sorted(on_their_own.items())
+             if c and r != rank]
+    if after:
+        report += (f"collectives.run: after it, {', '.join(after)} (consequences of that "
+                   f"failure)\n")
+    sys.stderr.write(report)
     sys.stderr.flush()
     return _exit_code(code)
+
+
+def _how(code: int) -> str:
+    return (f"was killed by signal {-code} ({signal.Signals(-code).name})" if code < 0
+            else f"exited with code {code}")
+
+
+def _note_exits(workers, ended) -> None:
+    """Append to ``ended`` the workers seen exited since the last look."""
+    for worker in workers:
+        if worker[2].poll() is not None and worker not in ended:
+            ended.append(worker)
+
+
+# Workers of the job tell the launcher that they are leaving with a failing exit status before
+# they abort their transport (facade/setup.py): a peer that fails because of that abort (or of
+# anything else the leaving rank did) tells it later. Numbered by one counter in the job's
+# store, which the launcher serves, so the launcher knows who failed first even when the
+# consequences end first (a leaving rank may still be closing its connections).
+_LEAVING = "collectives.run/leaving"
+
+
+def tell_launcher(store, rank: int, code: int) -> None:
+    """Say, in the store of ``collectives.run``, that this worker leaves with ``code``."""
+    order = store.add(_LEAVING, 1)
+    store.set(f"{_LEAVING}/{rank}", f"{order} {code}")
+
+
+def _told(store, workers) -> dict:
+    """rank -> (order, code) of the workers that said they were leaving with a failure."""
+    told = {}
+    for rank, _, _ in workers:
+        key = f"{_LEAVING}/{rank}"
+        if store.check([key]):
+            order, code = store.get(key).decode().split()
+            told[rank] = (int(order), int(code))
+    return told
+
+
+def _first_failure(workers, ended, store, received):
+    """(rank, local rank, proc, exit code) of the worker that failed first. A worker that
+    failed without telling (killed by a signal, gone by os._exit, or one that never joined
+    the job's process group) failed before any consequence could tell: the first such exit
+    seen. Otherwise the first to tell, whose exit is awaited (up to GRACE_SECONDS: it may
+    still be closing its connections) for its real exit code."""
+    try:
+        told = _told(store, workers) if store is not None else {}
+    except Exception:                  # the store is the launcher's: never seen to fail
+        told = {}
+    _note_exits(workers, ended)        # an abrupt death shows before what it caused is said
+    silent = [w for w in ended if w[2].returncode and w[0] not in told]
+    if silent or not told:
+        rank, local_rank, proc = (silent or [w for w in ended if w[2].returncode])[0]
+        return rank, local_rank, proc, proc.returncode
+    by_rank = {w[0]: w for w in workers}
+    for rank in sorted(told, key=lambda r: told[r][0]):
+        rank, local_rank, proc = by_rank[rank]
+        deadline = time.monotonic() + GRACE_SECONDS
+        while proc.poll() is None and time.monotonic() < deadline and not received:
+            time.sleep(0.02)
+        code = proc.returncode if proc.returncode is not None else told[rank][1]
+        if code:
+            return rank, local_rank, proc, code
+    rank, local_rank, proc = next(w for w in ended if w[2].returncode)
+    return rank, local_rank, proc, proc.returncode
 
 
 def _start_worker(command, env, setup, workers, watchdog):

@@ -5,11 +5,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import threading
 import time as _time
 import traceback as _traceback
 from datetime import timedelta
 
-from .. import state, transports, work as _work
+from .. import settings, state, transports, work as _work
 from ..group import ProcessGroup
 from ..state import GroupMember, seconds as _seconds, setup_seconds as _setup_seconds
 from ..transports import mpi as _mpi_transport
@@ -172,6 +173,8 @@ def init_process_group(backend=None, init_method=None, timeout=_DEFAULT_TIMEOUT,
     if name == Backend.NCCL:
         _abort_job_on_uncaught_exception(transport, "its NCCL communicator")
         _abort_communicator_at_failed_exit(transport)
+    if name != LOCAL:
+        _watch_failing_exit()
     pg = ProcessGroup(transport, backend=name, timeout=limit, group_id=0, name=group_name)
     world = state.World(name, transport, pg, thread_local=name == LOCAL, timeout=limit)
     world.store = store if made else None
@@ -243,6 +246,67 @@ def _abort_nccl_if_failing():
     for transport in _nccl_at_exit:
         if code not in (None, 0) and getattr(transport, "comm", None) is not None:
             transport.abort(f"rank {transport.rank} is exiting with code {code}", code)
+
+
+# A failing exit closes the socket transport at once: no peer's goodbye is awaited (peers
+# that fail because of this exit never send one).
+FAILING_EXIT_CLOSE_SECONDS = 0.2
+# The most a failing exit waits for the abort and close: an interrupt that struck inside the
+# socket transport just as it took its lock (a Condition's __enter__) leaves the lock held for
+# good, and anything that takes it waits for ever.
+_FAILING_EXIT_ABORT_SECONDS = 0.5
+# Bounds the word to the launcher's store at a failing exit (it answers at once, or is gone).
+_TELL_LAUNCHER_SECONDS = 5.0
+_failing_exit_watched = []
+
+
+def _watch_failing_exit():
+    """At an exit with a failing status (an uncaught exception, Ctrl-C, sys.exit(3)), before
+    the socket transport's goodbyes (atexit runs the hooks registered last first): tell
+    ``collectives.run`` which rank leaves and with what code, before any peer can fail
+    because of it, so the launcher names this rank and not a consequence that ended sooner;
+    then abort the socket transport (every peer learns who left and why, instead of reading
+    a goodbye as a clean close) and close it without waiting for the peers' goodbyes. A
+    clean exit keeps the goodbyes; mpi and nccl have their own exit paths."""
+    state.observe_exit()
+    if not _failing_exit_watched:
+        import atexit
+        atexit.register(_at_failing_exit)
+        _failing_exit_watched.append(True)
+
+
+def _at_failing_exit():
+    world = state.current()
+    code, error = state.exit_status()
+    if world is None or world.thread_local or not code:
+        return
+    if world.store is not None and settings.USE_AGENT_STORE():
+        try:
+            from ..run import tell_launcher
+            world.store.set_timeout(_TELL_LAUNCHER_SECONDS)
+            tell_launcher(world.store, world.default.rank, code)
+        except Exception:              # a launcher gone: nobody to tell
+            pass
+    transport = world.transport
+    if transport.name != "socket":
+        return
+    why = f"exiting with code {code}" + ("" if error is None else
+                                         f" after {type(error).__name__}")
+    aborting = threading.Thread(target=_abort_and_close, args=(transport, why),
+                                name="collectives-failing-exit", daemon=True)
+    try:
+        aborting.start()
+    except RuntimeError:               # no thread this late: the transport's own close
+        return
+    aborting.join(_FAILING_EXIT_ABORT_SECONDS)
+
+
+def _abort_and_close(transport, why):
+    try:
+        transport.abort(why)
+        transport.close(timeout=FAILING_EXIT_CLOSE_SECONDS)
+    except Exception:
+        pass
 
 
 def _end_job_when_a_rank_leaves(transport):

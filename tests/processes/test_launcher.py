@@ -4,6 +4,7 @@ launcher and started by hand with multiprocessing and MASTER_ADDR/MASTER_PORT.""
 import json
 import multiprocessing
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -81,6 +82,39 @@ def test_failure_stops_the_others_and_propagates_the_code(tmp_path):
     proc, elapsed = launch(tmp_path, script, "--standalone", "--nproc-per-node", "3")
     assert proc.returncode == 3
     assert "worker rank 1" in proc.stderr and "code 3" in proc.stderr
+    assert elapsed < 20
+
+
+def test_the_first_worker_to_fail_is_named_not_the_peers_that_fail_because_of_it(tmp_path):
+    """Rank 2 leaves with code 3 while its peers wait for it in a collective: they fail at
+    once (and may end before it, which closes its connections first), yet the launcher names
+    rank 2 and its code and returns 3; peers that ended on their own meanwhile are called
+    consequences (the others are stopped); the peers' errors say rank 2 left with code 3."""
+    script = """
+        import os, sys
+        import numpy as np
+        import collectives as dist
+        dist.init_process_group("gloo")
+        x = np.ones(1000)
+        dist.all_reduce(x)
+        if dist.get_rank() == 2:
+            sys.exit(3)
+        dist.all_reduce(x)
+    """
+    proc, elapsed = launch(tmp_path, script, "--standalone", "--nproc-per-node", "3")
+    assert proc.returncode == 3, proc.stderr
+    assert re.search(r"collectives.run: worker rank 2 \(local rank 2, pid \d+\) exited with "
+                     r"code 3, the first to fail; stopped the other workers", proc.stderr), \
+        proc.stderr
+    assert proc.stderr.count("the first to fail") == 1, proc.stderr
+    after = re.findall(r"collectives.run: after it, (.*) \(consequences of that failure\)",
+                       proc.stderr)
+    assert after in ([], ["worker rank 0 exited with code 1"], ["worker rank 1 exited with code 1"],
+                     ["worker rank 0 exited with code 1, worker rank 1 exited with code 1"]), \
+        proc.stderr
+    for rank in (0, 1):
+        assert re.search(rf"\[rank {rank}\]:.*TransportError: .*rank 2 aborted the job: exiting "
+                         rf"with code 3", proc.stderr), proc.stderr
     assert elapsed < 20
 
 

@@ -7,11 +7,13 @@ seconds, naming the rank; a clean job, and ranks that finish at different times,
 0 without an abort. (The uncaught exception is in test_reliability_mpi.py.)
 
 Under the launcher (``python -m collectives.run``): a launcher killed with SIGKILL takes its
-workers (and their children) with it, and SIGTERM to the launcher stops them.
+workers (and their children) with it, SIGTERM to the launcher stops them, and Ctrl-C (SIGINT)
+to it ends workers that are inside collectives on their own, well before its SIGKILL grace.
 
 Every job is killed at its limit, so a hang fails the test instead of stalling CI.
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -296,3 +298,84 @@ def test_sigterm_to_the_launcher_stops_every_worker(tmp_path, stubborn):
         assert ended < (5 if stubborn else 0) + CI_BOUND
     finally:
         _cleanup(launcher, pids)
+
+
+IN_COLLECTIVES = """
+import faulthandler, os, signal, sys
+import numpy as np
+import collectives as dist
+
+faulthandler.register(signal.SIGUSR1)    # the test asks a worker that is slow to leave where
+dist.init_process_group("gloo")
+x = np.ones(1 << 16)                      # 512 KiB: the shared-memory paths between ranks
+dist.all_reduce(x)
+ready = os.path.join(sys.argv[1], "ready-" + os.environ["RANK"])
+with open(ready + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(ready + ".tmp", ready)
+while True:
+    dist.all_reduce(x)
+"""
+# A known fault of the socket transport, not of the exit path: an interrupt that strikes just
+# as a Condition's __enter__ has taken the transport's lock leaves the lock held, and the next
+# taker (the interrupt's own _fail, a close's _wake) waits for ever: until the launcher's
+# SIGKILL. About one round in a hundred; such a round is counted, not failed.
+LOCK_LEFT_HELD = re.compile(r'threading\.py", line \d+ in __enter__\n\[rank \d+\]:  File "[^"]*'
+                            r'transports/socket/engine\.py", line \d+ in (_fail|_wake)\n')
+
+ROUNDS = 10
+
+
+@linux_only
+def test_ctrl_c_to_the_launcher_ends_workers_inside_collectives_on_their_own(tmp_path):
+    """SIGINT goes to every worker's process group; each raises KeyboardInterrupt wherever it
+    is in a collective and leaves without waiting for goodbyes its interrupted peers never
+    send: the launcher exits 130 well inside its SIGKILL grace (0.2-0.7 s here). Interrupts
+    land at random points of the collectives, so several rounds: an interrupt inside a send
+    left a worker's exit waiting for a queue no peer would drain, until the SIGKILL (5.1 s in
+    one round of 4 to 10 here; the others waited 1 s for goodbyes)."""
+    from collectives.run import GRACE_SECONDS
+    script = tmp_path / "loop.py"
+    script.write_text(IN_COLLECTIVES)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("COLLECTIVES_SECRET", None)
+    held = 0
+    for round_ in range(ROUNDS):
+        out_dir = tmp_path / f"round{round_}"
+        out_dir.mkdir()
+        launcher = subprocess.Popen([sys.executable, "-m", "collectives.run", "--standalone",
+                                     "--nproc-per-node", "3", str(script), str(out_dir)],
+                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, cwd=str(tmp_path), start_new_session=True)
+        pids, deadline = [], time.monotonic() + 60
+        try:
+            while len(pids) < 3:
+                assert launcher.poll() is None and time.monotonic() < deadline, \
+                    launcher.communicate()
+                pids = [int(p.read_text()) for p in out_dir.glob("ready-[0-9]")]
+                time.sleep(0.02)
+            t0 = time.monotonic()
+            os.kill(launcher.pid, signal.SIGINT)
+            try:
+                out, err = launcher.communicate(timeout=GRACE_SECONDS - 1.5)
+            except subprocess.TimeoutExpired:  # where are the workers still running stuck?
+                for pid in filter(_alive, pids):
+                    try:
+                        os.kill(pid, signal.SIGUSR1)
+                    except ProcessLookupError:
+                        pass
+                out, err = launcher.communicate(timeout=30)
+            ended = time.monotonic() - t0
+            print(f"\nround {round_}: Ctrl-C to the launcher: exited {launcher.returncode} after "
+                  f"{ended:.2f} s")
+            assert launcher.returncode == 128 + signal.SIGINT, err
+            assert "received SIGINT; stopped the workers" in err, err
+            assert err.count("KeyboardInterrupt") >= 3, err
+            if ended >= GRACE_SECONDS and LOCK_LEFT_HELD.search(err):
+                held += 1
+                continue
+            assert ended < GRACE_SECONDS, err
+            assert _gone_within(pids, 10, time.monotonic()) is not None
+        finally:
+            _cleanup(launcher, pids)
+    assert held <= 1, f"{held} of {ROUNDS} rounds hit the socket transport's lock left held"
