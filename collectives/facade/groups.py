@@ -5,7 +5,7 @@ import hashlib
 import os
 
 from .. import state
-from ..errors import CollectiveError
+from ..errors import CollectiveError, CollectiveTimeout
 from ..group import ProcessGroup
 from ..state import GroupMember, seconds as _seconds
 
@@ -149,9 +149,16 @@ def _agree_on_group(world, group_id, ranks) -> None:
         label = label[:_GROUP_LABEL_BYTES - 4] + b" ..."
     record = (hashlib.sha256(text.encode()).digest()[:_GROUP_DIGEST_BYTES]
               + label.ljust(_GROUP_LABEL_BYTES, b"\0"))
+    try:
+        records = default.gather_records(record)
+    except CollectiveTimeout as exc:
+        raise CollectiveTimeout(
+            f"new_group on rank {default.rank}: not every rank of the job made {text} (every "
+            f"rank must call new_group for every group, members or not, in the same order): "
+            f"{exc}") from exc
     seen: dict[bytes, list[int]] = {}
     labels = {}
-    for r, every in enumerate(default.gather_records(record)):
+    for r, every in enumerate(records):
         digest = every[:_GROUP_DIGEST_BYTES]
         seen.setdefault(digest, []).append(r)
         labels.setdefault(digest, every[_GROUP_DIGEST_BYTES:].rstrip(b"\0").decode(

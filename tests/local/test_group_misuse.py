@@ -1,10 +1,13 @@
 """Groups used wrongly say what happened: a group of a destroyed process group, and groups
-made in a different order (or with different ranks) on different ranks."""
+made in a different order (or with different ranks) on different ranks, or not on every
+rank."""
+import threading
+
 import numpy as np
 import pytest
 
 import collectives as dist
-from collectives.errors import CollectiveError
+from collectives.errors import CollectiveError, CollectiveTimeout
 from collectives.transports.local import LocalWorld
 from local_ranks import TIMEOUT, spawn
 
@@ -85,3 +88,27 @@ def test_groups_made_alike_still_work():
             dist.all_reduce(x, group=pair)
         return x.tolist()
     assert spawn(3, fn) == [[6.0] * 3, [6.0] * 3, [5.0] * 3]
+
+
+def test_a_rank_that_skips_new_group_makes_the_others_say_so_at_their_timeout():
+    """Only the members call new_group: they wait for the third rank, then say what it is
+    they waited for, not just that an all_gather timed out."""
+    from datetime import timedelta
+    done = [threading.Event(), threading.Event()]
+
+    def fn(rank):
+        if rank == 2:
+            for event in done:               # alive, but never calls new_group
+                event.wait(30)
+            return None
+        try:
+            with pytest.raises(CollectiveTimeout) as info:
+                dist.new_group([0, 1])
+        finally:
+            done[rank].set()
+        return str(info.value)
+    said = dist.spawn_local(3, fn, timeout=timedelta(seconds=0.5))
+    for rank in (0, 1):
+        assert said[rank].startswith(f"new_group on rank {rank}: not every rank of the job "
+                                     f"made group 1 of ranks [0, 1] (every rank must call "
+                                     f"new_group for every group, members or not"), said[rank]
