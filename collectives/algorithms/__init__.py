@@ -21,6 +21,7 @@ from . import tree  # noqa: F401
 from . import recursive_doubling  # noqa: F401
 from . import ring_bidirectional  # noqa: F401
 from . import direct  # noqa: F401
+from . import pipelined_tree  # noqa: F401
 from . import cost
 from .schedule import (COLLECTIVES, REGISTRY, Plan, auto_names, build_plan, is_opted_in,
                        record_package_schedules)
