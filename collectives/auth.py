@@ -13,8 +13,10 @@ Cost: two small round trips per connection, once.
 A handshake alone proves nothing about the bytes after it: a relay planted in the connection
 (through an unauthenticated store's address, or on the network path) could forward it
 untouched and then rewrite the data. So each handshake also yields the connection's frame keys
-(``FrameAuth``), and every frame after it carries a 16-byte HMAC-SHA256 tag over an implicit
-counter and the frame: nothing is acted on until its tag checks.
+(``FrameAuth``), and every frame after it carries a 16-byte tag over an implicit counter and
+the frame: AES-GMAC where the ``cryptography`` package imports on both ends (about 30 GB/s),
+else HMAC-SHA256 (2 GB/s), the pair agreeing in the handshake. Nothing is acted on until its
+tag checks.
 
 Where the secret comes from (``job_secret``): an explicit value (``TCPStore(secret=...)``),
 else $COLLECTIVES_SECRET (``collectives.run`` generates one per job), else the per-user
@@ -362,68 +364,125 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def _mac(secret, role, context, first, second, ident):
-    msg = role + b"|" + context.encode() + b"|" + first + second + _IDENT.pack(ident)
+def _mac(secret, role, context, first, second, ident, offer):
+    msg = role + b"|" + context.encode() + b"|" + first + second + _IDENT.pack(ident) + offer
     return hmac.new(secret, msg, hashlib.sha256).digest()
 
 
-TAG = 16                        # bytes of HMAC-SHA256 that close every frame after a handshake
-_COUNTER = struct.Struct("<Q")
+TAG = 16                        # bytes that close every frame after a handshake
+# The frames' MACs, as bits of the set each side offers in its handshake; the pair uses the
+# best both offer. AES-GMAC (AES-256-GCM over the frame, nothing encrypted) runs at about
+# 30 GB/s with AES-NI and costs 0.5 us a frame; HMAC-SHA256 at 2 GB/s, 1 us a frame, and
+# needs nothing beyond the standard library (BENCHMARKS.md, "The channel's authentication").
+HMAC_SHA256, AES_GMAC = 1, 2
+try:
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+except ImportError:                  # the package's `fast` extra brings it
+    AESGCM = None
+_GCM_MAX = (1 << 31) - 1             # AESGCM's one-shot limit; longer bodies go in pieces
+
+
+def frame_macs() -> int:
+    """The MACs this process offers: HMAC-SHA256 always, AES-GMAC where ``cryptography``
+    imports."""
+    return HMAC_SHA256 | (AES_GMAC if AESGCM is not None else 0)
 
 
 class FrameAuth:
     """The frames of one authenticated connection, each closed by a tag.
 
     The handshake proves that both ends hold the secret, but a relay that forwards it
-    untouched would own the connection afterwards; so every frame after it carries
-    HMAC-SHA256(key, counter | frame) cut to ``TAG`` bytes, with one key per direction derived
-    from the secret and the handshake's transcript (both nonces, both identities, the context).
-    A relay knows none of the keys: it can cut the connection but not alter, insert, replay,
-    reorder or drop a frame unseen (the counter of each direction is implicit, so a missing
-    frame fails the next one's tag). Each side calls ``seal`` for the frames it writes and
-    ``begin``/``check`` for the frames it reads, both in wire order."""
+    untouched would own the connection afterwards; so every frame after it carries a 16-byte
+    tag over the frame and an implicit counter, with one key per direction derived from the
+    secret and the handshake's transcript (both nonces, both identities, both MAC offers, the
+    context). A relay knows none of the keys: it can cut the connection but not alter, insert,
+    replay, reorder or drop a frame unseen (a missing frame fails the next one's tag). A frame
+    is a head (header bytes) and an optional body (its payload); each side calls ``seal`` for
+    the frames it writes and ``authentic`` for the frames it reads, both in wire order."""
 
-    __slots__ = ("_send", "_recv", "sent", "received")
+    __slots__ = ("sent", "received")
+    name = ""
 
-    def __init__(self, send_key: bytes, recv_key: bytes):
-        self._send = hmac.new(send_key, digestmod=hashlib.sha256)
-        self._recv = hmac.new(recv_key, digestmod=hashlib.sha256)
+    def __init__(self):
         self.sent = self.received = 0
 
-    @classmethod
-    def derive(cls, secret, context, transcript: bytes, listener: bool) -> "FrameAuth":
+    @staticmethod
+    def derive(secret, context, transcript: bytes, listener: bool, mac: int) -> "FrameAuth":
         def key(direction):
             return hmac.new(secret, b"frames|" + direction + b"|" + context.encode() + b"|"
                             + transcript, hashlib.sha256).digest()
         to_listener, to_connector = key(b"to-listener"), key(b"to-connector")
-        return cls(to_connector, to_listener) if listener else cls(to_listener, to_connector)
+        send, recv = (to_connector, to_listener) if listener else (to_listener, to_connector)
+        return (_GmacFrames if mac == AES_GMAC else _HmacFrames)(send, recv)
 
-    def seal(self, parts) -> memoryview:
-        """The tag of the next frame written, whose bytes are ``parts`` (buffers, in order)."""
-        mac = self._send.copy()
-        mac.update(_COUNTER.pack(self.sent))
+    def seal(self, head, body=None) -> memoryview:
+        """The tag of the next frame written."""
+        tag = self._tag(self._send, self.sent, head, body)
         self.sent += 1
-        for part in parts:
-            mac.update(part)
-        return memoryview(mac.digest()[:TAG])
+        return memoryview(tag)
 
-    def begin(self):
-        """The running MAC of the next frame read: feed it the frame's bytes as they come,
-        then ``check`` it against the tag that follows them."""
-        mac = self._recv.copy()
-        mac.update(_COUNTER.pack(self.received))
+    def authentic(self, head, body, tag) -> bool:
+        """Whether ``tag`` closes the next frame read, whose bytes are ``head`` and ``body``."""
+        mine = self._tag(self._recv, self.received, head, body)
         self.received += 1
-        return mac
+        return hmac.compare_digest(mine, bytes(tag))
+
+
+class _HmacFrames(FrameAuth):
+    __slots__ = ("_send", "_recv")
+    name = "HMAC-SHA256"
+
+    def __init__(self, send_key, recv_key):
+        super().__init__()
+        self._send = hmac.new(send_key, digestmod=hashlib.sha256)
+        self._recv = hmac.new(recv_key, digestmod=hashlib.sha256)
 
     @staticmethod
-    def check(mac, tag) -> bool:
-        return hmac.compare_digest(mac.digest()[:TAG], bytes(tag))
+    def _tag(base, counter, head, body):
+        mac = base.copy()
+        mac.update(_COUNTER.pack(counter))
+        mac.update(head)
+        if body is not None:
+            mac.update(body)
+        return mac.digest()[:TAG]
 
-    def authentic(self, frame, tag) -> bool:
-        """Whether ``tag`` closes the next frame read, whose bytes are ``frame``."""
-        mac = self.begin()
-        mac.update(frame)
-        return self.check(mac, tag)
+
+class _GmacFrames(FrameAuth):
+    """GMAC: AES-256-GCM with the counter as the nonce (never repeated under one key), the
+    head as the plaintext and the body as associated data; only the GCM tag travels."""
+    __slots__ = ("_send", "_recv")
+    name = "AES-GMAC"
+
+    def __init__(self, send_key, recv_key):
+        super().__init__()
+        self._send, self._recv = (send_key, AESGCM(send_key)), (recv_key, AESGCM(recv_key))
+
+    @staticmethod
+    def _tag(keys, counter, head, body):
+        nonce = _NONCE.pack(counter, 0)
+        view = None if body is None else memoryview(body).cast("B")   # any array, as bytes
+        if view is None or len(view) <= _GCM_MAX:
+            return keys[1].encrypt(nonce, head, view)[-TAG:]
+        encryptor = Cipher(algorithms.AES(keys[0]), modes.GCM(nonce)).encryptor()
+        for at in range(0, len(view), _GCM_MAX):
+            encryptor.authenticate_additional_data(view[at:at + _GCM_MAX])
+        encryptor.update(head)
+        encryptor.finalize()
+        return encryptor.tag
+
+
+_COUNTER = struct.Struct("<Q")
+_NONCE = struct.Struct("<QI")
+_OFFER = struct.Struct("<B")
+
+
+def _best(mine: int, theirs: int) -> int:
+    common = mine & theirs
+    if not common:
+        raise AuthenticationError(f"the two ends share no frame MAC (offers {mine:#x} and "
+                                  f"{theirs:#x})")
+    return AES_GMAC if common & AES_GMAC else HMAC_SHA256
 
 
 def sign(secret: bytes, purpose: str, value: bytes) -> bytes:
@@ -440,36 +499,43 @@ def signed_value(secret: bytes, purpose: str, blob: bytes) -> bytes | None:
                                                               blob) else None
 
 
-def _transcript(nonce_s, nonce_c, ident_c, ident_s) -> bytes:
-    return nonce_s + nonce_c + _IDENT.pack(ident_c) + _IDENT.pack(ident_s)
+def _transcript(nonce_s, nonce_c, ident_c, ident_s, offer_c, offer_s) -> bytes:
+    return (nonce_s + nonce_c + _IDENT.pack(ident_c) + _IDENT.pack(ident_s)
+            + _OFFER.pack(offer_c) + _OFFER.pack(offer_s))
 
 
 def serve_handshake(sock: socket.socket, secret: bytes, context: str,
                     my_ident: int = -1) -> tuple[int, FrameAuth]:
-    """Listener side. Returns the connector's identity and the keys of the frames that
+    """Listener side. Returns the connector's identity and the tags of the frames that
     follow; raises AuthenticationError."""
     nonce_s = os.urandom(NONCE)
     sock.sendall(MAGIC + nonce_s)
     try:
-        reply = recv_exact(sock, len(MAGIC) + NONCE + _IDENT.size + DIGEST)
+        reply = recv_exact(sock, len(MAGIC) + NONCE + _IDENT.size + _OFFER.size + DIGEST)
     except (ConnectionError, OSError) as exc:
         raise AuthenticationError(f"handshake cut short: {exc}") from None
     magic, rest = reply[:len(MAGIC)], reply[len(MAGIC):]
     if magic != MAGIC:
         raise AuthenticationError("peer does not speak the collectives protocol (bad magic)")
-    nonce_c, ident_b, digest = rest[:NONCE], rest[NONCE:NONCE + 8], rest[NONCE + 8:]
-    ident = _IDENT.unpack(ident_b)[0]
-    if not hmac.compare_digest(digest, _mac(secret, b"client", context, nonce_s, nonce_c, ident)):
+    nonce_c, ident_b = rest[:NONCE], rest[NONCE:NONCE + _IDENT.size]
+    offer_b, digest = rest[NONCE + _IDENT.size:-DIGEST], rest[-DIGEST:]
+    ident, (offer_c,) = _IDENT.unpack(ident_b)[0], _OFFER.unpack(offer_b)
+    if not hmac.compare_digest(digest, _mac(secret, b"client", context, nonce_s, nonce_c,
+                                            ident, offer_b)):
         raise AuthenticationError(f"peer failed the challenge (wrong or missing job secret; "
                                   f"{secret_hint()})")
-    sock.sendall(_IDENT.pack(my_ident) + _mac(secret, b"server", context, nonce_c, nonce_s, my_ident))
-    return ident, FrameAuth.derive(secret, context, _transcript(nonce_s, nonce_c, ident, my_ident),
-                                   listener=True)
+    offer_s = frame_macs()
+    mac = _best(offer_s, offer_c)
+    mine = _OFFER.pack(offer_s)
+    sock.sendall(_IDENT.pack(my_ident) + mine
+                 + _mac(secret, b"server", context, nonce_c, nonce_s, my_ident, mine))
+    transcript = _transcript(nonce_s, nonce_c, ident, my_ident, offer_c, offer_s)
+    return ident, FrameAuth.derive(secret, context, transcript, True, mac)
 
 
 def client_handshake(sock: socket.socket, secret: bytes, context: str,
                      my_ident: int = -1) -> tuple[int, FrameAuth]:
-    """Connector side. Returns the listener's identity and the keys of the frames that
+    """Connector side. Returns the listener's identity and the tags of the frames that
     follow; raises AuthenticationError."""
     try:
         hello = recv_exact(sock, len(MAGIC) + NONCE)
@@ -480,16 +546,21 @@ def client_handshake(sock: socket.socket, secret: bytes, context: str,
         raise AuthenticationError("listener does not speak the collectives protocol (bad magic)")
     nonce_s = hello[len(MAGIC):]
     nonce_c = os.urandom(NONCE)
-    sock.sendall(MAGIC + nonce_c + _IDENT.pack(my_ident)
-                 + _mac(secret, b"client", context, nonce_s, nonce_c, my_ident))
+    offer_c = frame_macs()
+    mine = _OFFER.pack(offer_c)
+    sock.sendall(MAGIC + nonce_c + _IDENT.pack(my_ident) + mine
+                 + _mac(secret, b"client", context, nonce_s, nonce_c, my_ident, mine))
     try:
-        answer = recv_exact(sock, _IDENT.size + DIGEST)
+        answer = recv_exact(sock, _IDENT.size + _OFFER.size + DIGEST)
     except (ConnectionError, OSError) as exc:
         raise AuthenticationError(f"listener refused us ({exc}): wrong job secret? "
                                   f"({secret_hint()})") from None
-    ident = _IDENT.unpack(answer[:8])[0]
-    if not hmac.compare_digest(answer[8:], _mac(secret, b"server", context, nonce_c, nonce_s, ident)):
+    ident = _IDENT.unpack(answer[:_IDENT.size])[0]
+    offer_b = answer[_IDENT.size:_IDENT.size + _OFFER.size]
+    if not hmac.compare_digest(answer[-DIGEST:], _mac(secret, b"server", context, nonce_c,
+                                                      nonce_s, ident, offer_b)):
         raise AuthenticationError(f"listener failed the challenge (wrong job secret; "
                                   f"{secret_hint()})")
-    return ident, FrameAuth.derive(secret, context, _transcript(nonce_s, nonce_c, my_ident, ident),
-                                   listener=False)
+    (offer_s,) = _OFFER.unpack(offer_b)
+    transcript = _transcript(nonce_s, nonce_c, my_ident, ident, offer_c, offer_s)
+    return ident, FrameAuth.derive(secret, context, transcript, False, _best(offer_c, offer_s))

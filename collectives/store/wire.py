@@ -58,7 +58,8 @@ class Connection:
         self.sock, self.frames = sock, frames       # frames: the handshake's auth.FrameAuth
 
     def send(self, frame: bytes) -> None:
-        self.sock.sendall(frame + self.frames.seal((frame,)))
+        # sealed as it is read: the length apart from the body
+        self.sock.sendall(frame + self.frames.seal(frame[:_LEN.size], frame[_LEN.size:] or None))
 
     def read_body(self, limit: int | None = None) -> bytes:
         """The next frame's body, its tag checked; a length beyond ``limit`` is returned as
@@ -68,7 +69,7 @@ class Connection:
         if limit is not None and n > limit:
             return n
         body = recv_exact(self.sock, n) if n else b""
-        if not self.frames.authentic(head + body, recv_exact(self.sock, TAG)):
+        if not self.frames.authentic(head, body or None, recv_exact(self.sock, TAG)):
             raise AuthenticationError("a store frame failed authentication: the connection "
                                       "was altered in transit (a relay or injection), not "
                                       "written by the other end")

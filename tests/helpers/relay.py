@@ -18,7 +18,7 @@ import threading
 from datetime import timedelta
 
 ONE, THOUSAND = b"\x00\x00\x80\x3f", b"\x00\x00\x7a\x44"   # float32 1.0, 1000.0
-HANDSHAKE = {"to rank 0": 80, "to rank 1": 80}   # 40 + 40 bytes one way, 80 the other
+HANDSHAKE = {"to rank 0": 81, "to rank 1": 81}   # 40 + 41 bytes one way, 81 the other
 rewrote = 0
 
 

@@ -19,6 +19,7 @@ from collectives.errors import CollectiveError, TransportError
 from collectives.store import TCPStore
 from collectives.transports import create
 from collectives.transports.socket.shm import SHM_DIR
+from collectives.transports.socket import wire
 
 CTX = multiprocessing.get_context("fork")
 STORE_SECRET = "store-secret-of-the-tests"
@@ -241,5 +242,10 @@ def inject(t, peer, frames, sealed=True):
     with p.send_lock:
         p.sock.setblocking(True)
         for frame in frames:
-            p.sock.sendall(frame + bytes(p.auth.seal((frame,))) if sealed else frame)
+            # as the transport seals them: a payload's header and payload apart, any other
+            # frame (a CMA_MSG's address included) whole
+            split = frame[0] in (wire.DATA, wire.ABORT) and len(frame) > wire.HEADER.size
+            head, body = (frame[:wire.HEADER.size], frame[wire.HEADER.size:]) if split \
+                else (frame, None)
+            p.sock.sendall(frame + (bytes(p.auth.seal(head, body)) if sealed else b""))
         p.sock.setblocking(False)

@@ -174,7 +174,7 @@ def test_garbage_during_setup_does_not_hurt():
             silent = socket.create_connection((host, int(port)))
         except OSError:
             return                       # too late: the asserts below will say so
-        for payload in (os.urandom(500), b"COLLv1\x00\x00" + os.urandom(72)):
+        for payload in (os.urandom(500), b"COLLv1\x00\x00" + os.urandom(73)):  # a whole reply
             try:
                 with socket.create_connection((host, int(port))) as s:
                     s.sendall(payload)
@@ -237,7 +237,7 @@ def _frames_from_a_relay(t0):
     sealed by rank 0 whose payload it then rewrote, and one of rank 0's frames replayed."""
     payload = np.full(4, 1000.0, np.float32).tobytes()
     frame = _data_frame(7, np.ones(4, np.float32).tobytes())
-    tag = bytes(t0._peers[1].auth.seal((frame,)))
+    tag = bytes(t0._peers[1].auth.seal(frame[:-16], frame[-16:]))
     return {
         "no tag": [_data_frame(7, payload) + bytes(16)],
         "payload rewritten": [frame[:-16] + payload + tag],

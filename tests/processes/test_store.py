@@ -125,7 +125,7 @@ def test_wrong_secret_is_refused(master):
 
 
 def test_garbage_clients_do_not_hurt_the_server(master):
-    junk = [os.urandom(200), b"COLLv1\x00\x00" + os.urandom(72), b""]
+    junk = [os.urandom(200), b"COLLv1\x00\x00" + os.urandom(73), b""]
     for payload in junk:
         with socket.create_connection(("127.0.0.1", master.port)) as s:
             s.recv(40)                      # the challenge

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from repo import HELPERS, ROOT
@@ -106,8 +107,8 @@ def test_a_relay_between_a_store_client_and_its_server_is_an_error():
     def relay():
         client, _ = listener.accept()
         upstream = socket.create_connection(("127.0.0.1", server.port))
-        threading.Thread(target=forward, args=(client, upstream, 80), daemon=True).start()
-        forward(upstream, client, 80)
+        threading.Thread(target=forward, args=(client, upstream, 81), daemon=True).start()
+        forward(upstream, client, 81)
 
     threading.Thread(target=relay, daemon=True).start()
     victim = TCPStore("127.0.0.1", listener.getsockname()[1], timeout=10, secret=secret)
@@ -138,3 +139,81 @@ def test_an_nccl_unique_id_written_by_someone_else_is_refused(monkeypatch):
     store.set(nccl_transport._uid_key(2), bytes(128))       # an attacker's own id
     with pytest.raises(TransportError, match="unique id .* failed authentication"):
         nccl_transport._exchange_unique_id(1, 2, store, 5, fake)
+
+
+@pytest.mark.parametrize("offers", [("gmac", "gmac"), ("gmac", "hmac"), ("hmac", "gmac"),
+                                    ("hmac", "hmac")])
+def test_the_two_ends_agree_on_the_frame_mac_and_it_holds(offers, monkeypatch):
+    """AES-GMAC where both ends have ``cryptography``, HMAC-SHA256 otherwise: each side's
+    offer is covered by the handshake's MACs, the keys by both offers, and a frame sealed on
+    one end checks on the other (a rewritten one does not), in each direction."""
+    import threading
+
+    from collectives import auth
+    if auth.AESGCM is None and "gmac" in offers:
+        pytest.skip("cryptography is not installed: AES-GMAC is not offered here")
+    bits = {"gmac": auth.HMAC_SHA256 | auth.AES_GMAC, "hmac": auth.HMAC_SHA256}
+    roles = dict(zip(("listener", "connector"), offers))
+    monkeypatch.setattr(auth, "frame_macs",
+                        lambda: bits[roles[threading.current_thread().name]])
+    secret = os.urandom(32)
+    a, b = socket.socketpair()
+    out = {}
+    listener = threading.Thread(target=lambda: out.update(
+        listener=auth.serve_handshake(a, secret, "test", 0)), name="listener")
+    listener.start()
+    threading.current_thread().name, saved = "connector", threading.current_thread().name
+    try:
+        out["connector"] = auth.client_handshake(b, secret, "test", 1)
+    finally:
+        threading.current_thread().name = saved
+    listener.join(10)
+    (who_c, served), (who_l, dialed) = out["listener"], out["connector"]
+    assert (who_c, who_l) == (1, 0)
+    expected = "AES-GMAC" if offers == ("gmac", "gmac") else "HMAC-SHA256"
+    assert served.name == dialed.name == expected
+    head, body = b"h" * 24, np.arange(1000, dtype=np.float32)
+    for sender, receiver in ((served, dialed), (dialed, served)):
+        tag = sender.seal(head, body)
+        assert receiver.authentic(head, body.view(np.uint8), tag)
+        tag = sender.seal(head, body)
+        assert not receiver.authentic(head, (body + 1).view(np.uint8), tag)
+    a.close()
+    b.close()
+
+
+def test_the_socket_transport_runs_on_hmac_where_gmac_is_missing(monkeypatch):
+    """Without ``cryptography`` (HMAC-SHA256 on both ends) the transport works and refuses
+    a relay's frames alike."""
+    from collectives import auth
+    from socket_ranks import inject, transport_pair
+    monkeypatch.setattr(auth, "frame_macs", lambda: auth.HMAC_SHA256)
+    store, (t0, t1) = transport_pair()
+    try:
+        assert t0._peers[1].auth.name == t1._peers[0].auth.name == "HMAC-SHA256"
+        got = np.zeros(4, np.float32)
+        t0.send(np.ones(4, np.float32), 1, 7)
+        t1.recv(got, 0, 7, 5)
+        assert got.tolist() == [1.0] * 4
+        head = np.zeros(1, dtype=[("k", "u1"), ("s", "V7"), ("t", "<i8"), ("n", "<u8")])
+        head["t"], head["n"] = 7, 16
+        inject(t0, 1, [head.tobytes() + np.full(4, 1000.0, np.float32).tobytes() + bytes(16)],
+               sealed=False)
+        with pytest.raises(Exception, match="failed authentication"):
+            t1.recv(got, 0, 7, 5)
+    finally:
+        t0.close(timeout=2)
+        t1.close(timeout=2)
+        store.close()
+
+
+def test_a_gmac_body_beyond_the_one_shot_limit_is_tagged_in_pieces(monkeypatch):
+    """Bodies longer than AESGCM's one-shot limit (2 GiB) are fed in pieces: the same tag."""
+    from collectives import auth
+    if auth.AESGCM is None:
+        pytest.skip("cryptography is not installed: AES-GMAC is not offered here")
+    key, head, body = os.urandom(32), os.urandom(24), os.urandom(10_000)
+    whole = auth.FrameAuth.derive(key, "t", b"x", True, auth.AES_GMAC).seal(head, body)
+    monkeypatch.setattr(auth, "_GCM_MAX", 3000)
+    pieces = auth.FrameAuth.derive(key, "t", b"x", True, auth.AES_GMAC).seal(head, body)
+    assert bytes(whole) == bytes(pieces)

@@ -137,8 +137,8 @@ class Peer:
         self.target = None            # view being filled directly
         self.filled = 0
         self.on_filled = None
-        self.mac = None               # the running MAC of the frame being read
-        self.sealed = None            # (mac, on_filled): a payload is in, its tag is next
+        self.head = None              # the header of the frame whose payload is landing
+        self.sealed = None            # (header, payload, on_filled): its tag is next
         # sending, under send_lock: the frame being written, the request it completes, and
         # whether the socket refused bytes (only then is EVENT_WRITE wanted)
         self.out: list[memoryview] = []

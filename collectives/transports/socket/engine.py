@@ -307,7 +307,7 @@ class Engine:
 
     def _broadcast_abort(self, reason, skip=None):
         payload = reason.encode()[:MAX_ABORT_REASON]
-        frame = HEADER.pack(ABORT, NO_SIGNATURE, 0, len(payload)) + payload
+        head = HEADER.pack(ABORT, NO_SIGNATURE, 0, len(payload))
         for peer in self._peers.values():
             if peer.rank == skip or peer.closed:
                 continue
@@ -315,7 +315,7 @@ class Engine:
                 continue               # busy writing: the peer will see our EOF instead
             try:
                 if not peer.out:       # never split another frame
-                    peer.sock.send(frame + peer.auth.seal((frame,)))
+                    peer.sock.send(head + payload + peer.auth.seal(head, payload))
             except OSError:
                 pass
             finally:

@@ -10,9 +10,9 @@ when it belongs to a collective the whole transport, so every rank learns of the
 Shared-memory and direct-read frames are checked against the ring's state before anything is
 read: a malformed frame fails the transport naming the peer, and nothing outside the ring is
 ever read or written. Every frame's tag (``auth.FrameAuth``) is checked before the frame is
-acted on: a control frame is read whole with its tag first; a payload may land before its tag
-arrives, but its receive completes only once the tag checks, and a tag that fails fails the
-transport.
+acted on: a control frame is read whole with its tag first; a payload lands before its tag
+arrives, and its receive completes only once the tag, checked over the header and the landed
+payload at once, holds; a tag that fails fails the transport.
 
 A mixin of ``SocketTransport``: it uses the transport's ``_lock``, ``_cond``, ``_posted``,
 ``_unexpected``, ``_fail``, ``_notify`` and ``_flush``.
@@ -173,11 +173,10 @@ class Inbound:
                     n = sock.recv_into(peer.target[peer.filled:])
                     if n == 0:
                         return self._eof(peer)
-                    peer.mac.update(peer.target[peer.filled:peer.filled + n])
                     peer.filled += n
-                    if peer.filled == peer.target.nbytes:
-                        peer.sealed = peer.mac, peer.on_filled     # its tag comes next
-                        peer.target, peer.filled, peer.mac = None, 0, None
+                    if peer.filled == peer.target.nbytes:       # its tag comes next
+                        peer.sealed = peer.head, peer.target, peer.on_filled
+                        peer.target, peer.filled = None, 0
                     elif n < want:
                         return         # drained: the selector says when more arrives
                     continue
@@ -207,9 +206,9 @@ class Inbound:
             if peer.sealed is not None:            # a payload is in: its tag closes the frame
                 if avail < TAG:
                     return True
-                (mac, on_filled), peer.sealed = peer.sealed, None
+                (head, body, on_filled), peer.sealed = peer.sealed, None
                 peer.start += TAG
-                if not peer.auth.check(mac, stage[start:start + TAG]):
+                if not peer.auth.authentic(head, body, stage[start:start + TAG]):
                     return self._unauthentic(peer)
                 on_filled()
                 continue
@@ -220,7 +219,7 @@ class Inbound:
                 size = HEADER.size + (ADDRESS.size if kind == CMA_MSG else 0)
                 if avail < size + TAG:
                     return True            # the rest of the frame is still on its way
-                if not peer.auth.authentic(stage[start:start + size],
+                if not peer.auth.authentic(stage[start:start + size], None,
                                            stage[start + size:start + size + TAG]):
                     return self._unauthentic(peer)
                 peer.start += size + TAG
@@ -242,20 +241,17 @@ class Inbound:
                 self._fail(peer.rank, f"rank {peer.rank} sent a malformed frame (kind {kind}, "
                                       f"{nbytes} bytes)")
                 return False
-            mac = peer.auth.begin()
-            mac.update(stage[start:start + HEADER.size])
+            head = bytes(stage[start:start + HEADER.size])
             peer.start += HEADER.size
             target, on_filled = self._land(peer, kind, tag, nbytes, signature)
             take = min(peer.end - peer.start, nbytes)
             if take:
-                piece = stage[peer.start:peer.start + take]
-                target[:take] = piece
-                mac.update(piece)
+                target[:take] = stage[peer.start:peer.start + take]
                 peer.start += take
             if take == nbytes:
-                peer.sealed = mac, on_filled
+                peer.sealed = head, target, on_filled
                 continue
-            peer.target, peer.filled, peer.on_filled, peer.mac = target, take, on_filled, mac
+            peer.target, peer.filled, peer.on_filled, peer.head = target, take, on_filled, head
             return True
 
     def _unauthentic(self, peer) -> bool:

@@ -62,12 +62,12 @@ class Outbound:
                     continue
                 if peer.acks_owed:
                     frame = header(CMA_ACK, 0, peer.acks_owed)
-                    out += (frame, peer.auth.seal((frame,)))
+                    out += (frame, peer.auth.seal(frame))
                     peer.acks_owed = 0
                     continue
                 if peer.credit_owed:
                     frame = header(SHM_CREDIT, 0, peer.credit_owed)
-                    out += (frame, peer.auth.seal((frame,)))
+                    out += (frame, peer.auth.seal(frame))
                     peer.credit_owed = 0
                     continue
                 if not peer.queue:
@@ -78,7 +78,7 @@ class Outbound:
                     break              # the ring is full: the reader's credit resumes us
                 frames, last = step
                 out.extend(frames)
-                out.append(peer.auth.seal(frames))
+                out.append(peer.auth.seal(*frames))
                 if last:
                     peer.out_req = req
             peer.blocked = False

@@ -44,8 +44,8 @@ def header(kind, tag, nbytes, sig=NO_SIGNATURE) -> memoryview:
 
 def send_setup(peer, payload: bytes):
     """One setup frame to ``peer`` (a ``channels.Peer``) on its blocking socket."""
-    frame = HEADER.pack(SHM_SETUP, NO_SIGNATURE, 0, len(payload)) + payload
-    peer.sock.sendall(frame + peer.auth.seal((frame,)))
+    head = HEADER.pack(SHM_SETUP, NO_SIGNATURE, 0, len(payload))
+    peer.sock.sendall(head + payload + peer.auth.seal(head, payload))
 
 
 def recv_setup(peer, rank) -> bytes:
@@ -57,7 +57,7 @@ def recv_setup(peer, rank) -> bytes:
         raise TransportError(f"socket transport rank {rank}: rank {peer.rank} sent a "
                              f"malformed setup frame (kind {kind}, {nbytes} bytes)")
     payload = recv_exact(peer.sock, nbytes)
-    if not peer.auth.authentic(head + payload, recv_exact(peer.sock, TAG)):
+    if not peer.auth.authentic(head, payload, recv_exact(peer.sock, TAG)):
         raise TransportError(f"socket transport rank {rank}: {unauthentic(peer.rank)}")
     return payload
 
