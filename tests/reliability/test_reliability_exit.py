@@ -13,7 +13,6 @@ to it ends workers that are inside collectives on their own, well before its SIG
 Every job is killed at its limit, so a hang fails the test instead of stalling CI.
 """
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -316,13 +315,6 @@ os.rename(ready + ".tmp", ready)
 while True:
     dist.all_reduce(x)
 """
-# A known fault of the socket transport, not of the exit path: an interrupt that strikes just
-# as a Condition's __enter__ has taken the transport's lock leaves the lock held, and the next
-# taker (the interrupt's own _fail, a close's _wake) waits for ever: until the launcher's
-# SIGKILL. About one round in a hundred; such a round is counted, not failed.
-LOCK_LEFT_HELD = re.compile(r'threading\.py", line \d+ in __enter__\n\[rank \d+\]:  File "[^"]*'
-                            r'transports/socket/engine\.py", line \d+ in (_fail|_wake)\n')
-
 ROUNDS = 10
 
 
@@ -339,7 +331,6 @@ def test_ctrl_c_to_the_launcher_ends_workers_inside_collectives_on_their_own(tmp
     script.write_text(IN_COLLECTIVES)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("COLLECTIVES_SECRET", None)
-    held = 0
     for round_ in range(ROUNDS):
         out_dir = tmp_path / f"round{round_}"
         out_dir.mkdir()
@@ -371,11 +362,9 @@ def test_ctrl_c_to_the_launcher_ends_workers_inside_collectives_on_their_own(tmp
             assert launcher.returncode == 128 + signal.SIGINT, err
             assert "received SIGINT; stopped the workers" in err, err
             assert err.count("KeyboardInterrupt") >= 3, err
-            if ended >= GRACE_SECONDS and LOCK_LEFT_HELD.search(err):
-                held += 1
-                continue
             assert ended < GRACE_SECONDS, err
+            # an interrupted shutdown is not a protocol error
+            assert "malformed" not in err and "failed authentication" not in err, err
             assert _gone_within(pids, 10, time.monotonic()) is not None
         finally:
             _cleanup(launcher, pids)
-    assert held <= 1, f"{held} of {ROUNDS} rounds hit the socket transport's lock left held"

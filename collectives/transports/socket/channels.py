@@ -115,9 +115,15 @@ class CmaSend(Send):
         super().__init__(transport, peer, tag, [memoryview(frame)], signature)
         self.view = view              # keeps the buffer alive until the peer has read it
 
+    def next_frames(self, peer):
+        # waiting before a byte of its frame leaves (under send_lock, where the reader takes
+        # acknowledgements): an acknowledgement never finds it missing, even when the writer
+        # is interrupted between a write and its bookkeeping
+        peer.cma_waiting.append(self)
+        return self.frames, True
+
     def written(self, peer) -> bool:
-        peer.cma_waiting.append(self)     # done when the peer acknowledges its read
-        return False
+        return False                      # done when the peer acknowledges its read
 
 
 class Peer:
@@ -144,6 +150,7 @@ class Peer:
         self.out: list[memoryview] = []
         self.out_req = None
         self.blocked = False
+        self.broken = False           # a write was interrupted mid-frame: nothing more goes out
         self.credit_owed = 0          # ring bytes freed, not yet reported to the writer
         self.shm_out: Channel | None = None   # the ring we write to this peer
         self.shm_in: Channel | None = None    # the ring this peer writes to us

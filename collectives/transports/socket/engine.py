@@ -93,7 +93,7 @@ class Engine:
         condition until its requests complete or the token comes free."""
         requests = list(requests)
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
+        with self._lock:
             self._waiting += 1
             try:
                 while True:
@@ -120,7 +120,7 @@ class Engine:
                 else:
                     time.sleep(max(left, 0.0))
                     self._poll_once(0)
-                with self._cond:
+                with self._lock:
                     left = self._outstanding(requests, timeout, deadline)
                     if left is _DONE:
                         return
@@ -138,7 +138,7 @@ class Engine:
         CALLER_LEASE (the next wait_all is usually that close), unless work is left that no
         caller waits for; sleepers on the condition get their turn to take the token."""
         pending = bool(self._posted) or any(p.busy() for p in self._peers.values())
-        with self._cond:
+        with self._lock:
             self._poller = None
             self._token.release()
             self._caller_at = time.monotonic()
@@ -193,7 +193,7 @@ class Engine:
         caller has given up on (it is held as unexpected, for a later receive of its tag);
         a later wait on one raises. A receive already landing completes. Sends already
         queued still go out."""
-        with self._cond:
+        with self._lock:
             for req in requests:
                 if isinstance(req, Recv) and not req.done and not req.landing:
                     posted = self._posted.get(req.tag)
@@ -214,14 +214,17 @@ class Engine:
                 try:
                     self._poll_once(1.0)
                 finally:
-                    with self._cond:
+                    with self._lock:
                         self._token.release()
                         if self._waiting:       # a caller asleep may take the token now
                             self._cond.notify_all()
-                if self._closing and not any(p.queue for p in self._peers.values()) and (
-                        all(p.closed for p in self._peers.values())
-                        or time.monotonic() > self._close_deadline):
-                    return   # flushed, and every peer said goodbye (or would not in time)
+                if self._closing and (self._failure is not None or (
+                        not any(p.queue for p in self._peers.values() if not p.closed) and (
+                            all(p.closed for p in self._peers.values())
+                            or time.monotonic() > self._close_deadline))):
+                    # failed (nothing left to flush), or flushed and every peer said goodbye
+                    # (or would not in time)
+                    return
         except Exception as exc:       # a bug here must not leave waiters hanging
             log.exception("socket transport rank %d: progress thread crashed", self.rank)
             self._fail(None, f"the progress thread crashed: {exc!r}")
@@ -231,7 +234,7 @@ class Engine:
         has driven progress for CALLER_LEASE, or work was left that no caller waits for, or
         the transport is closing. Parks on a condition meanwhile (never in the selector, so
         data for a polling caller wakes only that caller)."""
-        with self._cond:
+        with self._lock:
             while True:
                 idle = time.monotonic() - self._caller_at
                 if (not self._caller_progress or self._closing or self._kicked
@@ -288,7 +291,7 @@ class Engine:
     # -- failure ---------------------------------------------------------------------------
 
     def _fail(self, peer_rank, reason, forward=True):
-        with self._cond:
+        with self._lock:
             first = self._failure is None
             if first:
                 self._failure = reason
@@ -309,7 +312,7 @@ class Engine:
         payload = reason.encode()[:MAX_ABORT_REASON]
         head = HEADER.pack(ABORT, NO_SIGNATURE, 0, len(payload))
         for peer in self._peers.values():
-            if peer.rank == skip or peer.closed:
+            if peer.rank == skip or peer.closed or peer.broken:
                 continue
             if not peer.send_lock.acquire(blocking=False):
                 continue               # busy writing: the peer will see our EOF instead

@@ -117,7 +117,7 @@ class Inbound:
         else:
             req.view[...] = np.frombuffer(entry.data, np.uint8)
             error = None
-        with self._cond:
+        with self._lock:
             req.error, req.done, req.landing = error, True, False
             self._notify()
         if error is not None and NO_SIGNATURE not in (req.signature, entry.signature):
@@ -151,7 +151,7 @@ class Inbound:
         return None
 
     def _landed(self, req):
-        with self._cond:
+        with self._lock:
             req.done, req.landing = True, False
             self._notify()
 
@@ -331,9 +331,11 @@ class Inbound:
                 acked = [peer.cma_waiting.popleft() for _ in range(n)] \
                     if 0 < n <= outstanding else None
             if acked is None:
+                if self._failure is not None:     # this rank's writer was interrupted
+                    return False
                 return self._malformed(peer, f"acknowledgement of {n} reads with "
                                              f"{outstanding} outstanding")
-            with self._cond:
+            with self._lock:
                 for req in acked:
                     req.done = True
                 self._notify()
@@ -360,7 +362,7 @@ class Inbound:
         return False
 
     def _goodbye(self, peer):
-        with self._cond:
+        with self._lock:
             peer.closed = True
             self._notify()
         try:

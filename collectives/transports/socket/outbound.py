@@ -29,10 +29,15 @@ class Outbound:
             raise TransportError(f"send on rank {self.rank}: rank {peer.rank} has closed its transport")
         with peer.send_lock:
             peer.queue.append(req)
-            finished = self._pump(peer)
+            try:
+                finished = self._pump(peer)
+            except (KeyboardInterrupt, SystemExit) as exc:
+                self._failure = self._failure or (
+                    f"interrupted ({type(exc).__name__}) while writing to rank {peer.rank}")
+                raise
             wake = peer.blocked and not peer.writing
         if finished > 1 or (finished and not req.done):   # other threads' sends completed
-            with self._cond:
+            with self._lock:
                 self._notify()
         if wake:
             self._wake()
@@ -43,6 +48,8 @@ class Outbound:
         (``peer.blocked``), a channel has no room for the next frame, or the queue is empty.
         Caller holds peer.send_lock; returns how many sends completed."""
         out, sock, finished = peer.out, peer.sock, 0
+        if peer.broken:
+            return 0
         try:
             while True:
                 if out:
@@ -77,8 +84,7 @@ class Outbound:
                 if step is None:
                     break              # the ring is full: the reader's credit resumes us
                 frames, last = step
-                out.extend(frames)
-                out.append(peer.auth.seal(*frames))
+                out.extend((*frames, peer.auth.seal(*frames)))
                 if last:
                     peer.out_req = req
             peer.blocked = False
@@ -87,6 +93,13 @@ class Outbound:
         except OSError as exc:
             peer.blocked = False
             self._fail(peer.rank, f"sending to rank {peer.rank} failed: {exc}")
+        except BaseException:
+            # interrupted (KeyboardInterrupt) between a write and its bookkeeping, or between
+            # a tag and its frame: where the stream stands is unknown, so nothing more goes out
+            # on it (the peer sees the connection end, never a frame out of its order)
+            peer.broken = True
+            out.clear()
+            raise
         return finished
 
     def _flush(self, peer):
@@ -98,5 +111,5 @@ class Outbound:
         if blocked != peer.writing and not (peer.closed and peer.sock.fileno() < 0):
             self._register(peer, blocked)
         if finished:
-            with self._cond:
+            with self._lock:
                 self._notify()

@@ -51,6 +51,9 @@ class SocketTransport(Inbound, Outbound, Engine, Transport):
         if store is None and world_size > 1:
             raise ValueError(f"socket transport on rank {rank}: a store is needed to exchange addresses")
         self.rank, self.size, self.timeout = rank, world_size, float(timeout)
+        # Blocks take ``with self._lock`` (a C-level enter), never ``with self._cond``: a
+        # KeyboardInterrupt inside Condition.__enter__, after the lock is taken, would leave it
+        # held for good. The conditions share the lock, so their wait and notify work there.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         # The progress token: only its holder reads sockets, parses frames or changes the
