@@ -9,7 +9,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d
-from torch.futures import Future as _TorchFuture
 
 from .. import sparse, tensors, transports, work as _work
 from ..group import ProcessGroup
@@ -139,17 +138,17 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
         at a time), else queue it on the group's worker and hand back a Work."""
         group = self.group
         if group is self._gpu and group is not None:
-            # Enqueued now, on the caller's current stream (the transport's call scope), as
-            # NCCL's own backend does: the host never waits, and the Work is complete at once
-            # with a CUDA-aware Future (torch's), whose wait() orders the waiting thread's
-            # current stream after the collective.
-            _work.call(group, run, False, result)
+            # Enqueued now, from this thread, on the caller's current stream (we are inside
+            # the call scope _on_device entered), as NCCL's own backend does: the host never
+            # waits. The Work holds a CUDA event recorded after the collective: its wait()
+            # orders the waiting thread's current stream after it; its Future (torch's
+            # CUDA-aware one) is made only when asked for, since making and setting one
+            # costs more than the launch (BENCHMARKS.md §7).
+            run()
             device = torch.device("cuda", group.transport.device)
-            future = _TorchFuture(devices=[device])
-            future.set_result(result)
             done = torch.cuda.Event()
             done.record(torch.cuda.current_stream(device))
-            return Work(operation, result, future=future, done=done)
+            return Work(operation, result, done=done, device=device)
         if group is self._lane or (opts is not None and not getattr(opts, "asyncOp", True)):
             _work.call(group, run, False, result)
             return Work(operation, result)

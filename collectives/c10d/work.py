@@ -6,6 +6,7 @@ import queue
 import threading
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 from torch.futures import Future as _TorchFuture
 
@@ -100,21 +101,21 @@ class Work(dist._Work):
     thread of its own: nothing else would drive the transfer), inside ``scope`` (the GPU
     transport's call scope: the caller's stream) where given.
 
-    A collective on CUDA tensors was enqueued at the call: its ``future`` is torch's
-    CUDA-aware Future, already set on the stream it ran on, so that ``wait()`` (and the
-    Future's ``wait``, ``value`` and callbacks) orders the current stream after it, as
-    NCCL's backend does; ``done`` (a CUDA event recorded after it) tells
-    ``is_completed``."""
+    A collective on CUDA tensors was enqueued at the call on ``device``: ``done`` is a CUDA
+    event recorded after it. ``wait()`` orders the waiting thread's current stream after it,
+    as NCCL's backend does, and ``is_completed`` asks the event; ``get_future`` makes torch's
+    CUDA-aware Future on first use, set after the same wait, so that its ``wait``, ``value``
+    and callbacks are ordered after the collective too."""
 
-    def __init__(self, operation: str, result, ours=None, completions=None, *, future=None,
-                 done=None, scope=None):
+    def __init__(self, operation: str, result, ours=None, completions=None, *, done=None,
+                 device=None, scope=None):
         super().__init__()
         self._operation = operation
         self._result = result
         self._ours = ours
         self._completions = completions
-        self._future = Future() if future is None else future
-        self._done = done
+        self._done, self._device = done, device
+        self._future = None if done is not None else Future()
         self._scope = scope
         self._lock = threading.Lock()
         self._claimed = False               # whoever sets the Future claims it first
@@ -122,7 +123,7 @@ class Work(dist._Work):
         self.source_rank_value = None
         if ours is None:
             self._claimed = True
-            if future is None:
+            if done is None:
                 self._future.set_result(result)
         elif ours._requests is None:
             ours.get_future().add_done_callback(lambda _: completions.submit(self._complete))
@@ -154,9 +155,10 @@ class Work(dist._Work):
             self._ours.wait(limit)
 
     def wait(self, timeout=timedelta(0)) -> bool:
+        if self._done is not None:          # the current stream waits for the collective
+            torch.cuda.current_stream(self._device).wait_event(self._done)
+            return True
         if self._ours is None:
-            if self._done is not None:
-                self._future.wait()         # the current stream waits for the collective
             return True
         self._wait_ours(torch_seconds(timeout))
         if self._ours._requests is not None or (self._completions is not None
@@ -170,6 +172,13 @@ class Work(dist._Work):
         return True
 
     def get_future(self) -> Future:
+        if self._done is not None:
+            with self._lock:
+                if self._future is None:
+                    torch.cuda.current_stream(self._device).wait_event(self._done)
+                    self._future = _TorchFuture(devices=[self._device])
+                    self._future.set_result(self._result)
+            return self._future
         if self._ours is not None and self._ours._requests is not None:
             with self._lock:
                 drive, self._driven = not self._driven and not self._claimed, True
