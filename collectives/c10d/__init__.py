@@ -34,10 +34,11 @@ recv, and the group's name, which a Python group must keep itself. The older nam
 
 Work (CUDA): as NCCL's backend, a collective is enqueued at the call, in the caller's thread,
 on torch's current stream (made CuPy's current stream for the call, so that the copies a
-call makes are ordered there too), and the host does not wait; its Work is complete at once
-and its Future is torch's CUDA-aware one: ``wait()``, ``get_future().wait()`` and callbacks
-order the waiting thread's current stream after the collective (``is_completed`` asks the
-GPU). Send and receive are issued together at the first wait (one NCCL group), on the stream
+call makes are ordered there too), and the host does not wait. Its Work holds a CUDA event
+recorded after the collective: ``wait()`` orders the waiting thread's current stream after it
+(``is_completed`` asks the GPU), and ``get_future()`` makes torch's CUDA-aware Future on first
+use, whose ``wait()`` and callbacks are ordered the same way (made at every call it cost more
+than the launch). Send and receive are issued together at the first wait (one NCCL group), on the stream
 current at the call, and the host waits for them.
 
 Work (CPU): a synchronous call (torch's ``async_op=False``) runs in the caller's thread and
