@@ -97,6 +97,18 @@ def flat_list(items, operation: str, rank: int, name: str, length: int | None = 
     return views
 
 
+_CUDA_DTYPES: dict = {}
+
+
+def _cuda_dtypes(torch) -> dict:
+    """torch dtype -> numpy dtype, for the CUDA views made without __cuda_array_interface__."""
+    if not _CUDA_DTYPES:
+        for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
+                     "uint8", "bool", "complex64", "complex128"):
+            _CUDA_DTYPES[getattr(torch, name)] = np.dtype(name)
+    return _CUDA_DTYPES
+
+
 def _torch_view(t, operation, rank, name):
     torch = _torch()
     if t.layout != torch.strided:
@@ -111,6 +123,13 @@ def _torch_view(t, operation, rank, name):
         cupy = _cupy()
         if cupy is None:
             import cupy  # noqa: F811  (only reached with a CUDA tensor in hand)
+        dtype = _cuda_dtypes(torch).get(t.dtype)
+        if dtype is not None and t.numel():
+            # the view made directly (it holds ``t``, as asarray's does): torch's
+            # __cuda_array_interface__ builds a dict at every call and costs more than this
+            nbytes = t.numel() * dtype.itemsize
+            memory = cupy.cuda.UnownedMemory(t.data_ptr(), nbytes, t, t.device.index)
+            return cupy.ndarray((t.numel(),), dtype, cupy.cuda.MemoryPointer(memory, 0))
         if t.dtype == torch.bfloat16:
             # CuPy takes ml_dtypes' bfloat16 (CuPy >= 14), so view the 16-bit words as that.
             if _BFLOAT16 is None:

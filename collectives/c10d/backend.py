@@ -140,15 +140,13 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
         if group is self._gpu and group is not None:
             # Enqueued now, from this thread, on the caller's current stream (we are inside
             # the call scope _on_device entered), as NCCL's own backend does: the host never
-            # waits. The Work holds a CUDA event recorded after the collective: its wait()
+            # waits. The Work holds the transport's CUDA event recorded after it: its wait()
             # orders the waiting thread's current stream after it; its Future (torch's
             # CUDA-aware one) is made only when asked for, since making and setting one
             # costs more than the launch (BENCHMARKS.md §7).
             run()
-            device = torch.device("cuda", group.transport.device)
-            done = torch.cuda.Event()
-            done.record(torch.cuda.current_stream(device))
-            return Work(operation, result, done=done, device=device)
+            return Work(operation, result, enqueued=group.transport.enqueued(result),
+                        device=torch.device("cuda", group.transport.device))
         if group is self._lane or (opts is not None and not getattr(opts, "asyncOp", True)):
             _work.call(group, run, False, result)
             return Work(operation, result)

@@ -17,6 +17,7 @@ TRANSPORT = "socket"
 GPU_TRANSPORT = "nccl"              # CUDA tensors' transport (made at a group's first)
 # the callback lane's tags: a group id of the socket mesh's own (subgroup.GROUP_SHIFT above)
 LANE_ID = 1
+_OPS: dict = {}                     # torch's reduce op kinds parsed once (every call has one)
 
 
 def _in_order(runs):
@@ -109,10 +110,21 @@ class _Checks:
 
     def _op(self, opts, operation):
         kind = getattr(opts.reduceOp, "op", opts.reduceOp)
+        try:
+            op = _OPS.get(kind)
+        except TypeError:           # not hashable: parsed below every time
+            op = None
+        if op is not None:
+            return op
         if kind == dist.ReduceOp.PREMUL_SUM:
             raise ValueError(f"{self._where(operation)}: ReduceOp.PREMUL_SUM is not supported "
                              f"by the {BACKEND} backend; scale the tensor and use SUM")
-        return ReduceOp.parse(kind)
+        op = ReduceOp.parse(kind)
+        try:
+            _OPS[kind] = op
+        except TypeError:
+            pass
+        return op
 
     @staticmethod
     def _timeout(opts):

@@ -6,7 +6,6 @@ import queue
 import threading
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
 from torch.futures import Future as _TorchFuture
 
@@ -101,21 +100,22 @@ class Work(dist._Work):
     thread of its own: nothing else would drive the transfer), inside ``scope`` (the GPU
     transport's call scope: the caller's stream) where given.
 
-    A collective on CUDA tensors was enqueued at the call on ``device``: ``done`` is a CUDA
-    event recorded after it. ``wait()`` orders the waiting thread's current stream after it,
-    as NCCL's backend does, and ``is_completed`` asks the event; ``get_future`` makes torch's
-    CUDA-aware Future on first use, set after the same wait, so that its ``wait``, ``value``
-    and callbacks are ordered after the collective too."""
+    A collective on CUDA tensors was enqueued at the call on ``device``: ``enqueued`` is the
+    GPU transport's (whether the GPU has finished it, order the waiting thread's current
+    stream after it). ``wait()`` does the latter, as NCCL's backend does, and
+    ``is_completed`` asks the former; ``get_future`` makes torch's CUDA-aware Future on first
+    use, set after the same wait, so that its ``wait``, ``value`` and callbacks are ordered
+    after the collective too."""
 
-    def __init__(self, operation: str, result, ours=None, completions=None, *, done=None,
+    def __init__(self, operation: str, result, ours=None, completions=None, *, enqueued=None,
                  device=None, scope=None):
         super().__init__()
         self._operation = operation
         self._result = result
         self._ours = ours
         self._completions = completions
-        self._done, self._device = done, device
-        self._future = None if done is not None else Future()
+        self._enqueued, self._device = enqueued, device
+        self._future = None if enqueued is not None else Future()
         self._scope = scope
         self._lock = threading.Lock()
         self._claimed = False               # whoever sets the Future claims it first
@@ -123,7 +123,7 @@ class Work(dist._Work):
         self.source_rank_value = None
         if ours is None:
             self._claimed = True
-            if done is None:
+            if enqueued is None:
                 self._future.set_result(result)
         elif ours._requests is None:
             ours.get_future().add_done_callback(lambda _: completions.submit(self._complete))
@@ -155,8 +155,8 @@ class Work(dist._Work):
             self._ours.wait(limit)
 
     def wait(self, timeout=timedelta(0)) -> bool:
-        if self._done is not None:          # the current stream waits for the collective
-            torch.cuda.current_stream(self._device).wait_event(self._done)
+        if self._enqueued is not None:      # the current stream waits for the collective
+            self._enqueued[1]()
             return True
         if self._ours is None:
             return True
@@ -172,10 +172,10 @@ class Work(dist._Work):
         return True
 
     def get_future(self) -> Future:
-        if self._done is not None:
+        if self._enqueued is not None:
             with self._lock:
                 if self._future is None:
-                    torch.cuda.current_stream(self._device).wait_event(self._done)
+                    self._enqueued[1]()
                     self._future = _TorchFuture(devices=[self._device])
                     self._future.set_result(self._result)
             return self._future
@@ -188,8 +188,8 @@ class Work(dist._Work):
         return self._future
 
     def is_completed(self) -> bool:
-        if self._done is not None:
-            return self._done.query()
+        if self._enqueued is not None:
+            return self._enqueued[0]()
         if self._ours is None:
             return True
         if self._scope is None:

@@ -69,6 +69,7 @@ from .base import Request, Transport
 LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                         "PMI_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
 _UID_KEY = "collectives/nccl/unique_id"
+_STREAMS_KEPT = 64                # CuPy wrappers of torch streams kept (torch pools its own)
 _UID_BYTES = 128                  # NCCL_UNIQUE_ID_BYTES
 NCCL_UINT8 = 1                    # ncclUint8: data movement goes as bytes, whatever the dtype
 MEMCPY_D2D = 3                    # cudaMemcpyDeviceToDevice
@@ -238,6 +239,7 @@ class NcclTransport(Transport):
         self.version = nccl.get_version()
         self._comm_stream = None
         self._scratch: dict = {}
+        self._streams: dict = {}          # torch's raw stream -> its CuPy ExternalStream
         self._pending: list = []
         self._aborted = False
         self.native = NcclNative(self)
@@ -258,8 +260,15 @@ class NcclTransport(Transport):
         torch = sys.modules.get("torch")
         if torch is not None and any(isinstance(b, torch.Tensor) and b.is_cuda
                                      for b in _flatten(buffers)):
-            return cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream,
-                                            self.device)
+            # the raw handle, and one CuPy wrapper per stream: torch.cuda.current_stream and
+            # a new ExternalStream at every call cost more than the rest of the launch
+            raw = torch._C._cuda_getCurrentRawStream(self.device)
+            stream = self._streams.get(raw)
+            if stream is None:
+                if len(self._streams) >= _STREAMS_KEPT:
+                    self._streams.clear()
+                stream = self._streams[raw] = cupy.cuda.ExternalStream(raw, self.device)
+            return stream
         return cupy.cuda.get_current_stream()
 
     def call_scope(self, buffers):
