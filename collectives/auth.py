@@ -511,12 +511,16 @@ def serve_handshake(sock: socket.socket, secret: bytes, context: str,
     nonce_s = os.urandom(NONCE)
     sock.sendall(MAGIC + nonce_s)
     try:
-        reply = recv_exact(sock, len(MAGIC) + NONCE + _IDENT.size + _OFFER.size + DIGEST)
+        # the magic first: a client of another protocol is refused at once, however long
+        # what it sends
+        if recv_exact(sock, len(MAGIC)) != MAGIC:
+            raise AuthenticationError("peer does not speak the collectives protocol (bad "
+                                      "magic)")
+        rest = recv_exact(sock, NONCE + _IDENT.size + _OFFER.size + DIGEST)
     except (ConnectionError, OSError) as exc:
+        if isinstance(exc, AuthenticationError):
+            raise
         raise AuthenticationError(f"handshake cut short: {exc}") from None
-    magic, rest = reply[:len(MAGIC)], reply[len(MAGIC):]
-    if magic != MAGIC:
-        raise AuthenticationError("peer does not speak the collectives protocol (bad magic)")
     nonce_c, ident_b = rest[:NONCE], rest[NONCE:NONCE + _IDENT.size]
     offer_b, digest = rest[NONCE + _IDENT.size:-DIGEST], rest[-DIGEST:]
     ident, (offer_c,) = _IDENT.unpack(ident_b)[0], _OFFER.unpack(offer_b)
