@@ -90,6 +90,15 @@ class Outbound:
             peer.blocked = False
         except (BlockingIOError, InterruptedError):
             peer.blocked = True
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            peer.blocked = False
+            if peer.closed:
+                self._fail(peer.rank, f"sending to rank {peer.rank} failed: {exc}")
+            else:
+                # the peer has gone: why (its abort) is in what it sent before, which the
+                # reader finds ahead of the connection's end; nothing more goes out
+                peer.broken = True
+                out.clear()
         except OSError as exc:
             peer.blocked = False
             self._fail(peer.rank, f"sending to rank {peer.rank} failed: {exc}")
