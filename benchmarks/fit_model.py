@@ -28,6 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+from collectives import tuning_file  # noqa: E402
 from collectives.algorithms import capabilities, cost  # noqa: E402
 from model_check import load_run, merge_identical  # noqa: E402
 
@@ -46,7 +47,7 @@ def rows_of(files, transport):
     (file, tuning file or None); a run's params are its own calibrated α, β, γ."""
     out = []
     for path, tuning in files:
-        base = cost.load_params(transport, tuning or "")
+        base = tuning_file.load_params(transport, tuning or "")
         _, itemsize, table, _ = load_run(path)
         for (collective, p, size), measured in table.items():
             names = [a for a in measured if a in capabilities().get(collective, ())]
@@ -110,7 +111,7 @@ def main(argv=None):
     ap.add_argument("--out", help="write the fitted parameters into this tuning file")
     args = ap.parse_args(argv)
     files = [tuple(a.split("=", 1)) if "=" in a else (a, None) for a in args.files]
-    start = cost.load_params(args.transport, files[0][1] or "")
+    start = tuning_file.load_params(args.transport, files[0][1] or "")
     fields = args.fields.split(",") if args.fields else FIELDS[args.transport]
     rows = rows_of(files, args.transport)
     before = score(rows, {})
@@ -119,7 +120,7 @@ def main(argv=None):
         print(f"{label:>6}: regret {regret:.3f}, worst auto/best {worst:.2f}, median model "
               f"error x{math.exp(error):.2f}" + (f": {shape}" if shape else ""))
     if args.out:
-        cost.save_params(args.out, args.transport, dataclasses.replace(start, **fitted))
+        tuning_file.save_params(args.out, args.transport, dataclasses.replace(start, **fitted))
         print(f"wrote {args.out}")
     return 0
 

@@ -1,6 +1,6 @@
 """Would ``auto`` pick well on this run? The cost model checked against measured times.
 
-    python benchmarks/model_check.py                       # every result in benchmarks/results
+    python benchmarks/model_check.py                       # every run in benchmarks/results
     python benchmarks/model_check.py run.json              # your own bench --json output
     python benchmarks/model_check.py run.json=tuning.json  # ... with that run's tuning file
     python benchmarks/model_check.py --quiet run.json      # worst ratios only
@@ -37,18 +37,20 @@ from collections import defaultdict
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from collectives.algorithms import capabilities, cost, measured  # noqa: E402
+from collectives import tuning_file  # noqa: E402
+from collectives.algorithms import capabilities, cost  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results")
-# The repository's calibrated run and the tuning file its ranks used (bench --calibrate).
-KNOWN_TUNING = {
-    "mpi_8ranks_h100x1_16core_calibrated.json": "tuning_mpi_8ranks_h100x1.json",
-    "mpi_8ranks_h200x2_32core_final.json": "tuning_mpi_8ranks_h200x2.json",
-    "mpi_8ranks_h200x4_64core_direct.json": "tuning_mpi_8ranks_h200x4_direct.json",
-    "mpi_8ranks_h200x4_64core_all_1.json": "tuning_mpi_8ranks_h200x4_all_1.json",
-    "mpi_8ranks_h200x4_64core_all_2.json": "tuning_mpi_8ranks_h200x4_all_2.json",
-    "mpi_8ranks_h200x4_64core_validate.json": "tuning_mpi_8ranks_h200x4_validate.json",
-}
+# runs whose groups read a tuning file (calibrated α, β, γ), and that file, by path in RESULTS
+KNOWN_TUNING = {f"cost_model_fit/mpi_8ranks_64core_{k}.json":
+                f"cost_model_fit/tuning_mpi_8ranks_64core_{k}.json"
+                for k in ("direct", "all_1", "all_2")}
+KNOWN_TUNING.update({
+    "mpi_8ranks_64core_openmpi/B.json": "mpi_8ranks_64core_openmpi/tuning.json",
+    "tune_mpi_8ranks_64core/B.json": "tune_mpi_8ranks_64core/tuning.json",
+    "tune_socket_2core/2ranks_B.json": "tune_socket_2core/tuning_2ranks.json",
+    "tune_socket_2core/4ranks_B.json": "tune_socket_2core/tuning_4ranks.json",
+})
 ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8}
 
 
@@ -103,8 +105,8 @@ def check(path, tuning=None):
     """[(collective, world_size, size, best, best seconds, pick, ratio, model error, overall
     pick)] for one results file, in file order of collectives and rising size."""
     transport, itemsize, table, model = load_run(path)
-    params = cost.load_params(transport, tuning or "", model)
-    corrections = measured.load(transport, tuning or "")
+    params = tuning_file.load_params(transport, tuning or "", model)
+    corrections = tuning_file.load_corrections(transport, tuning or "")
     out = []
     for (collective, p, size), times in table.items():
         candidates = sorted(a for a in times if a in capabilities().get(collective, ()))
@@ -158,11 +160,13 @@ def report(path, tuning=None, quiet=False, stream=sys.stdout):
 
 
 def default_files():
-    files = sorted(glob.glob(os.path.join(RESULTS, "*.json")))
+    """Every bench run under ``results/`` (folders included; tuning files and DDP runs left
+    out), each with the tuning file it read (``KNOWN_TUNING``)."""
     out = []
-    for f in files:
-        name = os.path.basename(f)
-        if name.startswith("tuning"):
+    for f in sorted(glob.glob(os.path.join(RESULTS, "**", "*.json"), recursive=True)):
+        name = os.path.relpath(f, RESULTS).replace(os.sep, "/")
+        base = os.path.basename(f)
+        if base.startswith(("tuning", "ddp")):
             continue
         tuning = KNOWN_TUNING.get(name)
         out.append((f, os.path.join(RESULTS, tuning) if tuning else None))

@@ -1,7 +1,7 @@
 """Calibration: measuring and fitting a transport's α, β, γ on this machine (a tool, never on
 the run-time path: ``bench.py --calibrate FILE`` runs it and stores the result with
-``cost.save_params``; groups read the file). The shape terms keep the transport's defaults
-or what the tuning file says: they were fitted offline from bench runs
+``tuning_file.save_params``; groups read the file). The shape terms keep the transport's
+defaults or what the tuning file says: they were fitted offline from bench runs
 (``benchmarks/fit_model.py``; ``benchmarks/model_check.py`` replays a bench JSON through the
 model and shows what ``auto`` would pick). The ping-pong measures the ping-pong's α, not the
 per-step cost inside a collective (the socket default's α, 80 µs, is twice the ping-pong's)."""
@@ -11,7 +11,8 @@ import time
 from dataclasses import replace
 from statistics import median
 
-from .algorithms.params import Params, load_params
+from .algorithms.params import Params
+from .tuning_file import load_params
 
 def _weighted_line(points, relative=True):
     """Least squares of t = c + k·n; c, k >= 0. ``relative`` minimizes relative residuals

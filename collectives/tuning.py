@@ -49,19 +49,22 @@ ratio times the model's prediction, i.e. whose measured time, is least.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
 from dataclasses import dataclass
 from statistics import median, quantiles
 
-from . import settings
-from .algorithms import PROVE_MAX_ELEMENTS, auto_candidates, capabilities, cost, prove_opted_in
-from .algorithms.measured import KEY as RATIOS_KEY
-from .algorithms.measured import parse as parse_ratios
+from . import settings, tuning_file
+from .algorithms import PROVE_MAX_ELEMENTS, auto_candidates, cost, prove_opted_in
 from .algorithms.schedule import COLLECTIVES, auto_names, is_opted_in, is_package_schedule
-
-DECISIONS = "decisions"
+from .tuning_file import DECISIONS
+from .tuning_file import RATIOS as RATIOS_KEY
+# The tuning file's reader and writer, where callers of this module reach them
+from .tuning_file import entry as read_entry  # noqa: F401
+from .tuning_file import save_decisions as save  # noqa: F401
+from .tuning_file import validate as validate_entry  # noqa: F401
 LAST_CLASS = 41                 # 1 TiB and up share the last class
 DIGEST_BYTES = 16
 LABEL_BYTES = 512               # what each rank says about its sources when digests differ
@@ -107,8 +110,7 @@ class Decision:
     note: str = ""
 
 
-def _where(path: str) -> str:
-    return f"{settings.TUNING.name}={path}"
+_where = tuning_file.where
 
 
 def parse_overrides(text: str | None, native_available: bool = True) -> dict[str, str]:
@@ -130,40 +132,7 @@ def parse_overrides(text: str | None, native_available: bool = True) -> dict[str
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading a tuning file
-
-
-def read_entry(path: str, transport: str) -> dict:
-    """The transport's entry of the tuning file at ``path`` ({} where it has none)."""
-    if not path:
-        return {}
-    entry = cost.read_tuning(path).get(transport)
-    if entry is None:
-        return {}
-    if not isinstance(entry, dict):
-        raise ValueError(f"{_where(path)}: entry {transport!r} must be an object")
-    return entry
-
-
-def validate_entry(entry: dict, path: str = "") -> None:
-    """Raise ValueError, naming the file and the place, where the entry's decisions or ratios
-    are malformed (without pricing anything)."""
-    rows = entry.get(DECISIONS, {})
-    if not isinstance(rows, dict):
-        raise ValueError(f"{_where(path)}: {DECISIONS!r} must be {{collective: {{world size: "
-                         f"[rows]}}}}")
-    for collective, sizes in rows.items():
-        if collective not in COLLECTIVES or not isinstance(sizes, dict):
-            raise ValueError(f"{_where(path)}: {DECISIONS!r}: {collective!r} is not a "
-                             f"collective with a table of world sizes (known: "
-                             f"{', '.join(COLLECTIVES)})")
-        for p, listed in sizes.items():
-            if not str(p).isdigit() or int(p) < 1:
-                raise ValueError(f"{_where(path)}: {DECISIONS!r}: {collective} world size "
-                                 f"{p!r} must be a positive integer")
-            _checked_rows(listed, collective, f"{_where(path)}: {collective} p={p}")
-    if RATIOS_KEY in entry:
-        parse_ratios(entry[RATIOS_KEY], f"{_where(path)}: {RATIOS_KEY!r}")
+# What a tuning file measured
 
 
 def measured_points(entry: dict, collective: str, size: int, params, path: str = "") -> list:
@@ -174,10 +143,10 @@ def measured_points(entry: dict, collective: str, size: int, params, path: str =
     listed = rows.get(collective, {}).get(str(size)) if isinstance(rows, dict) and \
         isinstance(rows.get(collective), dict) else None
     if listed is not None:
-        return _checked_rows(listed, collective, where)
+        return tuning_file.decision_rows(listed, collective, where)
     if RATIOS_KEY not in entry:
         return []
-    curves = parse_ratios(entry[RATIOS_KEY], f"{_where(path)}: {RATIOS_KEY!r}").get(
+    curves = tuning_file.ratios_of(entry[RATIOS_KEY], f"{_where(path)}: {RATIOS_KEY!r}").get(
         (collective, size), {})
     valid = set(auto_names(collective))
     times: dict[int, dict[str, float]] = {}
@@ -196,26 +165,49 @@ def measured_points(entry: dict, collective: str, size: int, params, path: str =
     return out
 
 
-def _checked_rows(listed, collective, where) -> list:
-    if not isinstance(listed, list):
-        raise ValueError(f"{where}: expected a list of rows {{bytes, algorithm, ...}}")
-    valid = set(auto_names(collective))
-    out, seen = [], set()
-    for row in listed:
-        try:
-            nbytes, name = int(row["bytes"]), row["algorithm"]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{where}: row {row!r} needs bytes and algorithm ({exc})") from None
-        if name in capabilities()[collective] and name not in valid:
-            raise ValueError(f"{where}: row {row!r}: {name!r} is registered without "
-                             f"auto=True, so auto may not run it; register it with "
-                             f"@algorithm({collective!r}, {name!r}, auto=True) or drop the row")
-        if nbytes < 0 or name not in valid or nbytes in seen:
-            raise ValueError(f"{where}: row {row!r}: bytes must be >= 0, appear once, and "
-                             f"algorithm one of {', '.join(sorted(valid))}")
-        seen.add(nbytes)
-        out.append((nbytes, name, row))
-    return sorted(out, key=lambda item: item[0])
+# ---------------------------------------------------------------------------------------------
+# The model's choice outside a group
+
+
+def choose(collective: str, size: int, nbytes: int, transport: str = "") -> str:
+    """The model's choice: the algorithm ``auto`` may run with the least predicted time
+    (``algorithms/cost.py``'s α-β-γ model, with ``transport``'s parameters from the tuning
+    file or its defaults, times the measured ratios an older ``bench.py --tune`` run left in
+    that file). A pure function of its arguments and the tuning file (``COLLECTIVES_TUNING``
+    as it is now). Groups do not call this: their ``auto`` is a look-up in their
+    ``DecisionTable``, which falls back to the same model for what nothing measured.
+    ``nbytes`` follows ``cost.uniform_counts``' convention (what the process group passes).
+    Under ``COLLECTIVES_DEBUG=INFO`` (or DETAIL) each choice is logged with its prediction."""
+    ranked = _ranked(collective, size, nbytes, transport, settings.TUNING(),
+                     auto_candidates(collective, size))
+    if settings.DEBUG() != "OFF":
+        _log_choice(collective, size, nbytes, transport, ranked)
+    return ranked[0][1]
+
+
+@functools.lru_cache(maxsize=16384)
+def _ranked(collective, size, nbytes, transport, tuning, candidates):
+    """Cached per call shape. ``tuning`` (the file's path) and ``candidates`` are part of
+    the key so that pointing the variable elsewhere, or opting a schedule in, takes effect."""
+    if not candidates:
+        raise ValueError(f"{collective} has no algorithm registered")
+    params = tuning_file.load_params(transport, tuning or "")
+    corrections = tuning_file.load_corrections(transport, tuning or "")
+    return tuple(cost.ranking(collective, size, nbytes, params, candidates,
+                              corrections=corrections))
+
+
+def _log_choice(collective, size, nbytes, transport, ranked):
+    from . import debug
+    (best_time, best), rest = ranked[0], ranked[1:]
+    text = (f"auto: {collective} of {nbytes} bytes on {size} ranks ({transport or 'default'} "
+            f"parameters) -> {best}, predicted {cost.format_seconds(best_time)}")
+    if rest:
+        text += f"; runner-up {rest[0][1]} {cost.format_seconds(rest[0][0])}"
+    if settings.DEBUG() == "DETAIL" and len(rest) > 1:
+        text += "; others " + ", ".join(f"{name} {cost.format_seconds(t)}"
+                                        for t, name in rest[1:])
+    debug.logger("collectives").info(text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,9 +232,9 @@ class DecisionTable:
         self.window, self.segment = window, segment
         # settings every rank's executor must share (peer memory's), compared with the rest
         self.agreed = dict(agreed or {})
-        self.entry = read_entry(self.tuning, transport)
+        self.entry = tuning_file.entry(self.tuning, transport)
         self.model = model or transport
-        self.params = cost.load_params(transport, self.tuning, self.model)
+        self.params = tuning_file.load_params(transport, self.tuning, self.model)
         self._measured: dict[str, list] = {}     # collective -> measured points (lazily)
         self._rows: dict[tuple[str, int], Decision] = {}
         # the schedules registered with auto=True that auto may choose here (collective ->
@@ -257,7 +249,7 @@ class DecisionTable:
                    "opted_in": sorted(self.opted_in.items())}
         blob = json.dumps(sources, sort_keys=True, default=repr).encode()
         self.digest = hashlib.sha256(blob).digest()[:DIGEST_BYTES]
-        validate_entry(self.entry, self.tuning)      # malformed: an error now, on every rank
+        tuning_file.validate(self.entry, self.tuning)   # malformed: an error now, every rank
         for collective in self.opted_in:            # wrong: an error now, on every rank
             self._proven(lambda: auto_candidates(collective, size), rank)
 
@@ -634,33 +626,14 @@ def _from_neighbours(row: dict, rows: list, tied) -> dict:
     return row
 
 
-def save(path: str, transport: str, params, decisions: dict) -> None:
-    """Write ``decisions`` into ``transport``'s entry of the tuning file at ``path`` (atomic):
-    the (collective, world size) pairs measured replace the file's, others stay; the entry's
-    parameters become ``params`` (the model the ties were broken with)."""
-    import os
-    data = cost.read_tuning(path) if os.path.exists(path) else {}
-    old = data.get(transport) if isinstance(data.get(transport), dict) else {}
-    merged = {c: dict(sizes) for c, sizes in old.get(DECISIONS, {}).items()}
-    for (collective, p), rows in decisions.items():
-        merged.setdefault(collective, {})[str(p)] = rows
-    validate_entry({DECISIONS: merged}, path)          # what we write, we can read back
-    cost.save_params(path, transport, params)           # rewrites the entry's parameters
-    data = cost.read_tuning(path)
-    if RATIOS_KEY in old and cost.load_params(transport, path) == params:
-        data[transport][RATIOS_KEY] = old[RATIOS_KEY]    # ratios relative to these parameters
-    data[transport][DECISIONS] = merged
-    cost.write_tuning(path, data)
-
-
 def show(path: str) -> str:
     """A tuning file as tables: each transport's parameters, then per collective and world
     size the winner at each measured size, how it was found, and the medians behind it."""
-    data = cost.read_tuning(path)
+    data = tuning_file.read(path)
     lines = [f"tuning file {path}"]
     for transport in sorted(data):
-        entry = read_entry(path, transport)
-        params = cost.load_params(transport, path)
+        entry = tuning_file.entry(path, transport)
+        params = tuning_file.load_params(transport, path)
         lines.append(f"{transport}: {params.describe()}")
         shapes = set()
         for key in (DECISIONS, RATIOS_KEY):

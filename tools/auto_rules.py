@@ -26,8 +26,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from collectives import tuning  # noqa: E402
-from collectives.algorithms import cost  # noqa: E402
+from collectives import tuning, tuning_file  # noqa: E402
 
 
 def records(path):
@@ -66,7 +65,7 @@ def decide(rows, params, rule):
 def judge(run_a, tuning_path, run_b):
     with open(tuning_path) as f:
         transport = next(iter(json.load(f)))
-    params = cost.load_params(transport, tuning_path)
+    params = tuning_file.load_params(transport, tuning_path)
     a, measured = records(run_a), medians(records(run_b))
     print(f"{run_a} ({os.path.basename(tuning_path)}) -> {run_b}")
     for rule in ("model", "current", "median", "spread"):

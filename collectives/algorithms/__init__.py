@@ -13,8 +13,6 @@ where a call names it, so a half-finished experiment never runs in a plain call.
 from __future__ import annotations
 
 import functools
-import logging
-import sys
 
 from . import ring  # noqa: F401  (each module registers its schedules)
 from . import tree  # noqa: F401
@@ -25,11 +23,8 @@ from . import pipelined_tree  # noqa: F401
 from . import cost
 from .schedule import (COLLECTIVES, REGISTRY, Plan, auto_names, build_plan, is_opted_in,
                        record_package_schedules)
-from .. import settings
 
 record_package_schedules()      # every schedule the modules above registered is the package's
-
-ENV_DEBUG = settings.DEBUG.name     # the same variable collectives.debug reads
 
 AUTO = "auto"
 NATIVE = "native"
@@ -126,54 +121,18 @@ def _proof(collective, name, fn, size, counts):
     return simulate.prove(collective, name, size, cases)
 
 
-def choose(collective: str, size: int, nbytes: int, transport: str = "") -> str:
-    """The model's choice: the registered algorithm with the least predicted time (cost.py's
-    α-β-γ model, with ``transport``'s parameters from the tuning file or its defaults, times
-    the measured ratios an older ``bench.py --tune`` run left in that file: measured.py). A
-    pure function of its arguments and the tuning file (``COLLECTIVES_TUNING`` as it is now).
-    Groups do not call this per call: their ``auto`` is a look-up in the decision table
-    (``collectives/tuning.py``), which falls back to the model for what nothing measured.
-    ``nbytes`` follows ``cost.uniform_counts``' convention (what the process group passes).
-    Under ``COLLECTIVES_DEBUG=INFO`` (or DETAIL) each choice is logged with its prediction."""
-    ranked = _ranked(collective, size, nbytes, transport, settings.TUNING(),
-                     auto_candidates(collective, size))
-    if settings.DEBUG() != "OFF":
-        _log_choice(collective, size, nbytes, transport, ranked)
-    return ranked[0][1]
-
-
-@functools.lru_cache(maxsize=16384)
-def _ranked(collective, size, nbytes, transport, tuning, candidates):
-    """Cached per call shape: every collective call goes through ``choose``. ``tuning`` (the
-    file's path) and ``candidates`` are part of the key so that pointing the variable
-    elsewhere, or opting a schedule in, takes effect."""
-    if not candidates:
-        raise ValueError(f"{collective} has no algorithm registered")
-    params = cost.load_params(transport, tuning or "")
-    corrections = cost.load_corrections(transport, tuning or "")
-    return tuple(cost.ranking(collective, size, nbytes, params, candidates,
-                              corrections=corrections))
-
-
-def _log_choice(collective, size, nbytes, transport, ranked):
-    log = logging.getLogger("collectives")
-    if not log.isEnabledFor(logging.INFO):
-        log.setLevel(logging.INFO)      # the variable asks for these messages
-    if not (log.handlers or logging.getLogger().handlers):
-        # nobody configured logging (Python's last resort shows warnings only): use stderr
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s"))
-        log.addHandler(handler)
-    (best_time, best), rest = ranked[0], ranked[1:]
-    text = (f"auto: {collective} of {nbytes} bytes on {size} ranks ({transport or 'default'} "
-            f"parameters) -> {best}, predicted {cost.format_seconds(best_time)}")
-    if rest:
-        text += f"; runner-up {rest[0][1]} {cost.format_seconds(rest[0][0])}"
-    if settings.DEBUG() == "DETAIL" and len(rest) > 1:
-        text += "; others " + ", ".join(f"{name} {cost.format_seconds(t)}"
-                                        for t, name in rest[1:])
-    log.info(text)
-
-
 __all__ = ["ALIASES", "AUTO", "NATIVE", "Plan", "auto_candidates", "build_plan", "canonical",
-           "capabilities", "check_algorithm", "choose", "prove_opted_in"]
+           "capabilities", "check_algorithm", "prove_opted_in"]
+
+
+# ``choose`` (the model's choice under the tuning file named by COLLECTIVES_TUNING) reads the
+# environment and the file, so it lives in ``collectives.tuning``; it and ENV_DEBUG are
+# answered here too for code that imports them from this package.
+def __getattr__(name):
+    if name == "choose":
+        from ..tuning import choose
+        return choose
+    if name == "ENV_DEBUG":
+        from ..debug import ENV_DEBUG
+        return ENV_DEBUG
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

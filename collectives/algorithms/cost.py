@@ -43,8 +43,9 @@ defaults or its tuning file turn it on (``Params``' docstring has the formulas):
   Any spill point of 1-4 MiB and factor of 1.5-4 gives the same choices on both hosts.
 
 α, β, γ are measured on a machine by ``collectives.calibration`` (a tool: ``bench.py
---calibrate``); the shape terms were fitted offline from bench runs. ``Params``, the defaults
-and the tuning file are in ``params.py``, the closed forms in ``formulas.py``.
+--calibrate``); the shape terms were fitted offline from bench runs. ``Params`` and the
+defaults are in ``params.py``, the closed forms in ``formulas.py``; the tuning file is read
+and written by ``collectives.tuning_file`` (this package does no I/O).
 
 At powers of two this reproduces the classic formulas (``formula``; the tests hold the two
 together), and it stays right where formulas are silent or approximate: uneven blocks, folded
@@ -63,8 +64,9 @@ not overlap them; the overlapped lowering, which the host executor runs for larg
 transports that move data in the background, does, and ``replay(...,
 lowering=lowered.overlapped)`` prices it).
 
-Parameters come per transport (``DEFAULTS``, or a tuning file named by ``COLLECTIVES_TUNING``
-that calibration + ``save_params`` write); a group whose transport runs its plans on another
+Parameters come per transport, as arguments: ``DEFAULTS``, or what the decision table read
+from the tuning file named by ``COLLECTIVES_TUNING`` (calibration writes it); a group whose
+transport runs its plans on another
 medium ranks with that medium's defaults (``nccl_peer``: the transport's ``model_name``).
 Every rank must see the same parameters, or ranks may choose different algorithms for one
 call and deadlock: calibration broadcasts rank 0's fit, and a job's ranks must share one
@@ -84,12 +86,9 @@ from .formulas import copied_bytes, formula  # noqa: F401  (tests reach the clos
 from .lowered import LOCAL, POST, stepwise
 from .measured import NONE as NO_CORRECTIONS
 from .measured import Corrections
-from .measured import load as load_corrections
-# The parameters and the tuning file, where the model's callers (the decision table, the
-# bench) have always reached them.
-from .params import (DEFAULTS, ENV_TUNING, FALLBACK_TRANSPORT, HOST_SHARED_BYTES,  # noqa: F401
-                     SHAPE_FIELDS, SOCKET_SPILL_BYTES, Params, default_params, load_params,
-                     read_tuning, save_params, write_tuning)
+# The parameters, where the model's callers (the decision table, the bench) reach them.
+from .params import (DEFAULTS, FALLBACK_TRANSPORT, HOST_SHARED_BYTES,  # noqa: F401
+                     SHAPE_FIELDS, SOCKET_SPILL_BYTES, Params, default_params)
 from .schedule import (COLLECTIVES, REGISTRY, Copy, auto_names, build_plan, partition,
                        plan_args)
 
@@ -265,9 +264,10 @@ def predict(collective: str, algorithm: str, size: int, counts, root: int = 0,
             itemsize: int = 4, params: Params | None = None, *, transport: str = "") -> float:
     """Predicted seconds of ``algorithm`` for ``collective`` on ``size`` ranks; ``counts`` is
     the schedule's counts argument in elements (see ``schedule.plan_args``); ``params``
-    default to ``load_params(transport)``. Cached by all of its arguments."""
+    default to ``transport``'s defaults (``default_params``; a machine's own come from
+    ``tuning_file.load_params``). Cached by all of its arguments."""
     _check(collective, algorithm, size)
-    params = load_params(transport) if params is None else params
+    params = default_params(transport) if params is None else params
     if collective == "barrier":
         itemsize = 1                      # barrier tokens are one uint8 each
     args = plan_args(collective, size, _hashable(counts), root)
@@ -392,8 +392,9 @@ def cheapest(collective: str, size: int, nbytes: int, transport: str = "", candi
              corrections: Corrections | None = None) -> tuple[str, float]:
     """(name, predicted seconds) of the candidate with the least predicted time; candidates
     default to the algorithms ``auto`` may choose for ``collective`` (``auto_names``: the
-    package's own and those registered with ``auto=True``); ``params`` and ``corrections``
-    to the transport's from the tuning file (``COLLECTIVES_TUNING``), else its defaults."""
+    package's own and those registered with ``auto=True``); ``params`` to ``transport``'s
+    defaults and ``corrections`` to none (a machine's own come from ``tuning_file``'s
+    ``load_params`` and ``load_corrections``)."""
     if candidates is None:
         candidates = auto_names(collective)
     candidates = list(candidates)
@@ -401,8 +402,8 @@ def cheapest(collective: str, size: int, nbytes: int, transport: str = "", candi
         raise ValueError(f"cost model: no candidate algorithms for {collective}")
     for name in candidates:
         _check(collective, name, size)
-    params = load_params(transport) if params is None else params
-    corrections = load_corrections(transport) if corrections is None else corrections
+    params = default_params(transport) if params is None else params
+    corrections = NO_CORRECTIONS if corrections is None else corrections
     seconds, name = ranking(collective, size, nbytes, params, candidates, itemsize,
                             corrections)[0]
     return name, seconds
@@ -413,3 +414,17 @@ def clear_caches() -> None:
     """Forget cached predictions (after registering a schedule or changing parameters)."""
     _predict.cache_clear()
     estimate.cache_clear()
+
+
+# Names whose home is ``collectives.tuning_file`` (the one reader and writer of the tuning
+# file), answered here too for code that imports them from this module.
+_MOVED = {"ENV_TUNING": "ENV_TUNING", "read_tuning": "read", "write_tuning": "write",
+          "load_params": "load_params", "save_params": "save_params",
+          "load_corrections": "load_corrections"}
+
+
+def __getattr__(name):
+    if name in _MOVED:
+        from .. import tuning_file
+        return getattr(tuning_file, _MOVED[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,8 @@
 """Measured corrections: ``auto``'s predictions anchored to a bench run on this machine.
 
-The α-β-γ model (cost.py) ranks schedules by their shape; on the lent hosts its choice missed
-the measured best by up to 1.44x (BENCHMARKS.md §4): no three-parameter model sees every
-cache, protocol switch and scheduler effect of a machine. ``bench.py --tune FILE`` therefore
+The α-β-γ model (cost.py) ranks schedules by their shape, and no three-parameter model sees
+every cache, protocol switch and scheduler effect of a machine, so its choice can miss the
+fastest schedule (BENCHMARKS.md §4). ``bench.py --tune FILE`` therefore
 writes, next to α, β, γ in the tuning file, how far each measured row was from the model:
 the ratio measured p50 / predicted, per transport, collective, world size, algorithm and
 message size. ``auto`` multiplies each prediction by its ratio, so
@@ -19,17 +19,18 @@ message size. ``auto`` multiplies each prediction by its ratio, so
 
 This is the role Open MPI's tuned dynamic rules and NCCL's tuner plugins play (a per-machine
 table), but the model keeps answering between and beyond the measured points. The ratios are
-relative to the α, β, γ of the same entry, so recalibrating (``cost.save_params``) drops
-them. Every rank must read the same file, as for the parameters: a job's ranks then pick alike.
+relative to the α, β, γ of the same entry, so recalibrating (``tuning_file.save_params``)
+drops them. Every rank must read the same file, as for the parameters: a job's ranks then pick
+alike.
 
 In the tuning file: ``{transport: {"alpha": .., ..., "measured": {collective: {"<world size>":
-{algorithm: [[bytes, ratio], ...]}}}}}``.
+{algorithm: [[bytes, ratio], ...]}}}}}``; ``collectives.tuning_file`` reads and writes it
+(this module does no I/O).
 """
 from __future__ import annotations
 
 import bisect
 import math
-import os
 from types import MappingProxyType
 
 KEY = "measured"
@@ -80,63 +81,7 @@ def _interpolate(curve, x: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading
-
-
-def load(transport: str, path: str | None = None) -> Corrections:
-    """``transport``'s corrections from the tuning file (``path``, else ``COLLECTIVES_TUNING``);
-    none where the file or its entry has none. Malformed tables are a ValueError naming the
-    file: a rank that silently ignored them would pick differently from the others."""
-    from .. import settings
-    from .cost import ENV_TUNING, read_tuning
-    path = settings.TUNING() if path is None else path
-    if not path:
-        return NONE
-    entry = read_tuning(path).get(transport)
-    if not isinstance(entry, dict) or KEY not in entry:
-        return NONE
-    return Corrections(parse(entry[KEY], f"{ENV_TUNING}={path}: {transport!r} {KEY!r}"))
-
-
-def parse(raw, where: str) -> dict:
-    """The file's nested lists as {(collective, world size): {algorithm: [(bytes, ratio)]}},
-    sorted by size; anything else is a ValueError that says where."""
-    from .schedule import COLLECTIVES
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where}: expected {{collective: {{world size: {{algorithm: "
-                         f"[[bytes, ratio], ...]}}}}}}, got {type(raw).__name__}")
-    table = {}
-    for collective, by_size in raw.items():
-        if collective not in COLLECTIVES or not isinstance(by_size, dict):
-            raise ValueError(f"{where}: {collective!r} is not a collective with a table of "
-                             f"world sizes (known: {', '.join(COLLECTIVES)})")
-        for size, algorithms in by_size.items():
-            if not str(size).isdigit() or int(size) < 1 or not isinstance(algorithms, dict):
-                raise ValueError(f"{where}: {collective} world size {size!r} must be a "
-                                 f"positive integer with a table of algorithms")
-            curves = {}
-            for name, points in algorithms.items():
-                curves[name] = _points(points, f"{where}: {collective} p={size} {name}")
-            table[collective, int(size)] = curves
-    return table
-
-
-def _points(points, where):
-    try:
-        pairs = sorted((int(n), float(r)) for n, r in points)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where}: expected [[bytes, ratio], ...] ({exc})") from exc
-    for n, r in pairs:
-        if n < 1 or not (math.isfinite(r) and r > 0):
-            raise ValueError(f"{where}: point [{n}, {r}] needs bytes >= 1 and a finite "
-                             f"ratio > 0")
-    if len({n for n, _ in pairs}) != len(pairs):
-        raise ValueError(f"{where}: a size appears twice")
-    return pairs
-
-
-# ---------------------------------------------------------------------------------------------
-# Writing (bench.py --tune)
+# The ratios of one bench run (bench.py --tune)
 
 
 def from_rows(rows, params, itemsize: int) -> dict:
@@ -163,23 +108,13 @@ def from_rows(rows, params, itemsize: int) -> dict:
             for key, algorithms in table.items()}
 
 
-def save(path: str, transport: str, params, table: dict) -> None:
-    """Merge ``table`` into ``transport``'s entry of the tuning file at ``path`` (atomically):
-    the (collective, world size) pairs it measured replace the file's, others stay. The
-    entry's α, β, γ become ``params`` (the ratios are relative to them); if they differ from
-    what the entry held, its older ratios go (they were relative to the old ones)."""
-    from . import cost
-    kept = {}
-    if os.path.exists(path):
-        entry = cost.read_tuning(path).get(transport)
-        if isinstance(entry, dict) and cost.load_params(transport, path) == params:
-            kept = entry.get(KEY, {})
-    merged = {c: dict(sizes) for c, sizes in kept.items()}
-    for (collective, p), algorithms in table.items():
-        merged.setdefault(collective, {})[str(p)] = {
-            name: [[n, round(r, 6)] for n, r in points] for name, points in algorithms.items()}
-    parse(merged, f"{path}: {transport!r} {KEY!r}")      # what we write, we can read back
-    cost.save_params(path, transport, params)          # rewrites the entry without ratios
-    data = cost.read_tuning(path)
-    data[transport][KEY] = merged
-    cost.write_tuning(path, data)
+# Names whose home is ``collectives.tuning_file`` (the one reader and writer of the tuning
+# file), answered here too for code that imports them from this module.
+_MOVED = {"load": "load_corrections", "save": "save_ratios", "parse": "ratios_of"}
+
+
+def __getattr__(name):
+    if name in _MOVED:
+        from .. import tuning_file
+        return getattr(tuning_file, _MOVED[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,18 +1,13 @@
-"""The cost model's parameters: ``Params`` (α, β, γ and the shape terms), each transport's
-defaults with the measurements behind them, and the tuning file that stores a machine's own
-(``COLLECTIVES_TUNING``; written by ``bench.py --calibrate``, see ``collectives.calibration``).
-Every rank must see the same parameters, or ranks may choose different algorithms for one
-call and deadlock: a job's ranks must share one tuning file."""
+"""The cost model's parameters as data: ``Params`` (α, β, γ and the shape terms) and each
+transport's defaults, with the reasons behind them. A machine's own parameters live in its
+tuning file, which ``collectives.tuning_file`` reads and writes (``bench.py --calibrate``,
+see ``collectives.calibration``): this module does no I/O. Every rank must see the same
+parameters, or ranks may choose different algorithms for one call and deadlock: a job's
+ranks must share one tuning file."""
 from __future__ import annotations
 
-import json
 import math
-import os
-from dataclasses import asdict, dataclass
-
-from .. import settings
-
-ENV_TUNING = settings.TUNING.name
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -168,72 +163,14 @@ def default_params(transport: str) -> Params:
     return DEFAULTS.get(transport, DEFAULTS[FALLBACK_TRANSPORT])
 
 
-
-# ---------------------------------------------------------------------------------------------
-# The tuning file: {transport: {"alpha": .., "beta": .., "gamma": .., shape terms,
-#                               "measured": ratios (measured.py)}}
-
-
-def read_tuning(path: str) -> dict:
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as exc:
-        raise ValueError(f"{ENV_TUNING}={path}: cannot read the tuning file: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{ENV_TUNING}={path}: not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{ENV_TUNING}={path}: expected an object {{transport: {{alpha, beta, "
-                         f"gamma}}}}, got {type(data).__name__}")
-    return data
+# Names whose home is ``collectives.tuning_file`` (the one reader and writer of the tuning
+# file), answered here too for code that imports them from this module.
+_MOVED = {"ENV_TUNING": "ENV_TUNING", "read_tuning": "read", "write_tuning": "write",
+          "load_params": "load_params", "save_params": "save_params"}
 
 
-def _params_from(entry, path: str, transport: str) -> Params:
-    """α, β, γ from the entry; the shape terms (``SHAPE_FIELDS``) from the entry where it has
-    them, else the transport's defaults (files written before those terms existed)."""
-    default = default_params(transport)
-    try:
-        shape = {name: entry.get(name, getattr(default, name)) for name in SHAPE_FIELDS}
-        shape = {name: (int(v) if name == "ports" else float(v)) for name, v in shape.items()}
-        return Params(float(entry["alpha"]), float(entry["beta"]), float(entry["gamma"]),
-                      **shape)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ValueError(f"{ENV_TUNING}={path}: entry {transport!r} needs numbers alpha, beta, "
-                         f"gamma >= 0 ({exc})") from exc
-
-
-def load_params(transport: str, path: str | None = None, model: str | None = None) -> Params:
-    """The parameters for ``transport``: from the tuning file (``path``, else the file named by
-    ``COLLECTIVES_TUNING``) when it has an entry for it, else ``DEFAULTS`` under ``model``
-    (where a transport's groups run plans on another medium: ``nccl_peer``), else under
-    ``transport``. A named file that cannot be read is a ValueError: silently falling back
-    could make ranks disagree."""
-    path = settings.TUNING() if path is None else path
-    if path:
-        entry = read_tuning(path).get(transport)
-        if entry is not None:
-            return _params_from(entry, path, transport)
-    return default_params(model or transport)
-
-
-def save_params(path: str, transport: str, params: Params) -> None:
-    """Write (or replace) ``transport``'s entry in the tuning file at ``path``, atomically.
-    Replacing drops the entry's measured ratios (``measured.py``): they were relative to the
-    parameters it held."""
-    data = read_tuning(path) if os.path.exists(path) else {}
-    # α, β, γ always; a shape term only where it differs from the transport's default, which
-    # is what loading fills in for a missing one (files stay readable by older versions)
-    default = asdict(default_params(transport))
-    data[transport] = {name: value for name, value in asdict(params).items()
-                       if name not in SHAPE_FIELDS or value != default[name]}
-    write_tuning(path, data)
-
-
-def write_tuning(path: str, data: dict) -> None:
-    """Replace the tuning file at ``path`` with ``data`` atomically (a rank reading it while
-    it is rewritten sees the old file or the new one, never half of one)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+def __getattr__(name):
+    if name in _MOVED:
+        from .. import tuning_file
+        return getattr(tuning_file, _MOVED[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,8 +11,8 @@ import argparse
 import os
 import sys
 
-from .. import calibration, settings, tuning
-from ..algorithms import capabilities, cost
+from .. import calibration, settings, tuning, tuning_file
+from ..algorithms import capabilities
 from ..ops import ReduceOp
 from . import report
 from .backends import BACKENDS, default_backend, launch, launch_rank, under_launcher, under_mpi
@@ -178,7 +178,7 @@ def calibrate_groups(groups, path: str, timeout: float):
     def one(group):
         params = calibration.calibrate(group, timeout=timeout)
         if group.rank == 0:
-            cost.save_params(path, group.transport.name, params)
+            tuning_file.save_params(path, group.transport.name, params)
         HostBench(group).host.barrier()          # the file exists before any rank reads it
         return params
     params = on_every_group(groups, one)
@@ -195,7 +195,7 @@ def tune(path: str, rows, transport: str, itemsize: int, model: str | None = Non
     behind each. Rank 0 only, after the sweep. ``model``: whose defaults the group ranks
     with where the file has no entry for ``transport`` (its ``model_name``: ``nccl_peer`` on
     peer memory), the parameters saved beside the decisions."""
-    params = cost.load_params(transport, model=model)
+    params = tuning_file.load_params(transport, model=model)
     decisions = tuning.decisions_from_records(rows, params, itemsize)
     tuning.save(path, transport, params, decisions)
     chosen = [row for table in decisions.values() for row in table]
@@ -240,7 +240,7 @@ def main(argv=None) -> int:
         args.backend = _resolve_backend(args)
         config = config_from_args(args)
         if args.tuning:
-            cost.load_params(args.backend, args.tuning)       # unreadable: say so now
+            tuning_file.load_params(args.backend, args.tuning)       # unreadable: say so now
             os.environ[settings.TUNING.name] = args.tuning
         if args.simulate is not None and (args.calibrate or args.tune):
             raise ValueError("--simulate runs no transport, so it cannot --calibrate or "
@@ -381,7 +381,7 @@ def _print_header(args, config, meta, group, crowded, gpu):
         print(comment("1 rank: not started by mpiexec, so no rank has a peer; run "
                       "mpiexec -n N python benchmarks/bench.py"), flush=True)
     transport = group.transport.name
-    print(f"# model ({transport}): {cost.load_params(transport).describe()} from "
+    print(f"# model ({transport}): {tuning_file.load_params(transport).describe()} from "
           f"{settings.TUNING() or 'the defaults'}", flush=True)
     print(f"# timing: {config.rounds} round{'s' if config.rounds != 1 else ''} per row, "
           f"interleaved; each a few batches of back-to-back calls after a barrier, "

@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from .. import settings
+from .. import settings, tuning_file
 from ..algorithms import capabilities, cost
 from ..algorithms.schedule import build_plan, plan_args
 from ..algorithms.simulate import verify
@@ -162,7 +162,7 @@ def simulate_main(args, config) -> int:
         return 2
     algorithms = [a for a in config.algorithms if a not in ("native", "auto")]
     itemsize = parse_dtype(config.dtype).itemsize
-    params = cost.load_params(args.backend)
+    params = tuning_file.load_params(args.backend)
     print(f"# collectives bench --simulate {p}: {args.backend} model, "
           f"{params.describe()} from {settings.TUNING() or 'the defaults'}"
           f", dtype {config.dtype}", flush=True)

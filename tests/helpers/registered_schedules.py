@@ -5,7 +5,7 @@ plans and the model's prices cached under its names). ``pairwise``: one exchange
 rank ^ 1, a research schedule right only at world size 2. ``favour(monkeypatch, name)``: the
 model ranks ``name`` first wherever it is a candidate, so a test can show ``auto`` would have
 taken it."""
-from collectives import algorithms
+from collectives import tuning
 from collectives.algorithms import cost, schedule
 from collectives.algorithms.schedule import COLLECTIVES, Region, build_plan, sendrecv
 
@@ -23,7 +23,7 @@ def isolated(monkeypatch):
         monkeypatch.undo()
         build_plan.cache_clear()
         cost.clear_caches()
-        algorithms._ranked.cache_clear()
+        tuning._ranked.cache_clear()
     return done
 
 

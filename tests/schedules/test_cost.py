@@ -302,8 +302,8 @@ def test_choice_is_a_pure_function_of_its_arguments():
                          capture_output=True, text=True, env=env, timeout=60, check=True)
     assert json.loads(out.stdout) == here
     cost.clear_caches()
-    import collectives.algorithms as algorithms
-    algorithms._ranked.cache_clear()
+    from collectives import tuning
+    tuning._ranked.cache_clear()
     results = [None] * 4
 
     def rank(r):
@@ -484,10 +484,10 @@ def test_bytes_past_the_spill_point_cost_the_factor():
 
 
 def test_socket_defaults_pick_the_measured_winners_on_four_ranks():
-    """Two 4-rank socket runs (benchmarks/results/socket_4ranks_h200x{2,4}_*.json) agree: the
-    ring beats recursive doubling at 16-64 MiB for reduce_scatter and all_gather (by 1.25-1.64x;
-    its messages stay below the 4 MiB TCP send buffer, recursive doubling's n/2 ones spill) and
-    loses to it at 4 KiB (fewer steps)."""
+    """Two 4-rank socket runs (benchmarks/results/cost_model_fit/socket_4ranks_{32,64}core.json)
+    agree: the ring beats recursive doubling at 16-64 MiB for reduce_scatter and all_gather (by
+    1.25-1.64x; its messages stay below the 4 MiB TCP send buffer, recursive doubling's n/2
+    ones spill) and loses to it at 4 KiB (fewer steps)."""
     socket = cost.DEFAULTS["socket"]
     pair = ["recursive_doubling", "ring"]
     for collective in ("reduce_scatter", "all_gather"):
@@ -495,7 +495,7 @@ def test_socket_defaults_pick_the_measured_winners_on_four_ranks():
             assert cost.cheapest(collective, 4, nbytes, "socket", pair)[0] == "ring", \
                 (collective, nbytes)
             # among every registered schedule: a ring or direct (the third run, with direct:
-            # results/socket_4ranks_h200x4_64core_tcp.json, had direct best at 16 MiB)
+            # cost_model_fit/socket_4ranks_64core_tcp.json, had direct best at 16 MiB)
             assert choose(collective, 4, nbytes, "socket") in ("ring", "ring_bidirectional",
                                                                "direct")
         assert cost.cheapest(collective, 4, 4096, "socket", pair)[0] == "recursive_doubling"
