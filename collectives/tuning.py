@@ -28,8 +28,8 @@ cover, so ranks that opted in different schedules refuse to make the group.
 Size classes are powers of two of the call's size in bytes (``call_size``' convention):
 class 0 holds empty calls, class c >= 1 the sizes [2^(c-1), 2^c); the last class holds
 everything larger. The model prices a class at its smallest size. Model rows are worked out
-at their first use and kept (pricing every class at once costs seconds at p = 8: the model
-replays every rank's plan), so what the ranks agree on is the table's sources, hashed
+at their first use and kept (pricing every class at once would replay every rank's plan for
+each of them when the group is made), so what the ranks agree on is the table's sources, hashed
 (``digest``): world size, transport, its model, overrides, window, and the transport's
 entry of the tuning file. Equal sources give equal tables on every rank, since the model is a pure
 function of them; the group compares the digests when it is made (``check_agreement``).
@@ -42,10 +42,10 @@ of a median over the rounds), ``rounds`` (it did not, but it was faster than eve
 within the threshold in enough of the rounds, compared round by round: a sign test),
 ``neighbour`` (neither, and the algorithm that won outright at the nearest measured size was
 within the threshold here) or ``model`` (none of these, and the model's preference among the
-algorithms within the threshold decided). Files written
-before ``decisions`` existed carry only the ``measured`` ratios (measured / predicted,
-``algorithms/measured.py``): their winner at each measured size is the algorithm whose
-ratio times the model's prediction, i.e. whose measured time, is least.
+algorithms within the threshold decided). A file without ``decisions`` may carry
+``measured`` ratios instead (measured / predicted, ``algorithms/measured.py``): its winner at
+each measured size is the algorithm whose ratio times the model's prediction, i.e. whose
+measured time, is least. ``collectives/tuning_file.py`` reads and writes the file.
 """
 from __future__ import annotations
 
@@ -172,8 +172,7 @@ def measured_points(entry: dict, collective: str, size: int, params, path: str =
 def choose(collective: str, size: int, nbytes: int, transport: str = "") -> str:
     """The model's choice: the algorithm ``auto`` may run with the least predicted time
     (``algorithms/cost.py``'s α-β-γ model, with ``transport``'s parameters from the tuning
-    file or its defaults, times the measured ratios an older ``bench.py --tune`` run left in
-    that file). A pure function of its arguments and the tuning file (``COLLECTIVES_TUNING``
+    file or its defaults, times the measured ratios the file holds, if any). A pure function of its arguments and the tuning file (``COLLECTIVES_TUNING``
     as it is now). Groups do not call this: their ``auto`` is a look-up in their
     ``DecisionTable``, which falls back to the same model for what nothing measured.
     ``nbytes`` follows ``cost.uniform_counts``' convention (what the process group passes).
@@ -512,11 +511,9 @@ def tie_noise(records) -> tuple[float, str]:
     row's spread taken from the interquartile range of its rounds and scaled to the spread
     five rounds of normal noise have ((q3 - q1) / 1.349 standard deviations, times 2.326),
     so that one slow round does not widen every tie, nor do more rounds (the spread, max -
-    min, grows with them: 54 % at 5 rounds, 136 % at 15 on the 2-core VM). Judged by
-    ``tools/auto_rules.py`` on the 13 stored pairs of a tuning run and a later run, against
-    the spread: the geometric mean better in 9, worse in 2 (by 0.002 and 0.005), the worst
-    size better in 3 (1.23 -> 1.20, 1.27 -> 1.15, 1.16 -> 1.11) and worse in none. Rows of
-    fewer than 4 rounds: ``run_noise``."""
+    min, grows with the number of rounds; the interquartile range does not). Judged with
+    ``tools/auto_rules.py`` on the stored pairs of a tuning run and a later run, against the
+    spread (BENCHMARKS.md §4). Rows of fewer than 4 rounds: ``run_noise``."""
     spreads = []
     for times in map(_row_times, records):
         if len(times) >= 4 and median(times) > 0:
@@ -556,19 +553,13 @@ def decisions_from_records(records, params, itemsize: int = 4, *,
 
     The threshold compares medians over rounds, so it is the noise of a median: the run's
     noise (one schedule's spread over its rounds, ``tie_noise``) / sqrt(rounds). The spread
-    itself (what one measurement may be off by) let the model overrule measured gaps of up to
-    30-40 % on the 2-core VM, where the model does not see oversubscription: 4 ranks on 2
-    cores, the model kept direct where tree was 1.2-1.3x faster in run A and again in run B;
-    and one slow round widened it for every size (``tie_noise``). The round-by-round
-    comparison catches a steady gap below that threshold: 8 MPI ranks on a 32-core host,
-    reduce_scatter at 4 MiB, ring_bidirectional was 10 % faster than recursive doubling in
-    each of run A's 5 rounds (threshold 10.6 %), and 1.12-1.23x faster again in two later
-    runs, where the model had picked recursive doubling (BENCHMARKS.md §4). Which schedule
-    is fastest changes slowly with the size, so a winner measured next door is better evidence
-    than a model that is off by 1.4-2.5x there (all_to_all on that host: the model prefers
-    the bidirectional ring, direct won at the sizes around); judged on later runs
-    (``tools/auto_rules.py``), the two steps before the model cost at most 0.006 of the
-    geometric mean anywhere and took NCCL's worst from 1.46 to 1.09 (BENCHMARKS.md §4)."""
+    itself (what one measurement may be off by) would let the model overrule large, repeated
+    measured gaps where it cannot see the cause (oversubscribed cores), and one slow round
+    would widen it for every size (``tie_noise``). The round-by-round comparison catches a
+    steady gap below the threshold: a schedule faster in every round is faster, however
+    small the gap. Which schedule is fastest changes slowly with the size, so a winner
+    measured next door is better evidence than the model where the model is far off. Both
+    steps were judged on later runs with ``tools/auto_rules.py`` (BENCHMARKS.md §4)."""
     noise, how = tie_noise(records)
     table: dict = {}
     for row in records:
@@ -652,7 +643,7 @@ def show(path: str) -> str:
                 others = sorted(t for n, t in medians.items() if n != name)
                 margin = f"{others[0] / medians[name]:.2f}x" if others and medians.get(name) \
                     else "-"
-                needed = row.get("threshold", row.get("noise"))    # files before thresholds
+                needed = row.get("threshold", row.get("noise"))    # rows without thresholds
                 noise = f"{needed:.2f}" if isinstance(needed, (int, float)) else "-"
                 cells = ", ".join(f"{n} {t:.1f}" for n, t in sorted(medians.items(),
                                                                    key=lambda i: i[1]))

@@ -9,14 +9,15 @@
                  "measured": {collective: {"<world size>": {algorithm: [[bytes, ratio]]}}}}}
 
 A row of ``decisions`` is ``{"bytes", "algorithm", "by", "median_us", "noise", "rounds",
-"threshold"}`` (``tuning.py`` says what each means); ``measured`` holds the measured /
-predicted ratios older tuning runs wrote (``algorithms/measured.py``). Both are relative to
-the parameters of the same entry, so rewriting the parameters drops what no longer holds.
+"threshold"}`` (``tuning.py`` says what each means); ``measured`` holds measured / predicted
+ratios (``algorithms/measured.py``), which the decision table reads for a collective and
+world size that ``decisions`` does not list. Both are relative to the parameters of the same
+entry, so rewriting the parameters drops the ratios.
 
 Everything here that reads checks what it read and raises ValueError naming the file and the
 place: a rank that silently ignored a malformed file would choose differently from the
 others and deadlock. Writes are atomic (a rank reading the file while it is rewritten sees
-the old file or the new one). The schedules, the parameters as data and the model stay in
+the old file or the new one). The schedules, the parameters as data and the model live in
 ``algorithms/``, which does no I/O.
 """
 from __future__ import annotations
@@ -90,7 +91,7 @@ def entry(path: str, transport: str) -> dict:
 
 def params_of(found: dict, transport: str, path: str = "") -> Params:
     """The entry's α, β, γ; its shape terms where it has them, else ``transport``'s defaults
-    (files written before those terms existed)."""
+    (files that leave them out)."""
     default = default_params(transport)
     try:
         shape = {name: found.get(name, getattr(default, name)) for name in SHAPE_FIELDS}
@@ -220,7 +221,7 @@ def save_params(path: str, transport: str, params: Params) -> None:
     held."""
     data = read(path) if os.path.exists(path) else {}
     # α, β, γ always; a shape term only where it differs from the transport's default, which
-    # is what loading fills in for a missing one (files stay readable by older versions)
+    # is what loading fills in for a missing one
     default = asdict(default_params(transport))
     data[transport] = {name: value for name, value in asdict(params).items()
                        if name not in SHAPE_FIELDS or value != default[name]}
@@ -241,7 +242,7 @@ def _kept(path: str, transport: str, params: Params) -> dict:
 def save_ratios(path: str, transport: str, params: Params, table: dict) -> None:
     """Merge a ratio table (``measured.from_rows``) into ``transport``'s entry: the
     (collective, world size) pairs it measured replace the file's, others stay. The entry's
-    parameters become ``params``; if they differ from what it held, its older ratios go.
+    parameters become ``params``; if they differ from what it held, its ratios go.
     The entry keeps nothing else (its decisions go, as when its parameters are rewritten)."""
     kept = _kept(path, transport, params)
     merged = {c: dict(sizes) for c, sizes in kept.get(RATIOS, {}).items()}

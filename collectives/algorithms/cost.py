@@ -17,30 +17,28 @@ what is priced is what runs (``replay`` prices any other lowering too):
 - a step ends when its last transfer ends, plus its local operations in order;
 - the prediction is the latest final clock of any rank.
 
-Terms past the classic three, each measured in BENCHMARKS.md and off unless a transport's
-defaults or its tuning file turn it on (``Params``' docstring has the formulas):
+Terms past the classic three, each fitted to bench runs (BENCHMARKS.md §4 lists them) and off
+unless a transport's defaults or its tuning file turn it on (``Params``' docstring has the
+formulas; ``params.DEFAULTS`` which transports use them):
 
-- ``ports`` (nccl: 2): a rank runs that many sends and receives at once; k messages of one
-  step to k peers share its link (each no faster than k·β per byte), messages to one peer
-  share that pair's link. The 4 x H200 p2p probe moved up to 1.7x more to two peers than to
-  one at 4-64 MiB, the same at 256 MiB-1 GiB: with it the bidirectional ring wins where it
-  measured fastest (16-256 MiB on 4 GPUs, all_to_all 1-256 MiB).
-- ``beta_small``/``beta_knee`` (nccl: 144 GB/s for small messages, 335 GB/s for large,
-  halfway at 60 MiB): NCCL send/recv's rate grows with the message (43 GB/s at 1 MiB, 355 GB/s
-  at 1 GiB); fewer, larger messages (Rabenseifner) beat the ring at 1 GiB for that reason.
-- ``gamma_shared_bytes`` (mpi, socket: 16 MiB): reductions of operands past the cache stream
-  from memory bandwidth that all the host's ranks share: γ·p per byte. On 8 MPI ranks
-  Rabenseifner's first 32 MiB reduction at 64 MiB took ~0.74 ns/B against ~0.05 for the
-  ring's 8 MiB blocks (≈ 8 x the calibrated γ); the ring won reduce_scatter 1.84x there.
-- ``local_alpha`` (nccl: 10 µs): each reduction or copy is a kernel launch; the bidirectional
-  ring's extra reductions cost it the 16 MiB reduce_scatter on 4 GPUs.
-- ``spill_bytes``/``spill_factor`` (socket: 4 MiB, 2x): the bytes of a message past Linux's
-  4 MiB TCP send buffer (tcp_wmem's maximum) cannot leave in the caller's own sendmsg; they
-  wait for the receiver to drain and go through the progress thread, at about half the rate.
-  Two 4-rank runs (32- and 64-core hosts): ring steps of 4 MiB messages 2.6-3.6 GB/s, of 16 MiB
-  ones 1.7-1.9 GB/s; so the ring's n/4-byte messages beat recursive doubling's n/4 + n/2 at
-  16-64 MiB (reduce_scatter 1.40-1.58x, all_gather 1.25-1.64x), which the flat β could not see.
-  Any spill point of 1-4 MiB and factor of 1.5-4 gives the same choices on both hosts.
+- ``ports``: a rank runs that many sends and receives at once; k messages of one step to k
+  peers share its link (each no faster than k·β per byte), messages to one peer share that
+  pair's link. NVLink GPUs move more to two peers at once than to one: without this term the
+  model never sees why the bidirectional ring and the direct schedules win there.
+- ``beta_small``/``beta_knee``: a per-byte rate that grows with the message (NCCL send/recv
+  with large p2p chunks; no default uses it), under which fewer, larger messages
+  (Rabenseifner) beat the ring on the largest messages.
+- ``gamma_shared_bytes``: reductions of operands past the cache stream from memory bandwidth
+  that all the host's ranks share: γ·p per byte. That is why the ring's small blocks beat
+  Rabenseifner's half-vector first reduction on large reduce_scatters of many ranks.
+- ``local_alpha``: a fixed cost per reduction or copy (a kernel launch on a GPU, a numpy call
+  on a crowded host); it is what the bidirectional ring's and the direct schedules' extra
+  reductions cost.
+- ``spill_bytes``/``spill_factor``: the bytes of a message past Linux's TCP send buffer
+  (tcp_wmem's maximum) cannot leave in the caller's own sendmsg; they wait for the receiver
+  to drain and go through the progress thread, at about half the rate, so the ring's n/p-byte
+  messages beat recursive doubling's n/4 + n/2 on large messages, which a flat β cannot see.
+  The choices do not hinge on the exact spill point or factor.
 
 α, β, γ are measured on a machine by ``collectives.calibration`` (a tool: ``bench.py
 --calibrate``); the shape terms were fitted offline from bench runs. ``Params`` and the
@@ -50,15 +48,15 @@ and written by ``collectives.tuning_file`` (this package does no I/O).
 At powers of two this reproduces the classic formulas (``formula``; the tests hold the two
 together), and it stays right where formulas are silent or approximate: uneven blocks, folded
 non-powers of two, Bruck's rotations, a schedule nobody wrote a formula for. The price is one
-plan per rank and one pass over every transfer and local operation, 5-10 µs each in Python:
-milliseconds at p = 8, seconds for the ring at p = 512. So ``predict`` is exact and can be
+plan per rank and one pass in Python over every transfer and local operation, which grows as
+p² for the ring: cheap at a few ranks, seconds at hundreds. So ``predict`` is exact and can be
 slow at scale, and ``estimate`` (what ``auto`` compares) switches to the closed form beyond
-64 ranks or 50,000 operations where one exists. Both are cached; ``choose`` costs a dictionary
-look-up (~1.5 µs) once a call shape has been seen.
+``COUNTED_MAX_SIZE`` ranks or ``COUNTED_WORK`` operations where one exists. Both are cached,
+so a call shape is priced once.
 
 Not modelled: contention inside the network (every pair of ranks has its own link), eager vs
-rendezvous protocols, per-step software overhead apart from α (the socket default's α, 80 µs,
-is the per-step cost inside a collective, twice the ping-pong's, which calibration measures),
+rendezvous protocols, per-step software overhead apart from α (the socket default's α is the
+per-step cost inside a collective, larger than the ping-pong's that calibration measures),
 cache effects on γ, overlap of reductions with transfers inside one step (the step walk does
 not overlap them; the overlapped lowering, which the host executor runs for large messages on
 transports that move data in the background, does, and ``replay(...,
@@ -317,8 +315,8 @@ def predict_bytes(collective: str, algorithm: str, size: int, nbytes: int,
 
 
 # ``estimate`` (what ``auto`` compares) replays the schedules only where that is cheap:
-# replaying costs ~5-10 µs per transfer or local operation in Python, and ``auto`` must not
-# stall a job for seconds on each new message size. Beyond COUNTED_MAX_SIZE ranks, or beyond
+# replaying walks every transfer and local operation of every rank in Python, and ``auto``
+# must not stall a job for seconds on each new message size. Beyond COUNTED_MAX_SIZE ranks, or beyond
 # COUNTED_WORK operations in all (rank 0's sends, receives and local operations times the
 # world size), it takes the closed form where there is one.
 COUNTED_MAX_SIZE = 64

@@ -35,18 +35,15 @@ Schedules (one step each; the local operations run after all of its transfers):
 ``ports`` >= p-1 its replay is exactly the k = p-1 column above; with fewer ports its
 first-come-first-served replay serves the p-1 messages in matching order and counts up to ~2x
 the ⌈(p-1)/k⌉-round optimum, so ``auto`` prefers direct only where a rank drives (nearly) all
-peers at once. Measured on 4 x H200 over NCCL send/recv (float32, median): 1 MiB all_reduce
-95 µs (71 µs as a CUDA graph) against 117 / 140 µs for recursive doubling / ring and 17.6 µs
-for NCCL's own; its transfers alone take ~26 µs, the rest was the p-1 reduction kernels. The
-NCCL executor now fuses such a chain into one kernel (16 MiB: 0.73 -> 0.86 of the transfer
-ceiling; BENCHMARKS.md §3). all_gather and all_to_all at 16 MiB matched NCCL's own (1.08x,
-1.02x).
+peers at once. Over NCCL send/recv on GPUs its transfers take a fraction of its time: the
+p-1 reductions are the rest, one kernel each, which is why the NCCL executor fuses such a
+chain into one kernel (BENCHMARKS.md §3).
 
 ``two_shot`` (all_reduce) chains the two: direct reduce_scatter of the vector's p blocks, then
 direct all_gather of the reduced blocks, one plan of two steps. A rank moves 2(p-1)/p of the
-vector (the ring's bytes) in 2 steps instead of the one-shot's p-1 vectors in one: measured on
-4 x H100 over peer memory, from 1 MiB it is the fastest all_reduce we have (16 MiB: 103-108 µs
-against direct's 190 and ring's 145; NCCL's 102).
+vector (the ring's bytes) in 2 steps instead of the one-shot's p-1 vectors in one, so over
+peer memory it beats both direct (fewer bytes) and the ring (fewer steps) from medium sizes
+on (BENCHMARKS.md §6).
 
 Every rank sends to rank+1, rank+2, ... and receives from rank-1, rank-2, ..., so at any
 moment each rank is the target of one sender under a one-port transport, not of everyone at

@@ -84,74 +84,62 @@ SHAPE_FIELDS = ("ports", "link_beta", "beta_small", "beta_knee", "gamma_shared_b
 
 
 # Defaults, used until a transport is calibrated (``python -m collectives.bench --calibrate``).
+# Each value and the runs it was fitted to or judged on: BENCHMARKS.md §4 ("The runs the
+# model's defaults were fitted to"); the comments say what each term stands for.
 DEFAULTS = {
-    # mpi4py over shared memory, driven by the Python host executor: MPI itself needs ~1 µs
-    # per message, the executor's per-step Python (request objects, Waitall) ~4 µs more;
-    # 5 GB/s is one core's copy bandwidth through MPICH's shared-memory channel (DESIGN.md:
-    # the 2-core machine moves ~130 µs per MiB MPI_Allreduce); γ: numpy float32 add, one
-    # thread, ~5 GB/s of output.
+    # mpi4py over shared memory, driven by the Python host executor: α is MPI's own per
+    # message cost plus the executor's per-step Python (request objects, Waitall), which is
+    # the larger part; β one core's copy bandwidth through the MPI library's shared-memory
+    # channel; γ a numpy float32 add on one thread.
     "mpi": Params(alpha=5e-6, beta=1 / 5e9, gamma=1 / 5e9),     # shape: below
-    # Python TCP over loopback (DESIGN.md: 3.3-4.2 GB/s); α: two syscalls, a frame header and
-    # the selector loop per message, ~40 µs measured with gloo-like small messages.
+    # Python TCP over loopback; α: two syscalls, a frame header and the selector loop per
+    # message (a ping-pong's; a step inside a collective costs more: below).
     "socket": Params(alpha=4e-5, beta=1 / 3.5e9, gamma=1 / 5e9),   # shape: below
-    # Threads of one process: a hand-off through a condition variable under the GIL is
-    # ~10-20 µs; the copy is one memcpy (~1e10 B/s) but holds the GIL.
+    # Threads of one process: α is a hand-off through a condition variable under the GIL;
+    # the copy is one memcpy, but it holds the GIL.
     "local": Params(alpha=1.5e-5, beta=1 / 8e9, gamma=1 / 5e9),
-    # NCCL send/recv in a group call, with the transport's 64 KiB NVLink p2p chunks. Fitted
-    # (benchmarks/fit_model.py) to the 4- and 2-GPU runs of every algorithm at 1 MiB-1 GiB on
-    # H200s (BENCHMARKS.md §3, results/nccl_{4,2}xH200_direct*.json): α 20 µs per step's
-    # group call (a lone 1 MiB send measured 19 µs); 335 GB/s per message, a GPU drives up to
-    # three peers at once, together no faster than 239 GB/s each; γ: an elementwise kernel at
-    # ~1 TB/s of output; local_alpha 30 µs: each reduction or copy is a CuPy kernel launched
-    # from Python (direct's 1 MiB all_reduce: 26 µs of transfers + 3 reductions = 95 µs).
-    # With these the median model error on those runs is x1.07 and auto's summed log regret
-    # 0.91 over 32 rows (the defaults before the chunk change: 3.88).
+    # NCCL send/recv in a group call, with the transport's 64 KiB NVLink p2p chunks, fitted
+    # (benchmarks/fit_model.py) to runs of every algorithm on 2 and 4 GPUs (BENCHMARKS.md §3):
+    # α is a step's group call; a GPU drives up to three peers at once, which share its link
+    # (``link_beta``); γ an elementwise kernel; ``local_alpha``: each reduction or copy is a
+    # CuPy kernel launched from Python, which is what makes the direct algorithms' p - 1
+    # reductions expensive here.
     "nccl": Params(alpha=2e-5, beta=1 / 335e9, gamma=1 / 1e12, ports=3, link_beta=1 / 239e9,
                    local_alpha=3e-5),
     # The same groups where plans run on peer memory (executors/peer.py: one kernel per call;
-    # the nccl transport's ``model_name``). α: 2.0 µs a further step (ring all_reduce at 4
-    # KiB on 4 x H100, BENCHMARKS.md §6); β: 333 GB/s per message, each of a GPU's peers at
-    # once at that rate (its NVLinks: the bench's plain-copy ceiling moved 342 GB/s of bus
-    # bandwidth); γ: a received block is reduced in the pass that reads it, so a reduction
-    # costs little beyond its bytes' transfer; local_alpha 1 µs per local operation. Not
-    # fitted: set from those measurements and judged on every stored 4 x H100 peer-memory run
-    # (sessions 12, 14, 15, 16: untuned auto's worst size 1.01-1.09 of the best measured
-    # algorithm, against 1.32-1.38 with the send/recv model above) and the 2-GPU ones (1.20-
-    # 1.32, the same as with it).
+    # the nccl transport's ``model_name``): α is one further step inside the kernel (a flag
+    # at system scope), not a group call; β the NVLink rate, each of a GPU's peers at once at
+    # that rate; γ small, because a received block is reduced in the pass that reads it, so
+    # a reduction costs little beyond its bytes' transfer; ``local_alpha`` small, because
+    # local operations run in the same kernel. Not fitted: set from the peer-memory runs and
+    # judged on every stored one (BENCHMARKS.md §4, "Untuned auto on GPU peer memory"),
+    # where the send/recv parameters above misjudge which schedule wins.
     "nccl_peer": Params(alpha=2e-6, beta=1 / 333e9, gamma=1e-13, ports=3,
                         link_beta=1 / 333e9, local_alpha=1e-6),
 }
-# Ranks of one host stream reductions of operands past the cache from shared memory
-# bandwidth: 8 MPI ranks (16-core host) reduced 32 MiB blocks at ~0.74 ns/B against
-# ~0.05 ns/B for 8 MiB blocks, about γ·8 with the calibrated γ (BENCHMARKS.md §1, the
-# 64 MiB reduce_scatter); the knee lies between 8 and 32 MiB.
+# Ranks of one host stream reductions of operands past the cache from memory bandwidth that
+# they all share, so a large reduction costs about γ·p per byte (BENCHMARKS.md §1, the large
+# reduce_scatter on 8 ranks); the knee lies between the last-level cache's share per rank
+# and a few times that.
 HOST_SHARED_BYTES = 16 * 2**20
-# Shape of the shared-memory MPI (fitted with benchmarks/fit_model.py to three 8-rank runs of
-# every algorithm on a 64-core host, each with its own calibrated α, β, γ: results/
-# mpi_8ranks_h200x4_64core_{direct,all_1,all_2}.json): a rank runs up to 4 transfers at once
-# (the direct algorithms post 7), sharing its copy bandwidth, and each local operation costs
-# 2 µs on top of its bytes (the direct all_reduce's 7 reductions). Summed log regret of auto
-# over the 96 rows 5.5 against 7.2 with one port (an oracle that picks each row's winner
-# from a repeat run scores 1.6 per 32 rows: the rest is run-to-run noise); neutral on the
-# earlier 8-rank runs.
+# Shape of the shared-memory MPI (benchmarks/fit_model.py on 8-rank runs of every algorithm,
+# each with its own calibrated α, β, γ): a rank runs several transfers at once, sharing its
+# copy bandwidth (the direct algorithms post p - 1), and each local operation costs a fixed
+# amount on top of its bytes (visible in the direct all_reduce's p - 1 reductions). With one
+# port the model misranks the direct and bidirectional schedules.
 DEFAULTS["mpi"] = Params(5e-6, 1 / 5e9, 1 / 5e9, ports=4, gamma_shared_bytes=HOST_SHARED_BYTES,
                          local_alpha=2e-6)
-# Socket, from the two 4-rank runs (benchmarks/results/socket_4ranks_h200x{2_32core_final,
-# 4_64core}.json; fit in docs/notes/cost-model.md). α: a step inside a collective costs ~80 µs,
-# twice the ping-pong's 40 µs (two thread hand-offs per message through the progress thread:
-# 4 KiB recursive-doubling all_gather, 2 steps, 216-238 µs; ring all_reduce, 6 steps, 490-549
-# µs). Spill: Linux caps a TCP send buffer at tcp_wmem's 4 MiB, so the caller's own sendmsg
+# Socket (4-rank runs, BENCHMARKS.md §2). α: a step inside a collective costs about twice the
+# ping-pong's, for the two thread hand-offs per message through the progress thread. Spill:
+# Linux caps a TCP send buffer at tcp_wmem's maximum (4 MiB), so the caller's own sendmsg
 # pushes at most that much; the rest of a larger message waits for the receiver to drain and
-# goes through the progress thread at about half the rate (ring steps of 4 MiB messages ran at
-# 2.6-3.6 GB/s, of 16 MiB messages at 1.7-1.9 GB/s). That is why the ring's p - 1 messages of
-# n/p beat recursive doubling's n/4 + n/2 at 16-64 MiB on 4 ranks (reduce_scatter by 1.40-1.58x).
+# goes through the progress thread at about half the rate. That is why the ring's p - 1
+# messages of n/p beat recursive doubling's n/4 + n/2 on large messages.
 SOCKET_SPILL_BYTES = 4 * 2**20
-# ports 3, local_alpha 40 µs (benchmarks/fit_model.py on the three TCP runs, the latest with
-# the direct algorithms, results/socket_4ranks_h200x4_64core_tcp.json): the progress thread
-# moves a step's messages to its p - 1 peers together (the direct algorithms), and each
-# reduction or copy costs ~40 µs more than its bytes (a numpy call on a rank that shares the
-# host's cores with the other ranks' progress threads). Summed log regret 1.00 against 2.25
-# before over 39 rows; with the shared-memory path (same host, the default) 1.05 against 1.19.
+# ports 3: the progress thread moves a step's messages to its p - 1 peers together (the
+# direct algorithms); local_alpha: each reduction or copy is a numpy call on a rank that
+# shares the host's cores with the other ranks' progress threads (benchmarks/fit_model.py on
+# the TCP runs, judged with the shared-memory path as well).
 DEFAULTS["socket"] = Params(8e-5, 1 / 3.5e9, 1 / 5e9, ports=3,
                             gamma_shared_bytes=HOST_SHARED_BYTES, local_alpha=4e-5,
                             spill_bytes=SOCKET_SPILL_BYTES, spill_factor=2.0)

@@ -26,7 +26,8 @@ even counts; steps whose pair exchanges nothing are skipped.
 broadcast: pipelined chain root → root+1 → ... → root-1; the vector is cut into S segments
 and a middle rank receives segment k while forwarding segment k-1. Cost (p+S-2)(α + (n/S)β),
 minimized at S* = sqrt((p-2)nβ/α); ``segment_count`` takes S* for α/β = 8192 elements (32 KiB
-of float32: α ≈ 10 µs at ≈ 3 GB/s, a host link) so large n approaches nβ, the optimum.
+of float32, the order of a host link's latency-bandwidth product) so large n approaches nβ,
+the optimum.
 
 reduce: ring reduce-scatter (input read-only, partial sums in scratch), then every rank sends
 its reduced block to the root in one step. Cost 2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ:
@@ -49,7 +50,7 @@ import math
 from .schedule import (Recv, Reduce, Region, Send, Step, algorithm, copy, layout,
                        partition, recv, send, sendrecv)
 
-# α/β of the link in elements: α ≈ 10 µs at ≈ 3 GB/s is ≈ 32 KiB, 8192 float32 elements.
+# α/β of the link in elements: a host link moves tens of KiB in one message's latency.
 ALPHA_OVER_BETA_ELEMENTS = 8192
 
 

@@ -2,9 +2,9 @@
 
 Each step sends to both neighbours and receives from both (one message each way per link), so
 a full-duplex link to each neighbour carries half of what the one-way ring puts on one link.
-Where a rank can drive both of its links at once (NVLink/NVSwitch: measured on 4×H200, the
-same bytes split over both neighbours moved up to 1.7× faster at 4-64 MiB than over one), a
-step takes about half the time of a ring step; over a single port it gains nothing.
+Where a rank can drive both of its links at once (NVLink/NVSwitch GPUs move the same bytes
+split over both neighbours faster than over one), a step takes about half the time of a ring
+step; over a single port it gains nothing.
 
 Costs with one send port and one receive port per rank, the two sends of a step serialized
 in the best order (p ranks, n elements as in ``ring.py``, α per message, β per element
