@@ -142,14 +142,9 @@ def test_tie_noise_ignores_one_slow_round_and_auto_rules_replays_the_spread():
     assert tuning.tie_noise is before
 
 
-# every stored run of all algorithms on peer memory, 4 x H100 (the sessions' bench --json)
-PEER4_RUNS = ("session12_peer4_tables/bench.json", "session12_peer4_large_tune/nccl_A.json",
-              "session12_peer4_large_tune/nccl_B.json", "session14_peer4_tune/nccl_A.json",
-              "session14_peer4_tune/nccl_B.json", "session14_peer4_tables/bench.json",
-              "session15_peer4_in_place/bench.json", "session16_peer4_tables/nccl_A.json",
-              "session16_peer4_tables/nccl_B.json", "session16_peer4_tables/bench4.json",
-              "session18_peer4_tables/bench4.json", "session19_peer_tables/bench4.json",
-              "session20_peer_tables/bench4.json")
+# every stored run of all algorithms on peer memory, 4 x H100 (bench --json; BENCHMARKS.md §4)
+PEER4_RUNS = tuple(f"peer_4xH100_model_check/run{i:02d}.json" for i in range(1, 11)) + (
+    "tune_nccl_4xH100/A.json", "tune_nccl_4xH100/B.json", "peer_4xH100/bench.json")
 
 
 @pytest.mark.parametrize("run", PEER4_RUNS)
