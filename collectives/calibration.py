@@ -4,7 +4,8 @@ the run-time path: ``bench.py --calibrate FILE`` runs it and stores the result w
 defaults or what the tuning file says: they were fitted offline from bench runs
 (``benchmarks/fit_model.py``; ``benchmarks/model_check.py`` replays a bench JSON through the
 model and shows what ``auto`` would pick). The ping-pong measures the ping-pong's α, not the
-per-step cost inside a collective (the socket default's α, 80 µs, is twice the ping-pong's)."""
+per-step cost inside a collective (for sockets that is larger: two thread hand-offs per
+message through the progress thread, ``params.DEFAULTS``)."""
 from __future__ import annotations
 
 import time

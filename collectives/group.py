@@ -629,7 +629,7 @@ class ProcessGroup:
 
 
 def _host_reducer(op, dtype):
-    """numpy's half-precision loops are scalar (20-50x slower than float32), so float16 and
+    """numpy's half-precision loops are scalar (many times slower than float32), so float16 and
     bfloat16 take the Numba kernels (imported only then); everything else stays on numpy,
     which is as fast as Numba on these sizes and costs no compile."""
     if dtype == np.float16 or dtype == BFLOAT16:

@@ -25,8 +25,8 @@ def formula(collective: str, algorithm: str, p: int, nbytes: float, params: Para
     tests say so; ``estimate`` uses it that way at large world sizes.
 
     The pipelined trees' forms are approximations: each slot priced at its busiest rank
-    (``_pipelined``; within 10% of the replay from 1 MiB with the MPI defaults, optimistic
-    under one port, where the replay serializes a step's messages in arrival order)."""
+    (``_pipelined``; close to the replay on large messages, optimistic under one port, where
+    the replay serializes a step's messages in arrival order)."""
     closed = _textbook(collective, algorithm, p, nbytes, params, itemsize)
     if closed is None or not copies:
         return closed

@@ -59,10 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "launches when not started by a launcher")
     p.add_argument("--bind-to", choices=("none", "core"), default="none",
                    help="--backend socket run by hand: each process on one core (core: on "
-                   "the 2-core VM our rows moved 18-28 %% between rounds bound, 51-54 %% "
-                   "not, and ran 1.5-2x faster, where gloo, whose threads then share the "
-                   "core, ran 1.3x slower with 2 ranks: ratios to gloo differ from unbound "
-                   "runs) or wherever the OS puts them (none, as torchrun); under mpiexec or "
+                   "a machine with few cores our rows vary less between rounds and run "
+                   "faster bound, while gloo, whose threads then share the core, runs "
+                   "slower: ratios to gloo differ from unbound runs) or wherever the OS "
+                   "puts them (none, as torchrun); under mpiexec or "
                    "a launcher, theirs decides (mpiexec --bind-to core, collectives.run "
                    "--bind-to core)")
     p.add_argument("--collectives", default=",".join(BENCH_COLLECTIVES),

@@ -251,9 +251,9 @@ def row_barrier(group, algorithm):
     """The barrier before each batch of a row. Over sockets the baseline (torch's gloo) is
     another library with threads of its own: each side's rows meet at that side's own
     barrier. gloo's barrier leaves the ranks tens of µs apart and its gloo_tcp_loop thread
-    busy for a while after it, which landed in our 4 KiB calls (0.62-0.73x gloo's time after
-    gloo's barrier, 0.13-0.21x after ours; gloo's own rows measured the same after any
-    barrier: BENCHMARKS.md §2). Under MPI the native library is the transport itself."""
+    busy for a while after it, which slows our small calls made right after it while gloo's
+    own rows time the same after either barrier (BENCHMARKS.md §2). Under MPI the native
+    library is the transport itself."""
     if algorithm != "native" and group.transport.name == "socket":
         return lambda: group.prepare("barrier", algorithm=None)()
     return GroupHost(group).barrier

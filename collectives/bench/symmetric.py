@@ -127,7 +127,7 @@ class SymmetricMemory:
             buf.copy_(source)
 
         # torch's current stream is the bench's for the rest of the run: a stream context per
-        # call would add its host time to rows of ~10 µs
+        # call would add its host time to rows that are themselves only microseconds
         torch.cuda.set_stream(stream)
         one, two = self.ops["symm_mem:one_shot"], self.ops["symm_mem:two_shot"]
 

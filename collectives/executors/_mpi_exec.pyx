@@ -18,7 +18,7 @@ flight at once (the step walk: its widest step), on the stack for common plans.
     waits  (n_waits, 4)   slot, is receive, peer, count
     ops    (n_ops, 8)     kind (0 copy, 1 reduce), dst buffer, dst offset, a buffer, a offset,
                           b buffer, b offset, count
-Offsets and counts are in elements; ``itemsize`` turns them into bytes. A call costs ~1 µs of
+Offsets and counts are in elements; ``itemsize`` turns them into bytes. A call costs little
 Python (argument parsing, three data pointers) on top of the MPI work. The C that Cython cannot
 write (float16/bfloat16 reductions with SIMD, the MPI family macros) is in ``_mpi_exec.h``.
 
@@ -182,13 +182,13 @@ cdef double _now() noexcept nogil:
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
-# Waiting: Testall in a loop. MPICH's blocking MPI_Waitall measured ~5 µs per 4 KiB exchange
-# step here against ~1.2 µs for a Testall loop (benchmarks in docs/notes/compiled-path-perf.md), so even
-# without a deadline we poll. Spin first (most steps finish within microseconds), then yield the
-# CPU (oversubscribed ranks must let their peers run), and only after a whole second (a peer
-# that is late, not a message in flight) sleep with a short growing backoff. MPI makes no
-# progress while we sleep: Open MPI moves a large shared-memory message in fragments, each
-# needing a poll on both sides, and sleeping after 10 ms made 32 MiB messages 4x slower.
+# Waiting: Testall in a loop. MPICH's blocking MPI_Waitall is several times slower per small
+# exchange step than a Testall loop, so even without a deadline we poll. Spin first (most
+# steps finish within microseconds), then yield the CPU (oversubscribed ranks must let their
+# peers run), and only after a whole second (a peer that is late, not a message in flight)
+# sleep with a short growing backoff. MPI makes no progress while we sleep: Open MPI moves a
+# large shared-memory message in fragments, each needing a poll on both sides, so sleeping
+# early stalls large messages many times over.
 # A signed call's wait that has not finished after PROBE_AFTER seconds looks for another
 # call's messages (then every PROBE_EVERY, and at the deadline): the transport's _PROBE_AFTER.
 DEF SPIN_POLLS = 64
@@ -316,8 +316,8 @@ cdef int64_t* _table(rows, int width) except NULL:
 
 cdef char* _data(object array) except? NULL:
     """The first byte of a flat contiguous array: for ndarrays numpy's own ``data`` field (the
-    first after the object header; what PyArray_DATA reads), saving the ~1.7 µs that
-    ``__array_interface__`` costs per buffer; anything else through that interface."""
+    first after the object header; what PyArray_DATA reads), saving the dictionary that
+    ``__array_interface__`` builds per buffer; anything else through that interface."""
     if array is None:
         return NULL
     if isinstance(array, _ndarray):

@@ -32,8 +32,8 @@ Two modes:
   this ordering on the CPU with streams as queues run in random dependency-respecting orders.
 
 **Graph replay** (``COLLECTIVES_NCCL_GRAPH=1``, in-order plans only): the host work of a call
-(a Python NCCL group per step, a CuPy kernel launch per reduction: ~10-20 µs each) dominates
-small collectives. A call whose plan, buffers (pointers and sizes), dtype, reduction and
+(a Python NCCL group per step, a CuPy kernel launch per reduction) dominates small
+collectives. A call whose plan, buffers (pointers and sizes), dtype, reduction and
 stream were all seen before is captured once as a CUDA graph (stream capture; NCCL >= 2.9
 supports send/recv under capture) on its second occurrence and replayed from then on: one
 graph launch per call. Every rank captures and replays the same calls in the same order, as
@@ -59,10 +59,10 @@ NCCL group covering both directions, so they share its dependencies.
 NCCL point-to-point bandwidth grows with message size (fewer, larger messages fill more
 channels), so segments trade transfer bandwidth for overlap. By default the plans of
 collectives that reduce are pipelined in 64 MiB segments when a message is larger than that:
-on 4 H200s ring all_reduce of 1 GiB went from 0.80x to 0.85x of NCCL's own and ring
-reduce_scatter from 0.75x to 0.89x, while
-8 and 32 MiB segments were 1.6-3.3x slower than none (BENCHMARKS.md §3); collectives without
-reductions (all_gather, all_to_all, ...) have nothing to overlap and stay whole.
+large enough that each segment keeps NCCL's bandwidth, so the overlap of reductions with
+transfers gains more than the segments cost; smaller segments lose bandwidth faster than
+overlap wins it (BENCHMARKS.md §3). Collectives without reductions (all_gather, all_to_all,
+...) have nothing to overlap and stay whole.
 ``COLLECTIVES_NCCL_SEGMENT_BYTES`` sets the size for every plan (0 = never segment).
 
 Limits: the NCCL calls of one plan are issued from one host thread; every rank must issue its
@@ -84,7 +84,7 @@ from ..transports.nccl import MEMCPY_D2D, NCCL_UINT8
 ENV_SEGMENT = settings.NCCL_SEGMENT_BYTES.name
 ENV_GRAPH = settings.NCCL_GRAPH.name
 GRAPH_CACHE = 256                   # captured graphs kept per process
-DEFAULT_SEGMENT_BYTES = 64 << 20   # for plans that reduce (see above); measured on H200s
+DEFAULT_SEGMENT_BYTES = 64 << 20   # for plans that reduce (see above; BENCHMARKS.md §3)
 
 
 # The default segment size goes by the collective (ops.REDUCING), never by one rank's plan:

@@ -6,7 +6,8 @@ bool follows torch (SUM = or, PRODUCT = and); float16 is computed in float32 and
 once, as numpy does; bfloat16 is computed on its uint16 bit patterns in float32 and rounded to
 nearest even (what ml_dtypes does), so it works whether or not this CuPy knows bfloat16.
 MIN/MAX propagate NaN like numpy.minimum/maximum. Cost: one pass, 2 reads + 1 write per
-element; a launch costs ~10 µs of host time. Kernels compile on first use (NVRTC, cached).
+element; the launch from Python costs more host time than a small operand's pass (why
+``chain_kernel`` fuses chains). Kernels compile on first use (NVRTC, cached).
 
 ``chain_kernel(op, dtype, operands, writes)`` fuses a chain dst_i = dst_(i-1) op b_i of
 ``operands`` reductions into one launch: each element is carried through the chain in a

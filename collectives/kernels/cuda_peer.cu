@@ -444,9 +444,8 @@ __device__ bool take_lines(const Ctx& c, const u64* src, i64 count, S* dst, cons
    one pass, with no copy out of the inbox and no barrier between messages. Each thread
    issues the loads of all its operands before it waits for any; each result is also sent
    in lines to outs[0..k-1] (peers' slots, SENDS_ON). False when this call must stop. Not
-   inlined: its registers then stay out of the kernel's allocation (inlined, the kernel
-   spilled 92 bytes a thread for float32, measured with ptxas -v; 36 now, with the SENDS_ON
-   paths, against 12 before them). */
+   inlined: its registers then stay out of the kernel's allocation (inlined, it makes the
+   kernel spill registers to local memory: check with ptxas -v). */
 __device__ __noinline__ bool reduce_lines(const Ctx& c, S* dst, const S* const* xs,
                                           const u64* const* lines, const int* peers, int m,
                                           i64 count, unsigned flag, i64 align, int step,
@@ -699,8 +698,8 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                parallel: a step pays one flag latency, not one per message. The step's
                COPYs right after them (``fused``; no barrier between, so pushed.py found them
                touching nothing the sends read) are copied in the same batch, so
-               a rank's own block moves beside its messages (a direct all_gather's 256 MiB
-               block: ~170 µs after the pushes on 4 x H100). */
+               a rank's own block moves beside its messages instead of adding its copy
+               after them (a direct all_gather's own block is as large as a message). */
             const int kind = (int)r[0];
             const int j = batch_end(code, n, i), m = j - i;
             const i64* chain = code + (i64)(i - 1) * WIDTH;
@@ -983,8 +982,9 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
    rank reads its block of the vector where it lies on every peer, reduces it in rank order
    and stores the result back on every peer, in one pass; the program's two steps of pushes
    into inboxes, and its middle wait, are gone. The world size fixed at build time lets each
-   thread keep all its peers' loads in flight at once with few registers (the thirteenth
-   session's reads in place inside the interpreter were slower: BENCHMARKS.md §6).
+   thread keep all its peers' loads in flight at once with few registers (reads in place
+   inside the interpreter, with the world size unknown at build time, are slower:
+   BENCHMARKS.md §6).
 
    The same words as the interpreter's, so the two alternate on one group: the call's number
    and epochs; one message each way per peer (the tallies move on by one, the delivered
@@ -1153,13 +1153,13 @@ __device__ bool peers_said(const Ctx& c, const u64* received, i64 first, i64 of,
 /* direct reduce_scatter of large blocks with its pushes and reductions overlapped
    (``cuda_peer.pipelined_kernel``, one build per world size WORLD). The program sends every
    block of the input to its rank, waits, then reduces the p copies of its own block: the
-   pass over this GPU's memory (433 µs of a 1 GiB call on 4 x H100) follows the pushes over
-   NVLink (2340 µs) instead of running beside them (BENCHMARKS.md §6). Here each rank's
-   block is cut into ``chunks`` alike on every rank; thread blocks [0, pushers) push chunk
-   after chunk of every peer's block into that peer's scratch slot for this rank, each a
-   share of every chunk, then say in its delivered word for the peer how many chunks it has
-   pushed; the other blocks reduce chunk k, each a share, as soon as every pusher of every
-   peer has said it pushed k, in rank order as the program does (bitwise its result).
+   pass over this GPU's memory follows the pushes over NVLink instead of running beside
+   them, and adds a good fraction of their time to a large call (BENCHMARKS.md §6). Here
+   each rank's block is cut into ``chunks`` alike on every rank; thread blocks [0, pushers)
+   push chunk after chunk of every peer's block into that peer's scratch slot for this rank,
+   each a share of every chunk, then say in its delivered word for the peer how many chunks
+   it has pushed; the other blocks reduce chunk k, each a share, as soon as every pusher of
+   every peer has said it pushed k, in rank order as the program does (bitwise its result).
 
    The interpreter's words, so the two alternate on one group: the call's number and epoch
    (pushed.in_place_epoch), ``chunks`` messages each way per peer (message k of pusher j in
@@ -1392,8 +1392,8 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
 }
 /* The launches around a call's copies by the copy engines (the executor's
    ``_by_copies``: cudaMemcpyAsync out of the peers' staging memory, where thread blocks'
-   loads over NVLink move less; 4 x H100, 768 MiB from 3 peers, every GPU at once: 2216 µs
-   against 2527 at best, BENCHMARKS.md §6). ``code_at``: bytes, mode, then the mode's words.
+   loads over NVLink move less on large blocks, BENCHMARKS.md §6). ``code_at``: bytes, mode,
+   then the mode's words.
 
    Mode 0 (bytes, 0, chunks, pieces, then source and destination offsets of each piece,
    then those of the rank's own block), at the call's start, on a stream beside the

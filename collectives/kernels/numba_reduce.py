@@ -9,9 +9,10 @@ deterministic (which NaN survives, its payload, its sign) the kernels copy it ex
 than trusting the operand order LLVM picks.
 
 Cost: one pass over three arrays, vectorised by LLVM, in place too (dst is a or b gets a loop
-over two distinct arrays, which LLVM's alias check lets it vectorise); float16 runs 20-50x
-faster than numpy's scalar half loops, bfloat16 3-5x faster than ml_dtypes, float32 ties numpy.
-The Python wrapper costs ~2-3 µs a call (it was ~13 µs; numpy's own call: ~0.5).
+over two distinct arrays, which LLVM's alias check lets it vectorise); float16 and bfloat16
+run far faster than numpy's scalar half loops and ml_dtypes' (a vectorised loop in float32
+against one call per element), float32 ties numpy. The Python wrapper is a few dispatches
+more than numpy's own call, which matters only for small arrays.
 Compilation is lazy per (kernel, storage dtype) and cached on disk (``cache=True``), so a
 machine pays it once; ``warmup(dtypes)`` compiles ahead. To keep
 the number of compiled signatures (and the compile time) small, kernels run on storage views:
@@ -50,10 +51,10 @@ except Exception as exc:  # ImportError, or a numba that fails against this nump
     numba = None
     _IMPORT_ERROR = f"numba unavailable: {type(exc).__name__}: {exc}"
 
-# Below this many bytes per operand one thread is faster than handing chunks to a pool. On the
-# 2-core CI machine (shared, so measured noisy) two threads never beat one clearly up to 64 MiB
-# and lost below 4 MiB (tools/kernels.py, docs/notes/compiled-path-perf.md); machines with more
-# memory bandwidth per core than one core can draw are where the pool pays.
+# Below this many bytes per operand one thread is faster than handing chunks to a pool: the
+# hand-off costs more than a small reduction, and one core already draws most of a small
+# host's memory bandwidth (tools/kernels.py measures it); machines with more memory bandwidth
+# than one core can draw are where the pool pays.
 PARALLEL_MIN_BYTES = settings.KERNEL_PARALLEL_MIN_BYTES()
 
 

@@ -83,16 +83,16 @@ def finish_average(out, size: int) -> None:
 
 
 # Operands of at least this many bytes go to the compiled kernels even where numpy's own loop
-# is vectorised (float32, ints): one Numba thread only ties numpy there (0.8-1.2x, in place or
-# not), so only the kernels' threads can win, and on 2 busy cores they did not below 16 MiB
-# (tools/kernels.py; docs/notes/compiled-path-perf.md).
+# is vectorised (float32, ints): one Numba thread only ties numpy there, in place or not, so
+# only the kernels' threads can win, and only on operands large enough to pay for handing out
+# chunks (tools/kernels.py measures where).
 FAST_MIN_BYTES = 16 << 20
 
 
 def fast_reducer(op: ReduceOp, dtype):
     """Like ``reducer`` but through the Numba kernels where they pay: always for float16
-    (numpy's half loops are scalar: 20-50x) and bfloat16 (3-5x ml_dtypes from 64 KiB, even
-    at 4 KiB), from FAST_MIN_BYTES up for the rest; the numpy twin otherwise, and whenever
+    (numpy's half loops are scalar) and bfloat16 (ml_dtypes' loops are scalar too, slower at
+    every size), from FAST_MIN_BYTES up for the rest; the numpy twin otherwise, and whenever
     numba is missing (``kernel_status`` says why)."""
     op = ReduceOp.parse(op)
     twin = reducer(op, dtype)

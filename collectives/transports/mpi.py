@@ -32,8 +32,8 @@ more than 5 ms pays an ``Iprobe`` (one per signature value when anything unrecei
 there at all). User point-to-point and internal exchanges carry no signature: their tags are
 the group's as given.
 
-Cost per message: one mpi4py call plus a numpy view (~1 µs of Python); the collective
-algorithms themselves are the host executor's job.
+Cost per message: one mpi4py call plus a numpy view; the collective algorithms themselves
+are the host executor's job.
 
 Limits: a signed collective's tag repeats every 2**(bits - 9) calls (bits: those MPI_TAG_UB
 gives, at most 32: 2**20 calls on MPICH, 2**14 on Open MPI over UCX), where messages that no

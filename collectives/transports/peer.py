@@ -347,7 +347,8 @@ class PeerMemory:
         that only the heaps decide (outside every heap, or in a symmetric allocation, which
         stays until the group ends) are kept until the heaps change; one in a registered
         buffer asks the driver each time (its allocation may have been freed and made
-        again). With one heap per bench size the search cost 0.6 µs a call (5 heaps)."""
+        again). The search is linear in the heaps, which stay few (one per buffer size a
+        job allocates symmetrically)."""
         if array is None or not self.heaps:
             return 0
         start, nbytes = array.data.ptr, array.nbytes

@@ -16,9 +16,10 @@ process of the same user, so it is done only when the transport is about to use 
 $COLLECTIVES_SOCKET_CMA=0 keeps it off. Containers whose seccomp profile forbids the call fail
 the probe, and the pair keeps the shared-memory ring.
 
-Cost: one syscall and one kernel copy per message (~17 GB/s for 1 MiB here), plus the
-acknowledgement frame. Limits: Linux only; both processes alive for the whole copy (a sender
-that dies makes the read fail with ESRCH, which the transport reports as the peer's death).
+Cost: one syscall and one kernel copy per message (no copy into and out of a shared ring),
+plus the acknowledgement frame. Limits: Linux only; both processes alive for the whole copy
+(a sender that dies makes the read fail with ESRCH, which the transport reports as the
+peer's death).
 """
 from __future__ import annotations
 

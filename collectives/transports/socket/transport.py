@@ -29,10 +29,10 @@ from .outbound import Outbound
 from .wire import GOODBYE, MAX_MESSAGE, NO_SIGNATURE
 
 # Messages of at least twice this many bytes are cut into segments by the host executor, so
-# reductions overlap the arrival of later segments (0: never cut). Over TCP that measured
-# 0.97-1.28x faster; between ranks of one host (shared memory, direct reads) whole messages
-# measured 1.1-1.3x faster than 1 MiB segments (4 ranks, 16-64 MiB all_reduce, 2-core VM), so
-# a job whose every pair shares a host does not cut unless $COLLECTIVES_SOCKET_SEGMENT says so.
+# reductions overlap the arrival of later segments (0: never cut). Over TCP the overlap pays;
+# between ranks of one host (shared memory, direct reads) a message arrives in one copy, so
+# cutting it only adds per-segment costs: a job whose every pair shares a host does not cut
+# unless $COLLECTIVES_SOCKET_SEGMENT says so.
 SEGMENT_BYTES = settings.SOCKET_SEGMENT()
 SEGMENT_SET = settings.SOCKET_SEGMENT.is_set()
 
