@@ -1,5 +1,6 @@
 """``python -m collectives info``: what this installation can do here, and why not, and every
-COLLECTIVES_* setting with its value here (``--settings-table``: the README's table of them).
+COLLECTIVES_* setting with its value here (``--settings-table``: their table in
+docs/settings.md).
 ``python -m collectives tune show FILE``: a tuning file (``bench.py --tune``) as a table."""
 from __future__ import annotations
 

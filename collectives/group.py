@@ -359,7 +359,7 @@ class ProcessGroup:
     def _prepare(self, collective, input, output, counts, root, op, algorithm, timeout):
         # A call shaped like an earlier one (same collective, dtypes, sizes, op, algorithm,
         # root, timeout) reuses that call's checks, choice and plans: only what the key does
-        # not imply about the arrays is checked again (docs/notes/compiled-path-perf.md).
+        # not imply about the arrays is checked again.
         key = self._repeat_key(collective, input, output, counts, root, op, algorithm, timeout)
         try:
             known = self._repeats.get(key) if key is not None else None

@@ -14,9 +14,9 @@ When a setting is read decides when a change takes effect:
 - ``call``: at every use (a test's ``monkeypatch.setenv`` takes effect at the next call);
 - ``build``: by setup.py when the compiled extension is built.
 
-``python -m collectives info`` lists every setting with its value here; the README's table is
-``markdown_table()`` (``python -m collectives info --settings-table``), and a test keeps the two
-equal.
+``python -m collectives info`` lists every setting with its value here; the table in
+docs/settings.md is ``markdown_table()`` (``python -m collectives info --settings-table``), and a
+test keeps the two equal.
 """
 from __future__ import annotations
 
@@ -305,7 +305,7 @@ def _default_cell(setting: Setting) -> str:
 
 
 def markdown_table() -> str:
-    """The README's settings table (a test keeps README and this equal)."""
+    """The settings table of docs/settings.md (a test keeps that page and this equal)."""
     rows = ["| variable | value | default | read | what it does |", "|---|---|---|---|---|"]
     for name, setting in REGISTRY.items():
         rows.append(f"| `{name}` | {setting.kind} | {_default_cell(setting)} | "

@@ -1,7 +1,7 @@
 """The settings registry (``collectives/settings.py``): every COLLECTIVES_* variable the package
 names is declared there and read nowhere else; the parsers and their errors (the variable and
 the text named); per-call settings see a change at the next read, parsed once per text;
-``python -m collectives info`` lists them; the README's table is the registry's."""
+``python -m collectives info`` lists them; docs/settings.md's table is the registry's."""
 import pathlib
 import re
 import subprocess
@@ -160,12 +160,12 @@ def test_cli_prints_the_table_and_refuses_unknown_commands():
     assert bad.returncode == 2 and "usage" in bad.stderr
 
 
-def test_readme_settings_table_is_the_registrys():
-    text = (ROOT / "README.md").read_text()
+def test_docs_settings_table_is_the_registrys():
+    text = (ROOT / "docs" / "settings.md").read_text()
     start, end = "<!-- settings table: python -m collectives info --settings-table -->", \
         "<!-- end of settings table -->"
-    assert start in text and end in text, "README.md needs the settings table's markers"
+    assert start in text and end in text, "docs/settings.md needs the settings table's markers"
     table = text.split(start, 1)[1].split(end, 1)[0].strip()
     assert table == settings.markdown_table(), (
-        "README.md's settings table differs from the registry: paste the output of "
+        "docs/settings.md's settings table differs from the registry: paste the output of "
         "python -m collectives info --settings-table between the markers")

@@ -3,7 +3,7 @@ dissemination and binomial are other names of the schedules that implement them 
 schedules' docstrings say which), accepted wherever an algorithm is named (the call, the
 COLLECTIVES_ALGORITHM override), resolved to one schedule (so the ranks' calls and signatures
 agree whichever name each used), listed by ``capabilities(aliases=True)`` and ``info``, and
-documented on their rows of README's algorithm table; unknown names stay a ValueError that
+documented on their rows of the algorithm table (docs/algorithms.md); unknown names stay a ValueError that
 lists the valid ones, aliases included."""
 import pathlib
 import re
@@ -127,8 +127,8 @@ def test_the_override_takes_aliases(monkeypatch):
         tuning.parse_overrides("all_gather=bruck")
 
 
-def test_readme_names_each_alias_on_its_row():
-    text = (ROOT / "README.md").read_text()
+def test_algorithm_table_names_each_alias_on_its_row():
+    text = (ROOT / "docs" / "algorithms.md").read_text()
     for (collective, alias), name in EXPECTED.items():
         row = re.search(rf"^\| {collective} \| `{name}` \|(.*)$", text, re.M)
         assert row and f"`{alias}`" in row.group(1), (collective, alias)
