@@ -4,13 +4,13 @@ row (its median over B's rounds) over the best row of B (geometric mean, worst, 
 1.10).
 
 * model: a tie (no algorithm beats the runner-up by more than the noise of a median) goes to
-  the model's pick among the tied (the rule before the seventh session);
+  the model's pick among the tied;
 * current: ``tuning.decisions_from_records`` as it is (round by round, then the winner at the
   nearest decided size, then the model), its noise ``tuning.tie_noise`` (the interquartile
   range of a row's rounds, scaled to five rounds' spread: one slow round does not widen it);
 * median: always the least median of A;
-* spread: as current, but with the noise the rule took before the eleventh session: the
-  spread (max - min) of a row's rounds itself (``tuning.run_noise``, what the bench prints).
+* spread: as current, but with the spread (max - min) of a row's rounds itself as the noise
+  (``tuning.run_noise``, what the bench prints).
 
 The model's parameters are the tuning file's (the ones run A's ``--tune`` broke ties with).
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Old tree against new tree in one session on a lent GPU host (64 cores, 4 GPUs): the MPI
+# Old tree against new tree in one job on a lent GPU host (64 cores, 4 GPUs): the MPI
 # bench on 8 ranks and the NCCL bench on 4 GPUs (the NCCL send/recv executor in both trees:
 # COLLECTIVES_GPU_PATH=nccl), interleaved old/new; then the peer-memory table on 2 GPUs.
 #   bash tools/before_after.sh OLD_TREE NEW_TREE OUT

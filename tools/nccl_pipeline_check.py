@@ -8,10 +8,9 @@ on a non-blocking stream, as bench.py does), pattern (bench.py's inputs instead 
 integers). Each rank prints how many
 elements differ from the exact host reference and where (first, last, and which
 segment-sized pieces hold them). The GPU suite (tests/gpu) checks the pipelined path with tiny
-segments; this runs the sizes the benchmark uses. It found the third session's tree bug: every
-case passed with the segment size set explicitly, while bench.py (which leaves it to the
-executor's default) got wrong data, so the default itself was at fault (BENCHMARKS.md §3);
-the "default" cases come first for that reason.
+segments; this runs the sizes the benchmark uses. The "default" cases come first: a fault in
+the executor's default segment size shows only where the size is left to it, as bench.py
+leaves it.
 """
 import os
 import sys

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the GPUs of one host: the peer-memory trace, the GPU test suite and the
 # bench's GPU rows, each step's output under OUT.
-#   bash tools/session_gpu.sh OUT N_GPUS   (STEPS="check trace suite bench sweep lines fences
+#   bash tools/gpu_steps.sh OUT N_GPUS   (STEPS="check trace suite bench sweep lines fences
 #   large profile knobs tune mpi ab pipelined" picks steps; SWEEP, LINES, FENCES, *_ARGS, *_SECONDS,
 #   MPI_BIND, MPI_ROUNDS_A/B, AB_OLD (another checkout: device times of both, alternated) and
 #   AB_ROUNDS tune them)
