@@ -14,8 +14,9 @@ from .. import sparse, tensors, transports, work as _work
 from ..group import ProcessGroup
 from ..state import seconds as _seconds, setup_seconds as _setup_seconds
 from ..transports.subgroup import SubgroupTransport
-from .calls import (BACKEND, GPU_TRANSPORT, LANE_ID, TRANSPORT, _Checks, _in_order, _on_device,
-                    _tensors_in)
+from .calls import (_OPS, BACKEND, GPU_TRANSPORT, LANE_ID, TRANSPORT, _Checks, _in_order,
+                    _on_device, _tensors_in)
+from .cuda import CudaCalls
 from .stores import _TorchStore
 from .work import Work, _Completions, in_callback
 
@@ -52,6 +53,7 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
         # brings them (every rank makes that call, in the same place of its sequence, so the
         # communicator's creation is collective as NCCL needs), on that tensor's GPU.
         self._gpu = None
+        self._cuda = None                   # its calls' streams and repeat path (CudaCalls)
         self._gpu_args = dict(backend=BACKEND, timeout=limit, group_id=group_id, ranks=ranks,
                               name=f"{group_name} cuda")
         self._routed = threading.local()    # .group: the GPU group during a call on CUDA
@@ -85,11 +87,13 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
             rank=self._main.rank, world_size=self._main.size, store=self._store,
             timeout=_setup_seconds(self._main.timeout), device=device.index)
         try:
-            self._gpu = ProcessGroup(transport, **self._gpu_args)
+            gpu = ProcessGroup(transport, **self._gpu_args)
+            self._cuda = CudaCalls(gpu, _OPS)
         except BaseException:
             transport.close()       # every rank fails alike; a later call starts anew
             raise
-        return self._gpu
+        self._gpu = gpu
+        return gpu
 
     def _device(self, operation, items):
         """The CUDA device of a call's tensors, or None for CPU tensors (and calls with none);
@@ -138,15 +142,10 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
         at a time), else queue it on the group's worker and hand back a Work."""
         group = self.group
         if group is self._gpu and group is not None:
-            # Enqueued now, from this thread, on the caller's current stream (we are inside
-            # the call scope _on_device entered), as NCCL's own backend does: the host never
-            # waits. The Work holds the transport's CUDA event recorded after it: its wait()
-            # orders the waiting thread's current stream after it; its Future (torch's
-            # CUDA-aware one) is made only when asked for, since making and setting one
-            # costs more than the launch (BENCHMARKS.md §7).
+            # Enqueued now, from this thread, on the communication stream (we are inside the
+            # scope _on_device entered): the host never waits (cuda.CudaCalls).
             run()
-            return Work(operation, result, enqueued=group.transport.enqueued(result),
-                        device=torch.device("cuda", group.transport.device))
+            return self._cuda.finish(operation, result)
         if group is self._lane or (opts is not None and not getattr(opts, "asyncOp", True)):
             _work.call(group, run, False, result)
             return Work(operation, result)
@@ -154,7 +153,7 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
 
     # -- collectives --------------------------------------------------------------------------
 
-    @_on_device("broadcast")
+    @_on_device("broadcast", CudaCalls.broadcast)
     def broadcast(self, tensors_, opts=_c10d.BroadcastOptions()):
         """Args: tensors_ (one tensor: the data on the root, the output elsewhere), opts
         (rootRank: a group rank). Returns: Work of ``tensors_``."""
@@ -163,7 +162,7 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
                                  timeout=self._timeout(opts))
         return self._launch("broadcast", run, tensors_, opts)
 
-    @_on_device("all_reduce")
+    @_on_device("all_reduce", CudaCalls.all_reduce)
     def allreduce(self, tensors_, opts=_c10d.AllreduceOptions()):
         """Args: tensors_ (one tensor, reduced in place), opts (reduceOp). Returns: Work of
         ``tensors_``."""
@@ -249,7 +248,7 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
         return self.group.prepare("all_gather", input=buf, output=out,
                                   timeout=self._timeout(opts))
 
-    @_on_device("all_gather_single")
+    @_on_device("all_gather_single", CudaCalls.all_gather_single)
     def all_gather_single(self, output, input, opts=_c10d.AllgatherOptions()):
         """Args: output (size x the input's elements, rank r's block at r), input.
         Returns: Work of ``[output]``."""
@@ -318,7 +317,7 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
         return self.group.prepare("reduce_scatter", input=buf, output=out,
                                   op=self._op(opts, operation), timeout=self._timeout(opts))
 
-    @_on_device("reduce_scatter_single")
+    @_on_device("reduce_scatter_single", CudaCalls.reduce_scatter_single)
     def reduce_scatter_single(self, output, input, opts=_c10d.ReduceScatterOptions()):
         """Args: output (this rank's block), input (size blocks), opts (reduceOp).
         Returns: Work of ``[output]``."""
@@ -360,7 +359,7 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
         return self._launch("all_to_all", _work.then(run, tensors.split_into, whole_out, outs),
                             output_tensors, opts)
 
-    @_on_device("all_to_all_single")
+    @_on_device("all_to_all_single", CudaCalls.all_to_all_single)
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes,
                           opts=_c10d.AllToAllOptions()):
         """Args: output, input, output_split_sizes / input_split_sizes (rows of dim 0 per
@@ -392,12 +391,10 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
         """Args: opts (device_ids are ignored). Returns: Work of ``[]``. A barrier of the
         ranks' hosts (CPU group); where this group runs CUDA tensors, each rank first waits
         for the GPU work queued on its current stream, as NCCL's barrier does."""
-        gpu = self._gpu
+        gpu, calls = self._gpu, self._cuda
         if gpu is not None and self.group is not self._lane:
-            device = gpu.transport.device
-            stream = torch.cuda.current_stream(device)
-            with gpu.xp.cuda.Device(device), gpu.xp.cuda.ExternalStream(stream.cuda_stream,
-                                                                        device):
+            calls.begin()       # the communication stream's work, then the caller's
+            with calls.scope():
                 gpu.transport.synchronize(self._timeout(opts) or gpu.timeout,
                                           operation="barrier")
         run = self.group.prepare("barrier", timeout=self._timeout(opts))
@@ -442,18 +439,18 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
             work._ours._on_done = record
         return work
 
-    @_on_device("send")
+    @_on_device("send", stream=False)
     def send(self, tensors_, dstRank, tag=0):       # noqa: N803  (torch's names)
         """Args: tensors_ (one tensor), dstRank (a group rank), tag. Returns: Work."""
         return self._p2p("send", tensors_, dstRank, tag)
 
-    @_on_device("recv")
+    @_on_device("recv", stream=False)
     def recv(self, tensors_, srcRank, tag=0):       # noqa: N803
         """Args: tensors_ (one tensor, written), srcRank (a group rank), tag. Returns:
         Work."""
         return self._p2p("recv", tensors_, srcRank, tag)
 
-    @_on_device("recv")
+    @_on_device("recv", stream=False)
     def recv_anysource(self, tensors_, tag=0):
         """Args: tensors_ (one tensor, written), tag. Returns: Work whose
         ``_source_rank()`` is the sender's group rank once complete."""

@@ -36,26 +36,49 @@ def _tensors_in(items):
             yield from _tensors_in(item)
 
 
-def _on_device(operation):
+def _on_device(operation, fast=None, *, stream=True):
     """Route a collective by its tensors' device: CPU tensors run on the socket group (the
-    callback lane inside a callback), CUDA tensors on the GPU group, inside its call scope
-    (this rank's GPU, torch's current stream as CuPy's), so that every copy the call makes
-    and the collective itself are ordered after the work that produced the tensors."""
+    callback lane inside a callback), CUDA tensors on the GPU group. A CUDA call runs on the
+    group's communication stream (``cuda.CudaCalls``; with ``stream=False``, point-to-point,
+    on the caller's stream), this rank's GPU current, so that every copy the call makes and
+    the collective itself are ordered after the work that produced the tensors. ``fast``: the
+    ``CudaCalls`` method of the same arguments that takes plain tensors straight to the GPU
+    group (None where it is not such a call)."""
     def wrap(method):
+        arity = None if fast is None else fast.__code__.co_argcount - 1
+
         @functools.wraps(method)
         def routed(self, *args, **kwargs):
+            calls = self._cuda
+            if calls is not None and arity == len(args) and not kwargs:
+                work = fast(calls, *args)
+                if work is not None:
+                    return work
             device = self._device(operation, (args, list(kwargs.values())))
             if device is None:
                 return method(self, *args, **kwargs)
             group = self._gpu_group(device, operation)
             outer, self._routed.group = getattr(self._routed, "group", None), group
             try:
-                with group.transport.call_scope(list(_tensors_in(args)))():
-                    return method(self, *args, **kwargs)
+                if not stream:
+                    with group.transport.call_scope(list(_tensors_in(args)))():
+                        return method(self, *args, **kwargs)
+                calls = self._cuda
+                calls.begin()
+                with calls.scope():
+                    work = method(self, *args, **kwargs)
+                calls.keep(list(_tensors_in(args)), _options(args, kwargs))
+                return work
             finally:
                 self._routed.group = outer
         return routed
     return wrap
+
+
+def _options(args, kwargs):
+    """A call's torch options object (its last argument, or ``opts=``), None if it has none."""
+    opts = kwargs.get("opts", args[-1] if args else None)
+    return opts if hasattr(opts, "timeout") else None
 
 
 class _Checks:

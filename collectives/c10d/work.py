@@ -98,24 +98,16 @@ class Work(dist._Work):
     collective's Future is completed by its group's completion thread (``completions``), a
     receive's or send's by whoever waits for it (or, once ``get_future`` is asked for, by a
     thread of its own: nothing else would drive the transfer), inside ``scope`` (the GPU
-    transport's call scope: the caller's stream) where given.
+    transport's call scope: the caller's stream) where given. A collective on CUDA tensors
+    has a ``cuda.CudaWork`` instead."""
 
-    A collective on CUDA tensors was enqueued at the call on ``device``: ``enqueued`` is the
-    GPU transport's (whether the GPU has finished it, order the waiting thread's current
-    stream after it). ``wait()`` does the latter, as NCCL's backend does, and
-    ``is_completed`` asks the former; ``get_future`` makes torch's CUDA-aware Future on first
-    use, set after the same wait, so that its ``wait``, ``value`` and callbacks are ordered
-    after the collective too."""
-
-    def __init__(self, operation: str, result, ours=None, completions=None, *, enqueued=None,
-                 device=None, scope=None):
+    def __init__(self, operation: str, result, ours=None, completions=None, *, scope=None):
         super().__init__()
         self._operation = operation
         self._result = result
         self._ours = ours
         self._completions = completions
-        self._enqueued, self._device = enqueued, device
-        self._future = None if enqueued is not None else Future()
+        self._future = Future()
         self._scope = scope
         self._lock = threading.Lock()
         self._claimed = False               # whoever sets the Future claims it first
@@ -123,8 +115,7 @@ class Work(dist._Work):
         self.source_rank_value = None
         if ours is None:
             self._claimed = True
-            if enqueued is None:
-                self._future.set_result(result)
+            self._future.set_result(result)
         elif ours._requests is None:
             ours.get_future().add_done_callback(lambda _: completions.submit(self._complete))
 
@@ -155,9 +146,6 @@ class Work(dist._Work):
             self._ours.wait(limit)
 
     def wait(self, timeout=timedelta(0)) -> bool:
-        if self._enqueued is not None:      # the current stream waits for the collective
-            self._enqueued[1]()
-            return True
         if self._ours is None:
             return True
         self._wait_ours(torch_seconds(timeout))
@@ -172,13 +160,6 @@ class Work(dist._Work):
         return True
 
     def get_future(self) -> Future:
-        if self._enqueued is not None:
-            with self._lock:
-                if self._future is None:
-                    self._enqueued[1]()
-                    self._future = _TorchFuture(devices=[self._device])
-                    self._future.set_result(self._result)
-            return self._future
         if self._ours is not None and self._ours._requests is not None:
             with self._lock:
                 drive, self._driven = not self._driven and not self._claimed, True
@@ -188,8 +169,6 @@ class Work(dist._Work):
         return self._future
 
     def is_completed(self) -> bool:
-        if self._enqueued is not None:
-            return self._enqueued[0]()
         if self._ours is None:
             return True
         if self._scope is None:

@@ -500,10 +500,15 @@ class PeerExecutor:
         stream = self.cupy.cuda.get_current_stream()
         if entry.layout is not memory.layout:     # a new entry, or the memory moved since
             self._fit(entry, stream, operation or plan.collective, plan.rank, timeout)
-        last = memory.last_stream
+        last, memory.last_stream = memory.last_stream, stream
         if last is not stream and last is not None and last.ptr != stream.ptr:
-            stream.wait_event(last.record())
-        memory.last_stream = stream
+            if stream.is_capturing():
+                # A graph may not wait for work outside it: its replays are ordered with the
+                # group's other calls by the caller, as NCCL's captured collectives are; no
+                # later call waits for the capture stream either.
+                memory.last_stream = None
+            else:
+                stream.wait_event(last.record())
         values = entry.values
         if entry.timeout != timeout:
             values[15].value = int((DEFAULT_TIMEOUT if timeout is None else timeout) * 1e9)

@@ -9,19 +9,25 @@ PATH``; rank and size come from MPI, the rendezvous is ``file://PATH``. Each ran
 What is checked:
 
 * collectives through ``torch.distributed`` on CUDA tensors of small integers (exact in any
-  order): all_reduce (SUM, MAX; float32, int32; sync and async), broadcast, reduce,
-  all_gather, all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single, send/recv,
-  barrier; outputs keep their memory (zero copy);
+  order), each sync and with ``async_op=True``: all_reduce (SUM, MAX; float32, int32),
+  broadcast, reduce, all_gather, all_gather_into_tensor, reduce_scatter_tensor,
+  all_to_all_single, send/recv (isend/irecv); barrier; outputs keep their memory (zero copy);
 * torch's stream semantics: the input written on a side stream behind a long kernel, the
   collective called there with ``async_op=True``, ``wait()`` and the result read on another
   stream (the default one): ordered there, with no host synchronization in between; a
-  Future's ``then`` on CUDA; ``is_completed()`` once the GPU is idle;
+  Future's ``then`` on CUDA; ``is_completed()`` once the GPU is idle; a tensor the caller
+  frees right after an async call is not handed out again before the collective ends;
+  all_reduce, reduce_scatter_tensor and all_gather_into_tensor captured in a CUDA graph and
+  replayed on new inputs;
 * a tensor on another GPU than the group's: ValueError naming the call and the rank; CPU
   tensors on the same group still run (on the socket transport);
 * DDP (several buckets; plain, torch's ``allreduce_hook``, ``no_sync``) trained 5 steps on
   ours and on torch's NCCL group, same seeds: parameters bitwise identical across ranks; on
   2 ranks bitwise equal to NCCL's (a sum of two numbers has one order); on more, equal
-  within float32 rounding (rtol 1e-5: our ring and NCCL's add in different orders).
+  within float32 rounding (rtol 1e-5: our ring and NCCL's add in different orders);
+* FSDP2 (``fully_shard`` per layer and on the model) trained 5 steps on a device mesh over
+  ours and over NCCL's group: equal within float32 rounding; a DTensor redistributed
+  Shard(0) -> Replicate on CUDA.
 """
 from __future__ import annotations
 
@@ -118,63 +124,74 @@ class Suite:
                     self.check(f"all_reduce {op} {dtype} async={async_op}",
                                all_reduce(op, dtype, async_op))
 
-        def broadcast():
-            x = self.on_gpu(self.mine(2))
-            dist.broadcast(x, src=p - 1)
-            return self.same("broadcast", x, self.mine(2, p - 1))
-        self.check("broadcast", broadcast)
+        def done(work, async_op):
+            if async_op:
+                work.wait()
 
-        def reduce():
+        def broadcast(async_op):
+            x = self.on_gpu(self.mine(2))
+            done(dist.broadcast(x, src=p - 1, async_op=async_op), async_op)
+            return self.same("broadcast", x, self.mine(2, p - 1))
+
+        def reduce(async_op):
             x = self.on_gpu(self.mine(3))
-            dist.reduce(x, dst=0)
+            done(dist.reduce(x, dst=0, async_op=async_op), async_op)
             want = sum(self.mine(3, r) for r in range(p)) if me == 0 else self.mine(3)
             return self.same("reduce", x, want)
-        self.check("reduce", reduce)
 
-        def all_gather():
+        def all_gather(async_op):
             outs = [torch.empty(SHAPE, device=self.device) for _ in range(p)]
-            dist.all_gather(outs, self.on_gpu(self.mine(4)))
+            done(dist.all_gather(outs, self.on_gpu(self.mine(4)), async_op=async_op), async_op)
             return self.same("all_gather", torch.stack(outs),
                              torch.stack([self.mine(4, r) for r in range(p)]))
-        self.check("all_gather", all_gather)
 
-        def all_gather_into_tensor():
+        def all_gather_into_tensor(async_op):
             out = torch.empty((p * SHAPE[0], SHAPE[1]), device=self.device)
-            dist.all_gather_into_tensor(out, self.on_gpu(self.mine(5)))
+            done(dist.all_gather_into_tensor(out, self.on_gpu(self.mine(5)), async_op=async_op),
+                 async_op)
             return self.same("all_gather_into_tensor", out,
                              torch.cat([self.mine(5, r) for r in range(p)]))
-        self.check("all_gather_into_tensor", all_gather_into_tensor)
 
-        def reduce_scatter_tensor():
+        def reduce_scatter_tensor(async_op):
             rows = 3
             out = torch.empty((rows, SHAPE[1]), device=self.device)
-            dist.reduce_scatter_tensor(out, self.on_gpu(self.mine(6, shape=(p * rows, SHAPE[1]))))
+            x = self.on_gpu(self.mine(6, shape=(p * rows, SHAPE[1])))
+            done(dist.reduce_scatter_tensor(out, x, async_op=async_op), async_op)
             total = sum(self.mine(6, r, shape=(p * rows, SHAPE[1])) for r in range(p))
             return self.same("reduce_scatter_tensor", out, total[me * rows:(me + 1) * rows])
-        self.check("reduce_scatter_tensor", reduce_scatter_tensor)
 
-        def all_to_all_single():
+        def all_to_all_single(async_op):
             rows = 2
             out = torch.empty((p * rows, 5), device=self.device)
-            dist.all_to_all_single(out, self.on_gpu(self.mine(7, shape=(p * rows, 5))))
+            x = self.on_gpu(self.mine(7, shape=(p * rows, 5)))
+            done(dist.all_to_all_single(out, x, async_op=async_op), async_op)
             want = torch.cat([self.mine(7, r, shape=(p * rows, 5))[me * rows:(me + 1) * rows]
                               for r in range(p)])
             return self.same("all_to_all_single", out, want)
-        self.check("all_to_all_single", all_to_all_single)
 
-        def send_recv():
+        def send_recv(async_op):
             peer = me ^ 1
             if peer >= p:
                 return None
             got = torch.empty(SHAPE, device=self.device)
-            if me % 2 == 0:
-                dist.send(self.on_gpu(self.mine(8)), peer)
+            mine = self.on_gpu(self.mine(8))
+            if async_op:
+                works = [dist.isend(mine, peer), dist.irecv(got, peer)]
+                for work in works:
+                    work.wait()
+            elif me % 2 == 0:
+                dist.send(mine, peer)
                 dist.recv(got, peer)
             else:
                 dist.recv(got, peer)
-                dist.send(self.on_gpu(self.mine(8)), peer)
+                dist.send(mine, peer)
             return self.same("send/recv", got, self.mine(8, peer))
-        self.check("send/recv", send_recv)
+
+        for case in (broadcast, reduce, all_gather, all_gather_into_tensor,
+                     reduce_scatter_tensor, all_to_all_single, send_recv):
+            for async_op in (False, True):
+                self.check(f"{case.__name__} async={async_op}",
+                           lambda case=case, async_op=async_op: case(async_op))
 
         def barrier():
             dist.barrier()
@@ -204,7 +221,7 @@ class Suite:
     # -- streams and Works ----------------------------------------------------------------
 
     def streams(self):
-        p = self.size
+        p, me = self.size, self.rank
 
         def side_stream_then_default():
             side = torch.cuda.Stream(self.device)
@@ -236,6 +253,66 @@ class Suite:
             return None if work.is_completed() else "is_completed() False on an idle GPU"
         self.check("is_completed", completed)
 
+        def freed_before_wait():
+            # The collective waits behind a long kernel; the caller drops its tensor at once
+            # and allocates another of the same size on the same stream: the allocator must
+            # not hand it the memory the pending collective still reads and writes.
+            torch.cuda.synchronize()
+            x = self.on_gpu(self.mine(13, shape=(1 << 16,)))
+            delay(SLEEP_CYCLES)
+            work = dist.all_reduce(x, async_op=True)
+            freed = x.data_ptr()
+            del x
+            y = torch.empty(1 << 16, device=self.device)
+            reused = y.data_ptr() == freed
+            y.fill_(1e6)                # where the memory was reused: a wrong sum everywhere
+            work.wait()
+            out = work.result()[0]
+            if reused:
+                return "a tensor freed right after an async call got its memory back at once"
+            return self.same("sum after the input was freed", out,
+                             sum(self.mine(13, r, shape=(1 << 16,)) for r in range(p)))
+        self.check("a tensor freed after an async call is not reused before it ends",
+                   freed_before_wait)
+
+        def graph(name, call, make, want):
+            def case():
+                args = make(1)
+                side = torch.cuda.Stream(self.device)
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    call(*args)                         # warm, outside the capture
+                torch.cuda.current_stream().wait_stream(side)
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    call(*args)
+                for k in (2, 3, 5):
+                    fresh = make(k)
+                    for a, b in zip(args, fresh):
+                        a.copy_(b)
+                    g.replay()
+                    problem = self.same(f"{name} replay {k}", args[0], want(k))
+                    if problem:
+                        return problem
+                return None
+            self.check(f"{name} captured in a CUDA graph and replayed", case)
+
+        rows = 4
+
+        def block(seed, k, r=me, n=p * rows):       # on the CPU; .to(GPU) where an input
+            return k * self.mine(seed, r, shape=(n, 6))
+        gpu = self.on_gpu
+        graph("all_reduce", lambda x: dist.all_reduce(x),
+              lambda k: (gpu(block(14, k)),),
+              lambda k: sum(block(14, k, r) for r in range(p)))
+        graph("reduce_scatter_tensor", lambda out, x: dist.reduce_scatter_tensor(out, x),
+              lambda k: (torch.empty((rows, 6), device=self.device), gpu(block(15, k))),
+              lambda k: sum(block(15, k, r) for r in range(p))[me * rows:(me + 1) * rows])
+        graph("all_gather_into_tensor", lambda out, x: dist.all_gather_into_tensor(out, x),
+              lambda k: (torch.empty((p * rows, 6), device=self.device), gpu(block(16, k, n=rows))),
+              lambda k: torch.cat([block(16, k, r, n=rows) for r in range(p)]))
+
     # -- DDP ------------------------------------------------------------------------------
 
     def ddp(self):
@@ -258,6 +335,56 @@ class Suite:
                     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
                 return None
             self.check(f"DDP {variant} against NCCL", case)
+
+
+    # -- FSDP2 and DTensor -----------------------------------------------------------------
+
+    def fsdp2(self):
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+        ours = init_device_mesh("cuda", (self.size,))          # the default group: ours
+        native = DeviceMesh.from_group(self.native, "cuda")
+
+        def trained():
+            mine = train_fsdp2(ours, self.device, self.rank)
+            theirs = train_fsdp2(native, self.device, self.rank)
+            start = [t.detach().cpu() for t in model(self.device).parameters()]
+            if any(torch.equal(a, s) for a, s in zip(mine, start)):
+                return "training did not move the parameters"
+            for a, b in zip(mine, theirs):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+            return None
+        self.check("FSDP2 (fully_shard) trained on ours against NCCL", trained)
+
+        def redistribute():
+            full = torch.arange(self.size * 4 * 3, dtype=torch.float32).reshape(-1, 3)
+            sharded = distribute_tensor(full.to(self.device), ours, [Shard(0)])
+            problem = self.same("DTensor shard", sharded.to_local(),
+                                full[4 * self.rank:4 * self.rank + 4])
+            return problem or self.same("DTensor Shard(0) -> Replicate",
+                                        sharded.redistribute(ours, [Replicate()]).to_local(),
+                                        full)
+        self.check("DTensor redistribute on CUDA", redistribute)
+
+
+def train_fsdp2(mesh, device, rank):
+    """STEPS steps of SGD under FSDP2 (``fully_shard`` per Linear and on the model) over
+    ``mesh``; each rank's own data. Returns the full parameters, on the CPU."""
+    from torch.distributed.fsdp import fully_shard
+    net = model(device)
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(2000 + rank)
+    for _ in range(STEPS):
+        opt.zero_grad()
+        x, y = torch.randn(16, 32, generator=gen), torch.randn(16, 8, generator=gen)
+        nn.functional.mse_loss(net(x.to(device)), y.to(device)).backward()
+        opt.step()
+    torch.cuda.synchronize()
+    return [p.full_tensor().detach().cpu().clone() for p in net.parameters()]
 
 
 def model(device):
@@ -339,6 +466,8 @@ def main():
     suite.streams()
     stage(rank, "DDP")
     suite.ddp()
+    stage(rank, "FSDP2 and DTensor")
+    suite.fsdp2()
     stage(rank, "destroy_process_group")
     dist.destroy_process_group()
     print("RESULT " + json.dumps({"rank": rank, "size": size, "runs": suite.runs,

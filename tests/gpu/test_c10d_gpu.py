@@ -1,7 +1,8 @@
 """GPU layer: the torch backend "collectives" on CUDA tensors (c10d_worker.py): collectives
-through torch.distributed, torch's stream semantics for Work and Future, and DDP trained on
-ours beside torch's own NCCL group (bitwise equal on 2 GPUs; within float32 rounding on 4,
-where our ring and NCCL's add in different orders).
+through torch.distributed (sync and async), torch's stream semantics for Work and Future,
+CUDA graph capture, and DDP and FSDP2 trained on ours beside torch's own NCCL group (DDP
+bitwise equal on 2 GPUs; within float32 rounding on 4, where our ring and NCCL's add in
+different orders, and for FSDP2).
 
     python -m pytest -m gpu tests/gpu/test_c10d_gpu.py -v      # >= 2 GPUs (4 ideally)
 
@@ -17,8 +18,9 @@ from gpu_jobs import HERE, TORCH_OK, TORCH_WHY, check_results, launch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not TORCH_OK, reason=TORCH_WHY)]
 WORKER = os.path.join(HERE, "c10d_worker.py")
-# per rank: 8 all_reduce + 10 other collective cases, 3 stream/Work cases, 3 DDP variants
-MIN_CASES = 24
+# per rank: 8 all_reduce + 17 other collective cases, 7 stream/Work/graph cases, 3 DDP
+# variants, FSDP2 and DTensor
+MIN_CASES = 37
 
 
 @pytest.mark.parametrize("world_size", [4, 2], ids=["4gpus", "2gpus"])

@@ -1,0 +1,291 @@
+"""The backend's CUDA calls: streams as ProcessGroupNCCL keeps them, and the repeat path.
+
+Every collective on CUDA tensors runs on the group's own communication stream (one per
+process group and GPU), as NCCL's backend does:
+
+- at the call, the communication stream waits (an event) for the caller's current stream,
+  so the collective starts after the work that produced its tensors, and the caller's
+  stream goes on without it: compute queued next (the rest of a backward pass) overlaps it;
+- the collective, and every copy the call makes, are enqueued on the communication stream;
+  the host never waits;
+- ``Work.wait()`` makes the waiting thread's current stream wait for the collective's
+  event (torch waits at once for ``async_op=False``); its Future (``get_future``) is
+  torch's CUDA-aware one, completed on the communication stream, so that whoever waits on
+  it or reads its value is ordered after the collective;
+- the caller's tensors of an asynchronous call are marked used by the communication stream
+  (``record_stream``), so memory the caller frees before ``wait()`` is not handed to new
+  tensors until the collective is done. A synchronous call needs no mark: the caller's
+  stream waits for the collective before anything after the call runs on it;
+- under CUDA graph capture the same events make the communication stream join the
+  capture, and ``wait()`` joins it back, so the captured graph holds the collective.
+
+The repeat path (``CudaCalls.fast``): a call on plain tensors (dense, contiguous, on this
+rank's GPU, of a dtype the GPU group takes) goes straight to the GPU group's ``prepare``,
+whose own repeat path (the peer-memory lane) launches a call shape it has seen before
+without planning in Python. Views of the tensors are kept by address: a view is only an
+address, a size and a dtype, and holds no tensor. Anything else (lists of several tensors,
+uneven splits, sparse tensors, other devices) takes the full path, which checks it and
+raises what is wrong before anything moves.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .. import tensors
+from ..ops import ReduceOp
+from .work import torch_seconds
+
+_DONE_EVENTS = 256      # done events reused in turn: a Work older than this many calls waits
+                        # for a later call's end (ordered after its own, never before)
+_VIEWS_KEPT = 512
+# torch's all_reduce option that the full path refuses (absent from some torch versions)
+_SPARSE_INDICES = hasattr(dist.AllreduceOptions, "sparseIndices")
+
+
+class CudaWork(dist._Work):
+    """torch's Work of one collective enqueued on the communication stream (see the
+    module docstring): ``wait`` orders the current stream after it; ``is_completed`` asks
+    the GPU; ``get_future`` is torch's CUDA-aware Future of ``result``."""
+
+    def __init__(self, operation: str, result, event, calls: "CudaCalls"):
+        super().__init__()
+        self._operation, self._result, self._event, self._calls = operation, result, event, calls
+        self._future = None
+
+    def wait(self, timeout=timedelta(0)) -> bool:
+        calls = self._calls
+        calls.runtime.streamWaitEvent(torch._C._cuda_getCurrentRawStream(calls.device),
+                                      self._event.ptr, 0)
+        return True
+
+    def get_future(self):
+        if self._future is None:
+            calls = self._calls
+            future = torch.futures.Future(devices=[calls.torch_device])
+            # completed with the communication stream current, so that its event is
+            # recorded there (torch.cuda.stream() costs several times the rest)
+            caller = torch._C._cuda_getCurrentStream(calls.device)
+            torch._C._cuda_setStream(*calls.stream_ids)
+            try:
+                future.set_result(self._result)
+            finally:
+                torch._C._cuda_setStream(*caller)
+            self._future = future
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._event.done
+
+    def is_success(self) -> bool:
+        return self.is_completed()
+
+    def exception(self):
+        return None
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def source_rank(self) -> int:
+        raise ValueError(f"{self._operation}: source_rank is known only for a completed "
+                         f"receive from any source")
+
+    _source_rank = source_rank
+
+    def __repr__(self):
+        state = "completed" if self.is_completed() else "pending"
+        return f"<collectives.c10d.CudaWork {self._operation} {state}>"
+
+
+class CudaCalls:
+    """The CUDA calls of one process group on its GPU group ``group`` (see the module
+    docstring)."""
+
+    def __init__(self, group, ops: dict):
+        cupy = group.xp
+        self.group = group
+        self.cupy = cupy
+        self.runtime = cupy.cuda.runtime
+        self.device = group.transport.device
+        self.torch_device = torch.device("cuda", self.device)
+        with cupy.cuda.Device(self.device):
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+            self._start = cupy.cuda.Event(disable_timing=True)
+            self._done = [cupy.cuda.Event(disable_timing=True) for _ in range(_DONE_EVENTS)]
+        self.torch_stream = torch.cuda.ExternalStream(self.stream.ptr, device=self.torch_device)
+        self.stream_ids = (self.torch_stream.stream_id, self.torch_stream.device_index,
+                           self.torch_stream.device_type)
+        self._start_ptr, self._stream_ptr = self._start.ptr, self.stream.ptr
+        self._timeout = (None, None)    # torch's last timeout option, in seconds
+        self._next = 0
+        self._ops = ops                 # torch's reduce op kinds -> ours (calls._OPS)
+        self._by_code: dict = {}
+        self._views: dict = {}
+        self._dtypes = dict(tensors._cuda_dtypes(torch))
+        if tensors._BFLOAT16 is not None:
+            self._dtypes[torch.bfloat16] = tensors._BFLOAT16
+
+    # -- streams ------------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Order the communication stream after the caller's current stream (now)."""
+        runtime = self.runtime
+        runtime.eventRecord(self._start_ptr, torch._C._cuda_getCurrentRawStream(self.device))
+        runtime.streamWaitEvent(self._stream_ptr, self._start_ptr, 0)
+
+    def scope(self):
+        """This GPU and the communication stream, as CuPy's current ones."""
+        return _Scope(self)
+
+    def finish(self, operation, result) -> CudaWork:
+        """The Work of what was just enqueued on the communication stream."""
+        event = self._done[self._next]
+        self._next = (self._next + 1) % _DONE_EVENTS
+        self.runtime.eventRecord(event.ptr, self._stream_ptr)
+        return CudaWork(operation, result, event, self)
+
+    def keep(self, tensors_, opts) -> None:
+        """Mark the caller's tensors used by the communication stream where the call is
+        asynchronous (torch's ``opts.asyncOp``; calls from C++, DDP's, are)."""
+        if getattr(opts, "asyncOp", True):
+            stream = self.torch_stream
+            for t in tensors_:
+                t.record_stream(stream)
+
+    def seconds(self, opts):
+        """torch's per-call timeout option in seconds (None: the group's), parsed once."""
+        timeout = getattr(opts, "timeout", None)
+        last, seconds = self._timeout
+        if timeout != last:
+            seconds = torch_seconds(timeout)
+            self._timeout = (timeout, seconds)
+        return seconds
+
+    # -- the repeat path ----------------------------------------------------------------------
+
+    def view(self, t):
+        """A flat CuPy view of a plain tensor on this GPU, else None."""
+        if not isinstance(t, torch.Tensor) or not t.is_cuda or t.layout is not torch.strided \
+                or not t.is_contiguous() or t.get_device() != self.device:
+            return None
+        dtype = self._dtypes.get(t.dtype)
+        n = t.numel()
+        if dtype is None or n == 0:
+            return None
+        ptr = t.data_ptr()
+        key = (ptr, n, dtype)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) >= _VIEWS_KEPT:
+                self._views.clear()
+            cupy = self.cupy
+            memory = cupy.cuda.UnownedMemory(ptr, n * dtype.itemsize, None, self.device)
+            view = self._views[key] = cupy.ndarray((n,), dtype, cupy.cuda.MemoryPointer(memory, 0))
+        return view
+
+    def _op(self, opts):
+        """Our op of torch's, once the full path has parsed that kind (calls._OPS); by its
+        number, which hashes faster than torch's enum."""
+        kind = opts.reduceOp.op
+        code = int(kind)
+        op = self._by_code.get(code)
+        if op is None:
+            op = self._ops.get(kind)
+            if op is not None:
+                self._by_code[code] = op
+        return op
+
+    def _run(self, operation, collective, result, keep, opts, input=None, output=None,
+             op=ReduceOp.SUM, root=0):
+        run = self.group.prepare(collective, input=input, output=output, root=root, op=op,
+                                 timeout=self.seconds(opts))
+        runtime = self.runtime
+        runtime.eventRecord(self._start_ptr, torch._C._cuda_getCurrentRawStream(self.device))
+        runtime.streamWaitEvent(self._stream_ptr, self._start_ptr, 0)
+        if runtime.getDevice() != self.device:
+            with _Scope(self):
+                run()
+        else:
+            stream = self.stream
+            stream.__enter__()
+            try:
+                run()
+            finally:
+                stream.__exit__(None, None, None)
+        self.keep(keep, opts)
+        return self.finish(operation, result)
+
+    def all_reduce(self, tensors_, opts):
+        if type(tensors_) is not list or len(tensors_) != 1 or \
+                (_SPARSE_INDICES and opts.sparseIndices is not None):
+            return None
+        t = tensors_[0]
+        view, op = self.view(t), self._op(opts)
+        if view is None or op is None:
+            return None
+        return self._run("all_reduce", "all_reduce", tensors_, tensors_, opts, output=view,
+                         op=op)
+
+    def broadcast(self, tensors_, opts):
+        if type(tensors_) is not list or len(tensors_) != 1 or opts.rootTensor != 0:
+            return None
+        view = self.view(tensors_[0])
+        root = opts.rootRank
+        if view is None or not 0 <= root < self.group.size:
+            return None
+        return self._run("broadcast", "broadcast", tensors_, tensors_, opts, output=view,
+                         root=root)
+
+    def reduce_scatter_single(self, output, input, opts):
+        out, buf, op = self.view(output), self.view(input), self._op(opts)
+        if out is None or buf is None or op is None:
+            return None
+        return self._run("reduce_scatter_single", "reduce_scatter", [output], (output, input),
+                         opts, input=buf, output=out, op=op)
+
+    def all_gather_single(self, output, input, opts):
+        out, buf = self.view(output), self.view(input)
+        if out is None or buf is None:
+            return None
+        return self._run("all_gather_single", "all_gather", [output], (output, input), opts,
+                         input=buf, output=out)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts):
+        if len(output_split_sizes) or len(input_split_sizes):
+            return None
+        out, buf = self.view(output), self.view(input)
+        if out is None or buf is None:
+            return None
+        return self._run("all_to_all_single", "all_to_all", [output], (output, input), opts,
+                         input=buf, output=out)
+
+
+class _Scope:
+    """``with``: the group's GPU and communication stream as CuPy's current ones."""
+    __slots__ = ("_calls", "_device")
+
+    def __init__(self, calls):
+        self._calls = calls
+        self._device = None
+
+    def __enter__(self):
+        calls = self._calls
+        if calls.runtime.getDevice() != calls.device:
+            self._device = calls.cupy.cuda.Device(calls.device)
+            self._device.__enter__()
+        calls.stream.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._calls.stream.__exit__(*exc)
+        if self._device is not None:
+            self._device.__exit__(*exc)
+            self._device = None
+        return False
+
