@@ -2,8 +2,9 @@
 socket transport (one ``python`` per rank, env:// rendezvous) or under ``mpiexec``, and read
 back what every rank reported.
 
-A job script gets a prelude (imports, ``RANK``, ``report(**fields)``, ``rss_mib()``) and
-reports by printing one ``RESULT <json>`` line; the helpers return one dict per rank with
+A job is a program in the jobs folder (``job(name)``: tests/processes/jobs/), or a text that
+runs after a prelude of the same imports; it reports with ``reporting.report(**fields)``, one
+``RESULT <json>`` line; the helpers return one dict per rank with
 ``rc``, ``results`` (the parsed reports), ``stdout``/``stderr`` and ``wall`` seconds. Every
 process is killed at ``limit`` seconds, so a hang is a test failure, never a stuck CI.
 
@@ -23,29 +24,23 @@ import textwrap
 import time
 
 import mpiexec
-from repo import ROOT, child_env  # noqa: F401  (ROOT: the tests that run from the checkout)
+from repo import JOBS, ROOT, child_env  # noqa: F401  (ROOT: the tests that run from the checkout)
 
-PRELUDE = '''\
+# what a job given as text runs first: the imports every job file makes, and ``reporting``
+# (``report``, ``failure``, ``rss_mib``) from the jobs folder
+PRELUDE = f'''\
 import json, os, signal, sys, threading, time
 import numpy as np
 import collectives as dist
 from collectives.errors import CollectiveError, CollectiveTimeout, TransportError
-
-def report(**fields):
-    # one write(2) per line, so lines of ranks sharing mpiexec's stdout never interleave
-    sys.stdout.flush()
-    os.write(1, ("RESULT " + json.dumps(fields) + "\\n").encode())
-
-def rss_mib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return -1.0
-
-def failure(exc):
-    return {"type": type(exc).__name__, "message": str(exc), "at": time.time()}
+sys.path.insert(0, {JOBS!r})
+from reporting import failure, report, rss_mib
 '''
+
+
+def job(name: str) -> str:
+    """The path of a job program in the jobs folder (tests/processes/jobs/)."""
+    return os.path.join(JOBS, name)
 
 
 def free_port() -> int:
@@ -64,6 +59,10 @@ def _env(extra=None):
 
 
 def write_script(tmp_path, body: str, name="job.py") -> str:
+    """The script to run: ``body`` itself where it is a job file (``job(name)``), else the
+    text ``body`` after the prelude, written to ``tmp_path``."""
+    if body.endswith(".py") and os.path.isfile(body):
+        return body
     path = os.path.join(str(tmp_path), name)
     with open(path, "w") as f:
         f.write(PRELUDE + textwrap.dedent(body))
@@ -228,59 +227,10 @@ class VethPair:
 
 CI_BOUND = 10.0          # the promise is 5 s; CI gets slack for a loaded 2-core machine
 
-NEVER_ARRIVES = """
-dist.init_process_group(os.environ.get("BACKEND", "gloo"), timeout=60)
-rank = dist.get_rank()
-g = dist.new_group(timeout=1.5)           # the per-group override of the 60 s default
-x = np.full(1000, rank + 1.0)
-dist.all_reduce(x, group=g)               # one good call first
-if rank == 2:
-    time.sleep(5)                          # never makes the second call (a slow peer, on purpose)
-    report(rank=rank, skipped=True)
-else:
-    t0 = time.monotonic()
-    try:
-        dist.all_reduce(x, group=g, algorithm="ring")
-        report(rank=rank, unexpected="success")
-    except CollectiveTimeout as exc:
-        report(rank=rank, waited=time.monotonic() - t0, **failure(exc))
-    # stay connected until the other waiting rank's own timeout has fired: ranks 0 and 1 start
-    # this call a few ms apart, and the first to time out would otherwise exit and close its
-    # transport, which the other then reports instead ("rank 0 has closed its transport").
-    # Each says so with a file in the job's folder (the cwd of every rank, either transport).
-    open(f"timed-out-{rank}", "w").close()
-    deadline = time.monotonic() + 10
-    while not os.path.exists(f"timed-out-{1 - rank}") and time.monotonic() < deadline:
-        time.sleep(0.01)
-"""
+NEVER_ARRIVES = job("never_arrives.py")
 
 
-MISMATCHES = """
-dist.init_process_group(os.environ.get("BACKEND", "gloo"), timeout=20)
-rank = dist.get_rank()
-odd = rank == 1
-cases = {
-    "counts": lambda: dist.all_reduce(np.ones(100 if odd else 200, np.float32)),
-    "dtype": lambda: dist.all_reduce(np.ones(64, np.float64 if odd else np.float32)),
-    "op": lambda: dist.all_reduce(np.ones(64, np.float32),
-                                  op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM),
-    "operation": lambda: (dist.broadcast(np.ones(64, np.float32), src=0) if odd
-                          else dist.all_reduce(np.ones(64, np.float32))),
-    "root": lambda: dist.broadcast(np.ones(64, np.float32), src=2 if odd else 0),
-    "algorithm": lambda: dist.all_reduce(np.ones(64, np.float32),
-                                         algorithm="tree" if odd else "ring"),
-}
-for name, call in cases.items():
-    t0 = time.monotonic()
-    try:
-        call()
-        report(rank=rank, case=name, unexpected="success")
-    except CollectiveError as exc:
-        report(rank=rank, case=name, waited=time.monotonic() - t0, **failure(exc))
-x = np.full(1000, rank + 1.0)                 # the group is still usable afterwards
-dist.all_reduce(x)
-report(rank=rank, case="after", ok=bool((x == 6).all()))
-"""
+MISMATCHES = job("detail_mismatches.py")
 
 
 def check_detail_reports(results_by_rank):
@@ -299,51 +249,13 @@ def check_detail_reports(results_by_rank):
         assert by_case["after"]["ok"] is True, results
 
 
-SIZE_MISMATCH = """
-dist.init_process_group(os.environ.get("BACKEND", "gloo"), timeout=3)
-rank = dist.get_rank()
-x = np.full(100 if rank == 1 else 200, 1.0, np.float32)
-before = x.copy()
-t0 = time.monotonic()
-try:
-    dist.all_reduce(x, algorithm="ring")
-    report(rank=rank, unexpected="success", values=sorted(set(x.tolist())))
-except CollectiveError as exc:
-    report(rank=rank, waited=time.monotonic() - t0, **failure(exc))
-"""
+SIZE_MISMATCH = job("size_mismatch.py")
 
 
 # Mismatched calls without COLLECTIVES_DEBUG=DETAIL: messages of the right length, which a
 # transport that carries no signature would match (rank 1 would reduce float32 bytes as
 # int32). Every rank must raise, naming both calls; the sizes case must say sizes.
-CALL_MISMATCHES = """
-from collectives.executors import compiled
-dist.init_process_group(os.environ.get("BACKEND", "gloo"), timeout=20)
-rank = dist.get_rank()
-odd = rank == 1
-report(rank=rank, case="executor", compiled=compiled.available())
-cases = {}
-for algorithm in ("ring", "tree", "recursive_doubling", "direct", None):
-    cases["dtype", algorithm] = lambda a=algorithm: dist.all_reduce(
-        np.full(64, rank + 1, np.int32 if odd else np.float32), algorithm=a)
-    cases["op", algorithm] = lambda a=algorithm: dist.all_reduce(
-        np.full(64, rank + 1.0, np.float32), algorithm=a,
-        op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
-for algorithm in ("ring", "tree"):
-    cases["sizes", algorithm] = lambda a=algorithm: dist.all_reduce(
-        np.ones(100 if odd else 200, np.float32), algorithm=a)
-for (name, algorithm), call in cases.items():
-    t0 = time.monotonic()
-    try:
-        call()
-        report(rank=rank, case=name, algorithm=algorithm, unexpected="success")
-    except CollectiveError as exc:
-        report(rank=rank, case=name, algorithm=algorithm, waited=time.monotonic() - t0,
-               **failure(exc))
-x = np.full(1000, rank + 1.0)                 # the group is still usable afterwards
-dist.all_reduce(x)
-report(rank=rank, case="after", ok=bool((x == 6).all()))
-"""
+CALL_MISMATCHES = job("call_mismatches.py")
 
 # what each case's message must name: both calls' differing field, or the sizes
 CALL_MISMATCH_WORDS = {"dtype": ("float32", "int32"), "op": ("SUM", "MAX"),

@@ -16,7 +16,7 @@ from collectives.errors import CollectiveError, CollectiveTimeout
 from collectives.testing import spawn_local
 from mpiexec import needs_mpi
 from repo import HELPERS
-from reliability_jobs import explain, mpi_job, socket_job
+from reliability_jobs import explain, job, mpi_job, socket_job
 
 # -- tags ---------------------------------------------------------------------------------------
 
@@ -86,32 +86,7 @@ def test_the_65th_group_keeps_its_own_tags_local():
     assert spawn_local(2, _many_groups) == [0, 0]
 
 
-TAGS_JOB = """
-dist.init_process_group(os.environ.get("BACKEND", "gloo"), timeout=30)
-rank = dist.get_rank()
-peer = 1 - rank
-if rank == 0:
-    dist.send(np.full(4, 1.0), dst=1, tag=0)
-    dist.send(np.full(4, 2.0), dst=1, tag=65536)
-else:
-    first, late = np.zeros(4), np.zeros(4)
-    dist.recv(first, src=0, tag=65536)
-    dist.recv(late, src=0, tag=0)
-    report(rank=rank, first=float(first[0]), late=float(late[0]))
-try:
-    dist.send(np.ones(1), dst=peer, tag=2**40)
-except ValueError as exc:
-    report(rank=rank, **failure(exc))
-groups = [dist.new_group() for _ in range(64)] if os.environ.get("GROUPS") else []
-wrong = 0
-for i in range(200 if groups else 0):
-    a, b = np.full(64, float(i + rank)), np.full(64, 1000.0 * (i + rank))
-    wa = dist.all_reduce(a, async_op=True)
-    wb = dist.all_reduce(b, group=groups[-1], async_op=True)
-    wa.wait(); wb.wait()
-    wrong += int(not (a == 2 * i + 1).all()) + int(not (b == 1000.0 * (2 * i + 1)).all())
-report(rank=rank, wrong=wrong, groups=len(groups))
-"""
+TAGS_JOB = job("user_tags.py")
 
 
 def _check_tags_job(results):
@@ -184,15 +159,7 @@ def test_wait_after_a_timeout_completes_with_the_data_local():
     assert got == ([7.0] * 4, [0.0] * 4, [9.0] * 4)
 
 
-WAIT_AGAIN_JOB = """
-sys.path[:0] = [os.environ["TESTS"], os.environ["HELPERS_DIR"]]   # this module and its helpers
-from test_reliability_corruption import _wait_again
-dist.init_process_group(os.environ.get("BACKEND", "gloo"), timeout=30)
-rank = dist.get_rank()
-import test_reliability_corruption as here
-here.short = dist.new_group([0, 1], timeout=0.3)
-report(rank=rank, got=_wait_again(rank))
-"""
+WAIT_AGAIN_JOB = job("wait_after_timeout.py")
 TESTS = {"TESTS": os.path.dirname(os.path.abspath(__file__)), "HELPERS_DIR": HELPERS}
 
 
@@ -216,31 +183,7 @@ def test_wait_after_a_timeout_completes_with_the_data_under_mpiexec(tmp_path):
 
 # -- mismatched calls without DETAIL -------------------------------------------------------------
 
-MISMATCH_JOB = """
-dist.init_process_group(os.environ.get("BACKEND", "gloo"), timeout=10)
-rank = dist.get_rank()
-case = os.environ["CASE"]
-kw = {"algorithm": os.environ["ALGORITHM"]}
-if case == "dtype":
-    x = np.full(1000, 3, np.int32 if rank == 1 else np.float32)
-    call = lambda: dist.all_reduce(x, **kw)
-elif case == "op":
-    x = np.full(1000, rank + 1.0, np.float32)
-    call = lambda: dist.all_reduce(x, op=dist.ReduceOp.MAX if rank == 2 else dist.ReduceOp.SUM, **kw)
-else:                          # collective: all_reduce of 3000 against reduce_scatter into 1000
-    x = np.full(3000, 1.0, np.float32)
-    out = np.zeros(1000, np.float32)
-    call = (lambda: dist.reduce_scatter_tensor(out, x, **kw)) if rank == 0 else \\
-        (lambda: dist.all_reduce(x, **kw))
-t0 = time.monotonic()
-try:
-    dist.barrier()      # every rank past init (its table agreement is a collective of its own)
-    t0 = time.monotonic()
-    call()
-    report(rank=rank, unexpected="success")
-except CollectiveError as exc:
-    report(rank=rank, waited=time.monotonic() - t0, **failure(exc))
-"""
+MISMATCH_JOB = job("equal_size_mismatch.py")
 
 
 @pytest.mark.parametrize("case, algorithm", [("dtype", "ring"), ("op", "tree"),
@@ -280,29 +223,7 @@ def test_mismatched_dtypes_fail_every_rank_local():
 
 # -- two threads, one group ---------------------------------------------------------------------
 
-THREADS_JOB = """
-dist.init_process_group(os.environ.get("BACKEND", "gloo"), timeout=20)
-rank, size = dist.get_rank(), dist.get_world_size()
-wrong, errors, right = [], [], [0]
-
-def caller(k):
-    for i in range(100):
-        x = np.full(256, (k + 1) * 1000.0 + i, np.float64)
-        try:
-            dist.all_reduce(x, algorithm="ring")
-        except CollectiveError as exc:
-            errors.append(f"{type(exc).__name__}: {exc}")
-            return
-        if not (x == size * ((k + 1) * 1000.0 + i)).all():
-            wrong.append((k, i))
-        else:
-            right[0] += 1
-
-threads = [threading.Thread(target=caller, args=(k,), name=f"caller{k}") for k in range(2)]
-for t in threads: t.start()
-for t in threads: t.join()
-report(rank=rank, wrong=len(wrong), right=right[0], errors=errors[:2])
-"""
+THREADS_JOB = job("two_threads_one_group.py")
 
 
 def test_two_threads_calling_on_one_group_are_an_error_never_garbage(tmp_path):

@@ -22,7 +22,7 @@ import time
 import pytest
 
 from mpiexec import needs_mpi
-from reliability_jobs import ROOT, explain, mpi_job
+from reliability_jobs import ROOT, explain, job, mpi_job
 
 CI_BOUND = 10.0          # the promise is a few seconds; a loaded 2-core CI machine gets slack
 
@@ -39,22 +39,7 @@ def _ended_after(record, ended, **match):
 
 # -- MPI: a rank leaves, the job ends -----------------------------------------------------------
 
-TIMEOUT_THEN_EXIT = """
-dist.init_process_group("mpi", timeout=60)
-rank = dist.get_rank()
-x = np.ones(1000)
-dist.all_reduce(x)
-if rank == 1:
-    time.sleep(120)                     # never makes the second call
-    report(rank=rank, unexpected="woke")
-else:
-    try:
-        dist.all_reduce(x, timeout=1)
-        report(rank=rank, unexpected="success")
-    except CollectiveTimeout as exc:
-        report(rank=rank, leaving=time.time(), **failure(exc))
-        sys.exit(1)
-"""
+TIMEOUT_THEN_EXIT = job("exit_after_timeout.py")
 
 
 @needs_mpi
@@ -71,17 +56,7 @@ def test_mpi_rank_that_exits_after_a_timeout_ends_the_job(tmp_path):
     assert not _results(record, unexpected="woke")
 
 
-LEAVES_WHILE_PEER_WAITS = """
-dist.init_process_group("mpi", timeout=60)
-rank = dist.get_rank()
-x = np.ones(1000)
-dist.all_reduce(x)
-if rank == 1:
-    report(rank=rank, leaving=time.time())  # a normal exit, without the second call
-else:
-    dist.all_reduce(x)                    # waits for rank 1 (up to the 60 s timeout)
-    report(rank=rank, unexpected="success")
-"""
+LEAVES_WHILE_PEER_WAITS = job("exit_while_peer_waits.py")
 
 
 @needs_mpi
@@ -98,18 +73,7 @@ def test_mpi_normal_exit_while_a_peer_waits_ends_the_job(tmp_path):
     assert delay < CI_BOUND, explain(record)
 
 
-UNCAUGHT_AFTER_DESTROY = """
-dist.init_process_group("mpi", timeout=60)
-rank = dist.get_rank()
-x = np.ones(1000)
-dist.all_reduce(x)
-if rank == 0:
-    dist.destroy_process_group()           # takes the excepthook that aborts the job along
-    report(rank=rank, leaving=time.time())
-    raise RuntimeError("rank 0 fails after destroy_process_group")
-time.sleep(120)                            # busy: neither leaves nor waits in a collective
-report(rank=rank, unexpected="woke")
-"""
+UNCAUGHT_AFTER_DESTROY = job("exit_uncaught_after_destroy.py")
 
 
 @needs_mpi
@@ -124,17 +88,7 @@ def test_mpi_uncaught_exception_after_destroy_ends_the_job(tmp_path):
     assert delay < CI_BOUND, explain(record)
 
 
-OS_EXIT = """
-dist.init_process_group("mpi", timeout=60)
-rank = dist.get_rank()
-x = np.ones(1000)
-dist.all_reduce(x)
-if rank == 0:
-    report(rank=rank, leaving=time.time())
-    os._exit(3)
-dist.all_reduce(x)
-report(rank=rank, unexpected="success")
-"""
+OS_EXIT = job("exit_os_exit.py")
 
 
 @needs_mpi
@@ -145,22 +99,7 @@ def test_mpi_os_exit_ends_the_job_with_its_code(tmp_path):
     assert record["rc"] == 3 and delay < CI_BOUND, explain(record)
 
 
-FINISH_APART = """
-dist.init_process_group("mpi", timeout=60)
-rank, size = dist.get_rank(), dist.get_world_size()
-x = np.full(1000, rank + 1.0)
-dist.all_reduce(x)
-assert x[0] == size * (size + 1) / 2
-if rank == 0:
-    time.sleep(2)                         # still busy while the others have left
-    report(rank=rank, done="late")
-elif rank == 1:
-    dist.destroy_process_group()
-    report(rank=rank, done="destroyed")
-    sys.exit(0)
-else:
-    report(rank=rank, done="fell off the end")
-"""
+FINISH_APART = job("exit_finish_apart.py")
 
 
 @needs_mpi
@@ -175,13 +114,7 @@ def test_mpi_clean_job_exits_zero_and_waits_for_a_busy_rank(tmp_path):
     assert record["wall"] < 2 + CI_BOUND, explain(record)
 
 
-ALL_EXIT_NONZERO = """
-dist.init_process_group("mpi", timeout=60)
-x = np.ones(10)
-dist.all_reduce(x)
-report(rank=dist.get_rank(), done=True)
-sys.exit(2)
-"""
+ALL_EXIT_NONZERO = job("exit_all_nonzero.py")
 
 
 @needs_mpi

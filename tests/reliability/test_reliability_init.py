@@ -15,7 +15,7 @@ from collectives import debug, rendezvous as rendezvous_module
 from collectives.errors import CollectiveTimeout
 from collectives.rendezvous import rendezvous
 from collectives.store import HashStore
-from reliability_jobs import explain, free_port, socket_job
+from reliability_jobs import explain, free_port, job, socket_job
 
 CI_BOUND = 10.0          # seconds; the errors come within moments, CI gets slack
 
@@ -31,14 +31,7 @@ def _failures(records, size):
 
 # -- init, destroy, init again on the same port -----------------------------------------------
 
-REINIT = """
-for round in range(3):
-    dist.init_process_group("gloo", timeout=30)
-    x = np.full(8, dist.get_rank() + 1.0)
-    dist.all_reduce(x)
-    report(round=round, ok=bool((x == 3).all()))
-    dist.destroy_process_group()
-"""
+REINIT = job("reinit.py")
 
 
 def test_init_destroy_init_again_on_the_same_master_port(tmp_path):
@@ -53,14 +46,7 @@ def test_init_destroy_init_again_on_the_same_master_port(tmp_path):
 
 # -- different world sizes -------------------------------------------------------------------
 
-JOIN = """
-t0 = time.monotonic()
-try:
-    dist.init_process_group("gloo", timeout=float(os.environ.get("TIMEOUT", 60)))
-    report(unexpected="joined")
-except (ValueError, CollectiveError) as exc:
-    report(waited=time.monotonic() - t0, **failure(exc))
-"""
+JOIN = job("join_world_sizes.py")
 
 
 def test_ranks_with_different_world_sizes_all_fail_naming_both_sizes(tmp_path):
@@ -80,16 +66,7 @@ def test_ranks_with_different_world_sizes_all_fail_naming_both_sizes(tmp_path):
 
 # -- a rank that never arrives ---------------------------------------------------------------
 
-MISSING = """
-from collectives import debug
-debug.Waiting.REPORT_SECONDS = 0.3         # the log's 5 s, shortened for the test
-t0 = time.monotonic()
-try:
-    dist.init_process_group("gloo", timeout=2)
-    report(unexpected="joined")
-except CollectiveError as exc:
-    report(waited=time.monotonic() - t0, **failure(exc))
-"""
+MISSING = job("missing_rank.py")
 
 
 def test_a_rank_that_never_arrives_is_named_while_waiting_and_at_the_timeout(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from mpiexec import needs_mpi
 from reliability_jobs import (CALL_MISMATCHES, CI_BOUND, MISMATCHES, NEVER_ARRIVES,
                               SIZE_MISMATCH, check_call_mismatch_reports, check_detail_reports,
-                              explain)
+                              explain, job)
 
 pytestmark = needs_mpi
 MPI = {"BACKEND": "mpi"}
@@ -24,16 +24,7 @@ def by_rank(record, size):
     return ranks
 
 
-RAISES = """
-dist.init_process_group("mpi", timeout=60)
-rank = dist.get_rank()
-x = np.ones(1000)
-dist.all_reduce(x)
-if rank == 1:
-    raise RuntimeError("rank 1 fails on purpose")
-dist.all_reduce(x)                 # the others wait here for rank 1
-report(rank=rank, unexpected="finished")
-"""
+RAISES = job("rank_raises.py")
 
 
 def test_a_rank_that_raises_aborts_the_job_quickly_naming_it(mpi_job):

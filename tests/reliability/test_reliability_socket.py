@@ -14,7 +14,7 @@ import time
 import pytest
 
 from reliability_jobs import (CI_BOUND, MISMATCHES, NEVER_ARRIVES, SIZE_MISMATCH, _env,
-                              check_detail_reports, explain, free_port, socket_job)
+                              check_detail_reports, explain, free_port, job, socket_job)
 
 
 
@@ -31,28 +31,7 @@ def _errors(records, size):
 
 # -- kill -9 --------------------------------------------------------------------------------
 
-KILLED = """
-dist.init_process_group("gloo", timeout=60)
-rank = dist.get_rank()
-x = np.empty(1 << 18, np.float32)
-if rank == 2:
-    def killer():
-        time.sleep(1.0)
-        with open("killed_at", "w") as f:
-            f.write(repr(time.time()))
-        os.kill(os.getpid(), signal.SIGKILL)
-    threading.Thread(target=killer, daemon=True).start()
-done = 0
-try:
-    while True:
-        x.fill(rank + 1)
-        dist.all_reduce(x)
-        if x[0] != 6 or x[-1] != 6:
-            raise SystemExit(f"wrong result {x[0]}")
-        done += 1
-except CollectiveError as exc:
-    report(done=done, **failure(exc))
-"""
+KILLED = job("killed_mid_collective.py")
 
 
 def test_kill_9_mid_collective_reaches_every_rank_quickly(tmp_path):
@@ -90,14 +69,7 @@ def test_rank_that_never_arrives_times_out_naming_everything(tmp_path):
     assert records[2]["rc"] == 0, explain(records)
 
 
-SETUP_MISSING = """
-t0 = time.monotonic()
-try:
-    dist.init_process_group("gloo", timeout=2)
-    report(unexpected="joined")
-except CollectiveError as exc:
-    report(waited=time.monotonic() - t0, **failure(exc))
-"""
+SETUP_MISSING = job("setup_missing_rank.py")
 
 
 def test_rank_missing_at_setup_is_a_timeout_naming_it(tmp_path):
@@ -143,22 +115,7 @@ print("ready", flush=True)
 time.sleep(120)
 """
 
-STORE_CLIENT = """
-t0 = time.monotonic()
-try:
-    dist.init_process_group("gloo", timeout=5)
-    x = np.full(10, dist.get_rank() + 1.0)
-    dist.all_reduce(x)
-    report(phase="joined", ok=bool((x == 3).all()))
-    open(f"joined-{dist.get_rank()}", "w").close()
-    deadline = time.monotonic() + 30      # the test kills the store once every rank joined
-    while not os.path.exists("store-gone") and time.monotonic() < deadline:
-        time.sleep(0.01)
-    dist.all_reduce(x)                    # collectives do not need the store
-    report(phase="after", ok=bool((x == 6).all()))
-except CollectiveError as exc:
-    report(waited=time.monotonic() - t0, **failure(exc))
-"""
+STORE_CLIENT = job("store_client.py")
 
 
 def _store_server(tmp_path, port):
@@ -175,20 +132,28 @@ def test_store_dies_during_rendezvous_every_rank_errors(tmp_path):
     port = free_port()
     server = _store_server(tmp_path, port)
     env = {"COLLECTIVES_USE_AGENT_STORE": "1", "MASTER_PORT": str(port)}
-    body = "time.sleep(float(os.environ.get('DELAY', 0)))\n" + STORE_CLIENT
     import threading
+    from collectives import rendezvous as rendezvous_module
+    from collectives.store import TCPStore
     killed = {}
 
-    def kill_later():
-        # on purpose by the clock: ranks 0 and 1 are at the rendezvous well before 1.5 s,
-        # rank 2 starts at 3 s (its DELAY)
-        time.sleep(1.5)
+    def kill_once_arrived():
+        # ranks 0 and 1 have arrived at the rendezvous (their keys are in the store), where
+        # they wait for rank 2, which starts only once the store is gone (AFTER_STORE_GONE)
+        watcher = TCPStore("127.0.0.1", port, timeout=30, secret="reliability-test-secret")
+        keys = [rendezvous_module._generation_key(rank) for rank in (0, 1)]
+        deadline = time.monotonic() + 30
+        while not watcher.check(keys) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        watcher.close()
         killed["at"] = time.time()
         server.kill()
-    threading.Thread(target=kill_later, daemon=True).start()
+        server.wait()
+        (tmp_path / "store-gone").touch()
+    threading.Thread(target=kill_once_arrived, daemon=True).start()
     try:
-        records = socket_job(tmp_path, body, 3, env=env, per_rank_env={2: {"DELAY": "3"}},
-                             limit=40)
+        records = socket_job(tmp_path, STORE_CLIENT, 3, env=env,
+                             per_rank_env={2: {"AFTER_STORE_GONE": "1"}}, limit=40)
     finally:
         server.kill()
         server.wait()
