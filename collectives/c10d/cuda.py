@@ -29,6 +29,7 @@ raises what is wrong before anything moves.
 """
 from __future__ import annotations
 
+import itertools
 from datetime import timedelta
 
 import torch
@@ -117,13 +118,13 @@ class CudaCalls:
         with cupy.cuda.Device(self.device):
             self.stream = cupy.cuda.Stream(non_blocking=True)
             self._start = cupy.cuda.Event(disable_timing=True)
-            self._done = [cupy.cuda.Event(disable_timing=True) for _ in range(_DONE_EVENTS)]
+            self._done = itertools.cycle([cupy.cuda.Event(disable_timing=True)
+                                          for _ in range(_DONE_EVENTS)])
         self.torch_stream = torch.cuda.ExternalStream(self.stream.ptr, device=self.torch_device)
         self.stream_ids = (self.torch_stream.stream_id, self.torch_stream.device_index,
                            self.torch_stream.device_type)
         self._start_ptr, self._stream_ptr = self._start.ptr, self.stream.ptr
         self._timeout = (None, None)    # torch's last timeout option, in seconds
-        self._next = 0
         self._ops = ops                 # torch's reduce op kinds -> ours (calls._OPS)
         self._by_code: dict = {}
         self._views: dict = {}
@@ -145,8 +146,7 @@ class CudaCalls:
 
     def finish(self, operation, result) -> CudaWork:
         """The Work of what was just enqueued on the communication stream."""
-        event = self._done[self._next]
-        self._next = (self._next + 1) % _DONE_EVENTS
+        event = next(self._done)
         self.runtime.eventRecord(event.ptr, self._stream_ptr)
         return CudaWork(operation, result, event, self)
 
