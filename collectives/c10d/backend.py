@@ -142,10 +142,10 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
         at a time), else queue it on the group's worker and hand back a Work."""
         group = self.group
         if group is self._gpu and group is not None:
-            # Enqueued now, from this thread, on the communication stream (we are inside the
-            # scope _on_device entered): the host never waits (cuda.CudaCalls).
+            # Enqueued now, from this thread, on the stream _on_device chose and entered: the
+            # host never waits (cuda.CudaCalls).
             run()
-            return self._cuda.finish(operation, result)
+            return self._cuda.finish(operation, result, *self._routed.cuda)
         if group is self._lane or (opts is not None and not getattr(opts, "asyncOp", True)):
             _work.call(group, run, False, result)
             return Work(operation, result)
@@ -393,8 +393,8 @@ class ProcessGroupCollectives(_Checks, dist.ProcessGroup):
         for the GPU work queued on its current stream, as NCCL's barrier does."""
         gpu, calls = self._gpu, self._cuda
         if gpu is not None and self.group is not self._lane:
-            calls.begin()       # the communication stream's work, then the caller's
-            with calls.scope():
+            # the communication stream's work, then the caller's
+            with calls.scope(calls.enter(None)):
                 gpu.transport.synchronize(self._timeout(opts) or gpu.timeout,
                                           operation="barrier")
         run = self.group.prepare("barrier", timeout=self._timeout(opts))

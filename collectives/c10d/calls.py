@@ -39,11 +39,12 @@ def _tensors_in(items):
 def _on_device(operation, fast=None, *, stream=True):
     """Route a collective by its tensors' device: CPU tensors run on the socket group (the
     callback lane inside a callback), CUDA tensors on the GPU group. A CUDA call runs on the
-    group's communication stream (``cuda.CudaCalls``; with ``stream=False``, point-to-point,
-    on the caller's stream), this rank's GPU current, so that every copy the call makes and
-    the collective itself are ordered after the work that produced the tensors. ``fast``: the
-    ``CudaCalls`` method of the same arguments that takes plain tensors straight to the GPU
-    group (None where it is not such a call)."""
+    stream ``cuda.CudaCalls.enter`` gives it (with ``stream=False``, point-to-point, on the
+    caller's stream), this rank's GPU current, so that every copy the call makes and the
+    collective itself are ordered after the work that produced the tensors; that stream and
+    the call's tensors are ``self._routed.cuda`` for ``_launch``. ``fast``: the ``CudaCalls``
+    method of the same arguments that takes plain tensors straight to the GPU group (None
+    where it is not such a call)."""
     def wrap(method):
         arity = None if fast is None else fast.__code__.co_argcount - 1
 
@@ -64,11 +65,10 @@ def _on_device(operation, fast=None, *, stream=True):
                     with group.transport.call_scope(list(_tensors_in(args)))():
                         return method(self, *args, **kwargs)
                 calls = self._cuda
-                calls.begin()
-                with calls.scope():
-                    work = method(self, *args, **kwargs)
-                calls.keep(list(_tensors_in(args)), _options(args, kwargs))
-                return work
+                on = calls.enter(_options(args, kwargs))
+                self._routed.cuda = (on, list(_tensors_in(args)))
+                with calls.scope(on):
+                    return method(self, *args, **kwargs)
             finally:
                 self._routed.group = outer
         return routed

@@ -1,7 +1,8 @@
 """The backend's CUDA calls: streams as ProcessGroupNCCL keeps them, and the repeat path.
 
-Every collective on CUDA tensors runs on the group's own communication stream (one per
-process group and GPU), as NCCL's backend does:
+An asynchronous collective on CUDA tensors (``async_op=True``; every call DDP and FSDP make
+from C++) runs on the group's own communication stream (one per process group and GPU), as
+NCCL's backend runs every collective:
 
 - at the call, the communication stream waits (an event) for the caller's current stream,
   so the collective starts after the work that produced its tensors, and the caller's
@@ -9,23 +10,28 @@ process group and GPU), as NCCL's backend does:
 - the collective, and every copy the call makes, are enqueued on the communication stream;
   the host never waits;
 - ``Work.wait()`` makes the waiting thread's current stream wait for the collective's
-  event (torch waits at once for ``async_op=False``); its Future (``get_future``) is
-  torch's CUDA-aware one, completed on the communication stream, so that whoever waits on
-  it or reads its value is ordered after the collective;
-- the caller's tensors of an asynchronous call are marked used by the communication stream
-  (``record_stream``), so memory the caller frees before ``wait()`` is not handed to new
-  tensors until the collective is done. A synchronous call needs no mark: the caller's
-  stream waits for the collective before anything after the call runs on it;
+  event; its Future (``get_future``) is torch's CUDA-aware one, completed on the
+  communication stream, so that whoever waits on it or reads its value is ordered after the
+  collective;
+- the caller's tensors are marked used by the communication stream (``record_stream``), so
+  memory the caller frees before ``wait()`` is not handed to new tensors until the
+  collective is done;
 - under CUDA graph capture the same events make the communication stream join the
   capture, and ``wait()`` joins it back, so the captured graph holds the collective.
 
-The repeat path (``CudaCalls.fast``): a call on plain tensors (dense, contiguous, on this
-rank's GPU, of a dtype the GPU group takes) goes straight to the GPU group's ``prepare``,
-whose own repeat path (the peer-memory lane) launches a call shape it has seen before
-without planning in Python. Views of the tensors are kept by address: a view is only an
-address, a size and a dtype, and holds no tensor. Anything else (lists of several tensors,
-uneven splits, sparse tensors, other devices) takes the full path, which checks it and
-raises what is wrong before anything moves.
+A synchronous collective (``async_op=False``) runs on the caller's current stream itself:
+torch waits for it at once, so the communication stream could overlap nothing, and its two
+cross-stream hops (there and back) would be most of a small call's time on the GPU. What
+the caller sees is the same: work queued on its stream after the call runs after the
+collective. (NCCL's backend takes the communication stream for these too.)
+
+The repeat path: a call on plain tensors (dense, contiguous, on this rank's GPU, of a dtype
+the GPU group takes) goes straight to the GPU group's ``prepare``, whose own repeat path
+(the peer-memory lane) launches a call shape it has seen before without planning in Python.
+Views of the tensors are kept by address: a view is only an address, a size and a dtype,
+and holds no tensor. Anything else (lists of several tensors, uneven splits, sparse
+tensors, other devices) takes the full path, which checks it and raises what is wrong
+before anything moves.
 """
 from __future__ import annotations
 
@@ -42,34 +48,38 @@ from .work import torch_seconds
 _DONE_EVENTS = 256      # done events reused in turn: a Work older than this many calls waits
                         # for a later call's end (ordered after its own, never before)
 _VIEWS_KEPT = 512
+_STREAMS_KEPT = 64      # callers' streams with a CuPy wrapper kept
 # torch's all_reduce option that the full path refuses (absent from some torch versions)
 _SPARSE_INDICES = hasattr(dist.AllreduceOptions, "sparseIndices")
 
 
 class CudaWork(dist._Work):
-    """torch's Work of one collective enqueued on the communication stream (see the
-    module docstring): ``wait`` orders the current stream after it; ``is_completed`` asks
-    the GPU; ``get_future`` is torch's CUDA-aware Future of ``result``."""
+    """torch's Work of one collective enqueued on a stream of this GPU (see the module
+    docstring): ``wait`` orders the current stream after it; ``is_completed`` asks the GPU;
+    ``get_future`` is torch's CUDA-aware Future of ``result``. ``stream``: the raw stream it
+    was enqueued on."""
 
-    def __init__(self, operation: str, result, event, calls: "CudaCalls"):
+    def __init__(self, operation: str, result, event, calls: "CudaCalls", stream: int):
         super().__init__()
         self._operation, self._result, self._event, self._calls = operation, result, event, calls
+        self._stream = stream
         self._future = None
 
     def wait(self, timeout=timedelta(0)) -> bool:
         calls = self._calls
-        calls.runtime.streamWaitEvent(torch._C._cuda_getCurrentRawStream(calls.device),
-                                      self._event.ptr, 0)
+        current = torch._C._cuda_getCurrentRawStream(calls.device)
+        if current != self._stream:     # on its own stream it is ordered already
+            calls.runtime.streamWaitEvent(current, self._event.ptr, 0)
         return True
 
     def get_future(self):
         if self._future is None:
             calls = self._calls
             future = torch.futures.Future(devices=[calls.torch_device])
-            # completed with the communication stream current, so that its event is
-            # recorded there (torch.cuda.stream() costs several times the rest)
+            # completed with the call's stream current, so that its event is recorded
+            # there (torch.cuda.stream() costs several times the rest)
             caller = torch._C._cuda_getCurrentStream(calls.device)
-            torch._C._cuda_setStream(*calls.stream_ids)
+            torch._C._cuda_setStream(*calls.torch_ids(self._stream))
             try:
                 future.set_result(self._result)
             finally:
@@ -125,6 +135,7 @@ class CudaCalls:
                            self.torch_stream.device_type)
         self._start_ptr, self._stream_ptr = self._start.ptr, self.stream.ptr
         self._timeout = (None, None)    # torch's last timeout option, in seconds
+        self._callers: dict = {}        # callers' raw streams -> CuPy ExternalStream
         self._ops = ops                 # torch's reduce op kinds -> ours (calls._OPS)
         self._by_code: dict = {}
         self._views: dict = {}
@@ -134,29 +145,44 @@ class CudaCalls:
 
     # -- streams ------------------------------------------------------------------------------
 
-    def begin(self) -> None:
-        """Order the communication stream after the caller's current stream (now)."""
+    def enter(self, opts):
+        """The CuPy stream a call with torch's options ``opts`` runs on (see the module
+        docstring), ordered after the caller's current stream: the communication stream
+        where the call is asynchronous, else the caller's stream itself."""
         runtime = self.runtime
-        runtime.eventRecord(self._start_ptr, torch._C._cuda_getCurrentRawStream(self.device))
-        runtime.streamWaitEvent(self._stream_ptr, self._start_ptr, 0)
-
-    def scope(self):
-        """This GPU and the communication stream, as CuPy's current ones."""
-        return _Scope(self)
-
-    def finish(self, operation, result) -> CudaWork:
-        """The Work of what was just enqueued on the communication stream."""
-        event = next(self._done)
-        self.runtime.eventRecord(event.ptr, self._stream_ptr)
-        return CudaWork(operation, result, event, self)
-
-    def keep(self, tensors_, opts) -> None:
-        """Mark the caller's tensors used by the communication stream where the call is
-        asynchronous (torch's ``opts.asyncOp``; calls from C++, DDP's, are)."""
+        caller = torch._C._cuda_getCurrentRawStream(self.device)
         if getattr(opts, "asyncOp", True):
-            stream = self.torch_stream
+            runtime.eventRecord(self._start_ptr, caller)
+            runtime.streamWaitEvent(self._stream_ptr, self._start_ptr, 0)
+            return self.stream
+        stream = self._callers.get(caller)
+        if stream is None:
+            if len(self._callers) >= _STREAMS_KEPT:
+                self._callers.clear()
+            stream = self._callers[caller] = self.cupy.cuda.ExternalStream(caller, self.device)
+        return stream
+
+    def scope(self, stream):
+        """``with``: this GPU and ``stream`` as CuPy's current ones."""
+        return _Scope(self, stream)
+
+    def finish(self, operation, result, stream, tensors_) -> CudaWork:
+        """The Work of what was just enqueued on ``stream`` (``enter``'s); the caller's
+        ``tensors_`` are marked used by the communication stream where they went there."""
+        event = next(self._done)
+        self.runtime.eventRecord(event.ptr, stream.ptr)
+        if stream is self.stream:
+            torch_stream = self.torch_stream
             for t in tensors_:
-                t.record_stream(stream)
+                t.record_stream(torch_stream)
+        return CudaWork(operation, result, event, self, stream.ptr)
+
+    def torch_ids(self, raw: int):
+        """torch's ids of the raw stream ``raw`` of this GPU (torch.cuda's set/get)."""
+        if raw == self._stream_ptr:
+            return self.stream_ids
+        stream = torch.cuda.ExternalStream(raw, device=self.torch_device)
+        return stream.stream_id, stream.device_index, stream.device_type
 
     def seconds(self, opts):
         """torch's per-call timeout option in seconds (None: the group's), parsed once."""
@@ -205,21 +231,17 @@ class CudaCalls:
              op=ReduceOp.SUM, root=0):
         run = self.group.prepare(collective, input=input, output=output, root=root, op=op,
                                  timeout=self.seconds(opts))
-        runtime = self.runtime
-        runtime.eventRecord(self._start_ptr, torch._C._cuda_getCurrentRawStream(self.device))
-        runtime.streamWaitEvent(self._stream_ptr, self._start_ptr, 0)
-        if runtime.getDevice() != self.device:
-            with _Scope(self):
+        stream = self.enter(opts)
+        if self.runtime.getDevice() != self.device:
+            with _Scope(self, stream):
                 run()
         else:
-            stream = self.stream
             stream.__enter__()
             try:
                 run()
             finally:
                 stream.__exit__(None, None, None)
-        self.keep(keep, opts)
-        return self.finish(operation, result)
+        return self.finish(operation, result, stream, keep)
 
     def all_reduce(self, tensors_, opts):
         if type(tensors_) is not list or len(tensors_) != 1 or \
@@ -267,11 +289,11 @@ class CudaCalls:
 
 
 class _Scope:
-    """``with``: the group's GPU and communication stream as CuPy's current ones."""
-    __slots__ = ("_calls", "_device")
+    """``with``: the group's GPU and ``stream`` as CuPy's current ones."""
+    __slots__ = ("_calls", "_stream", "_device")
 
-    def __init__(self, calls):
-        self._calls = calls
+    def __init__(self, calls, stream):
+        self._calls, self._stream = calls, stream
         self._device = None
 
     def __enter__(self):
@@ -279,13 +301,12 @@ class _Scope:
         if calls.runtime.getDevice() != calls.device:
             self._device = calls.cupy.cuda.Device(calls.device)
             self._device.__enter__()
-        calls.stream.__enter__()
+        self._stream.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self._calls.stream.__exit__(*exc)
+        self._stream.__exit__(*exc)
         if self._device is not None:
             self._device.__exit__(*exc)
             self._device = None
         return False
-
