@@ -252,7 +252,7 @@ def gpu_path(group) -> str:
         return ""
     execute = gpu.execute
     return f"{getattr(execute, '__module__', type(execute).__module__)} " \
-           f"({getattr(gpu.transport, 'peer_path', 'no peer-memory path')})"
+           f"({gpu.executor.peer_path or 'no peer-memory path'})"
 
 
 def report(args, size, device, native_name, times, path="", check=None):

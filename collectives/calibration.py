@@ -80,7 +80,7 @@ def calibrate(group, *, repeats: int = 15, pingpong_bytes=PINGPONG_BYTES,
     from .ops import ReduceOp
 
     transport, rank, size = group.transport, group.rank, group.size
-    model = getattr(transport, "model_name", transport.name)
+    model = group.executor.model_name
     if model != transport.name:         # alike on every rank: decided when the group was made
         raise ValueError(
             f"calibrate on rank {rank}: this {transport.name} group runs its plans on another "

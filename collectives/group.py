@@ -87,7 +87,10 @@ class ProcessGroup:
         self._gate = threading.Lock()   # held by the thread inside a collective call
         self._caller = None         # (thread id, operation) holding it
         self._broken = None         # why concurrent calls failed this group
-        self.execute = executors.select(transport)      # what runs this group's plans
+        # the group's executor, chosen once from what the transport offers, and what runs
+        # its plans (a benchmark may run another executor's on the same group)
+        self.executor = executors.select(transport)
+        self.execute = self.executor.execute
         # the executor's compiled repeat path for call shapes seen before (or None)
         lane = getattr(self.execute, "lane", None)
         self._lane = lane(self) if lane is not None else None
@@ -101,7 +104,8 @@ class ProcessGroup:
         ``COLLECTIVES_TUNING``) and check that every rank built the same one: a collective
         call, made by every rank when the group is made (and by the benchmark after it
         calibrates). Under ``COLLECTIVES_DEBUG=INFO`` the table is logged once."""
-        table = tuning.DecisionTable.for_group(self.size, self.transport, window=self.window)
+        table = tuning.DecisionTable.for_group(self.size, self.transport, self.executor,
+                                               window=self.window)
         self.table = table
         self._forget_repeats()
         if self.size > 1:
@@ -189,9 +193,9 @@ class ProcessGroup:
 
     def _peer_executor(self, operation):
         """This group's peer-memory executor, or CollectiveError naming ``operation``."""
-        executor = getattr(self.transport, "peer_executor", None)
+        executor = self.executor.peer
         if executor is None:
-            why = getattr(self.transport, "peer_path", f"a {self.backend} group")
+            why = self.executor.peer_path or f"a {self.backend} group"
             raise CollectiveError(f"{operation} on rank {self.rank}: this group has no "
                                   f"peer memory ({why})")
         return executor

@@ -9,7 +9,7 @@ A group builds its table once, when it is made (``DecisionTable.for_group``); at
    machine for this transport and world size, each holding for its size class and for the
    classes between two measured ones (the nearer measured class; the smaller on a tie);
 4. the α-β-γ model (``algorithms/cost.py``, with the file's parameters or the defaults of
-   where the group runs its plans: the transport's ``model_name``, ``nccl_peer`` for an nccl
+   where the group runs its plans: its executor's ``model_name``, ``nccl_peer`` for an nccl
    group on peer memory) for what nothing measured covers: other world sizes, sizes outside
    the measured range, collectives the run did not measure.
 
@@ -253,8 +253,12 @@ class DecisionTable:
             self._proven(lambda: auto_candidates(collective, size), rank)
 
     @classmethod
-    def for_group(cls, size: int, transport, *, window: int = 1) -> "DecisionTable":
-        """The table of a group of ``size`` ranks over ``transport``, from the settings."""
+    def for_group(cls, size: int, transport, executor=None, *,
+                  window: int = 1) -> "DecisionTable":
+        """The table of a group of ``size`` ranks over ``transport``, from the settings;
+        ``executor`` (the group's, ``executors.Executor``) says which cost model ranks its
+        schedules and what settings its ranks must share (None: the transport's model,
+        nothing shared)."""
         native = transport.native is not None
         # the host executors cut messages as the transport says (socket: segment_bytes; none:
         # whole messages); device executors decide for themselves (nccl: per collective)
@@ -264,8 +268,8 @@ class DecisionTable:
         return cls(size, transport.name, tuning=settings.TUNING(),
                    overrides=parse_overrides(settings.ALGORITHM(), native), window=window,
                    segment=segment, native_available=native,
-                   agreed=getattr(getattr(transport, "peer_executor", None), "agreed", None),
-                   model=getattr(transport, "model_name", None),
+                   agreed=None if executor is None else executor.agreed,
+                   model=None if executor is None else executor.model_name,
                    rank=getattr(transport, "rank", None))
 
     @staticmethod

@@ -4,6 +4,8 @@
   the group, the facade or anything above it, not even inside a function; and none reaches
   an executor's state: no attribute (read, written, or named to getattr/setattr/hasattr) whose
   name says executor, nor any attribute an executor module sets on a transport.
+- Executors keep their own state: none sets an attribute on a transport or reads one of its
+  private attributes; they use its public interface and hooks.
 - ``collectives/algorithms/`` is pure (schedules, parameters as data, the model): no I/O, no
   environment, no logging set-up. Its modules import from the package only what lies below
   them, no module of the standard library that reaches files, processes, sockets, the
@@ -153,35 +155,47 @@ def executor_state(source: str, pinned=frozenset()):
             yield node.lineno, name
 
 
-# The NCCL transport reads the peer-memory executor that executors/peer.py sets on it: it asks
-# ``peer_executor.check()`` from its synchronize path and names its cost model by whether one
-# is set. Its own test, expected to fail until the transport offers a hook for device errors
-# and the model's medium is a capability it states.
-NCCL = "collectives/transports/nccl.py"
-
-
-def _transport_state_offences(include):
-    pinned = pinned_by_executors()
-    wrong = []
-    for path, _, source in _modules("transports"):
-        if include(_relative(path)):
-            wrong += [f"{_relative(path)}:{line} reaches executor state .{name}"
-                      for line, name in executor_state(source, pinned)]
-    return wrong
-
-
 def test_transports_reach_no_executor_state():
-    wrong = _transport_state_offences(lambda path: path != NCCL)
+    pinned = pinned_by_executors()
+    wrong = [f"{_relative(path)}:{line} reaches executor state .{name}"
+             for path, _, source in _modules("transports")
+             for line, name in executor_state(source, pinned)]
     assert not wrong, ("transports offer capabilities; what an executor keeps is the "
                        "executor's (DESIGN.md, the contract group -> executor -> "
                        "transport):\n" + "\n".join(wrong))
 
 
-@pytest.mark.xfail(reason="the NCCL transport still reads transport.peer_executor, which "
-                          "executors/peer.py pins on it", strict=False)
-def test_the_nccl_transport_reaches_no_executor_state():
-    wrong = _transport_state_offences(lambda path: path == NCCL)
-    assert not wrong, "\n".join(wrong)
+def private_reads(source: str):
+    """(line, name) of every private attribute ``source`` reaches on a transport
+    (``transport._x``, ``self.transport._x``, ``getattr(transport, "_x")``)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and _is_transport(node.value):
+            name = node.attr
+        elif _string_argument(node) and _is_transport(node.args[0]):
+            name = node.args[1].value
+        else:
+            continue
+        if name.startswith("_") and not name.startswith("__"):
+            yield node.lineno, name
+
+
+def test_executors_pin_nothing_on_a_transport_and_read_only_its_public_interface():
+    wrong = [f"{_relative(path)}: sets .{name} on a transport"
+             for path, _, source in _modules("executors") for name in sorted(pinned(source))]
+    wrong += [f"{_relative(path)}:{line} reads the transport's private .{name}"
+              for path, _, source in _modules("executors")
+              for line, name in private_reads(source)]
+    assert not wrong, ("an executor keeps its state itself and uses the transport's public "
+                       "interface and hooks (before_close, add_error_check, aborted):\n"
+                       + "\n".join(wrong))
+
+
+def test_the_private_rule_sees_attributes_and_getattr():
+    source = ("def f(self, transport):\n"
+              "    transport._aborted\n"
+              "    getattr(self.transport, '_graphs', None)\n"
+              "    return transport.aborted, self._own, transport.__class__\n")
+    assert sorted(private_reads(source)) == [(2, "_aborted"), (3, "_graphs")]
 
 
 def test_the_state_rule_sees_pinned_names_and_getattr():

@@ -154,7 +154,7 @@ def parts(group, cupy, args, calls, empty_function, stream_ptr, d_in, d_out):
         run()
         took[name] = (time.perf_counter() - start) / n * 1e6
 
-    executor = group.transport.peer_executor
+    executor = group.executor.peer
     group._lane = Lane(group, executor, nothing, cuda_peer.THREADS,
                        cupy.cuda.get_current_stream, peer_executor._Elsewhere)
     for key, shape in group._repeats.items():      # the shapes the real lane was given

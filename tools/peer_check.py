@@ -121,7 +121,7 @@ def main():
     rank, p = group.rank, group.size
     transport = group.transport
     say = print if rank == 0 else (lambda *a, **k: None)
-    say(f"peer path: {getattr(transport, 'peer_path', None)}; executor "
+    say(f"peer path: {group.executor.peer_path}; executor "
         f"{type(group.execute).__name__}", flush=True)
     # the same transport, run by the NCCL send/recv executor: the reference and the baseline
     baseline = ProcessGroup.__new__(ProcessGroup)

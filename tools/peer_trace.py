@@ -140,7 +140,7 @@ def main():
 
 def _latest_entry(group, collective):
     """The peer executor's newest cached entry for ``collective`` (the one just traced)."""
-    executor = getattr(group.transport, "peer_executor", None)
+    executor = group.executor.peer
     found = None
     for plan, entry in (executor._entries.values() if executor else ()):
         if entry and plan.collective == collective:

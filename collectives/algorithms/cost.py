@@ -64,8 +64,8 @@ lowering=lowered.overlapped)`` prices it).
 
 Parameters come per transport, as arguments: ``DEFAULTS``, or what the decision table read
 from the tuning file named by ``COLLECTIVES_TUNING`` (calibration writes it); a group whose
-transport runs its plans on another
-medium ranks with that medium's defaults (``nccl_peer``: the transport's ``model_name``).
+executor runs its plans on another medium than its transport's send/recv ranks with that
+medium's defaults (``nccl_peer``: the executor's ``model_name``).
 Every rank must see the same parameters, or ranks may choose different algorithms for one
 call and deadlock: calibration broadcasts rank 0's fit, and a job's ranks must share one
 tuning file. What no such model captures, a tuning run

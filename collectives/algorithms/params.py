@@ -107,7 +107,7 @@ DEFAULTS = {
     "nccl": Params(alpha=2e-5, beta=1 / 335e9, gamma=1 / 1e12, ports=3, link_beta=1 / 239e9,
                    local_alpha=3e-5),
     # The same groups where plans run on peer memory (executors/peer.py: one kernel per call;
-    # the nccl transport's ``model_name``): α is one further step inside the kernel (a flag
+    # the peer executor's ``model_name``): α is one further step inside the kernel (a flag
     # at system scope), not a group call; β the NVLink rate, each of a GPU's peers at once at
     # that rate; γ small, because a received block is reduced in the pass that reads it, so
     # a reduction costs little beyond its bytes' transfer; ``local_alpha`` small, because

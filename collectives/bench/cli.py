@@ -193,8 +193,8 @@ def tune(path: str, rows, transport: str, itemsize: int, model: str | None = Non
     runner-up by more than the noise of a median, else the one faster round by round, else
     the winner at the nearest decided size, else the model's pick), with the medians
     behind each. Rank 0 only, after the sweep. ``model``: whose defaults the group ranks
-    with where the file has no entry for ``transport`` (its ``model_name``: ``nccl_peer`` on
-    peer memory), the parameters saved beside the decisions."""
+    with where the file has no entry for ``transport`` (the group's executor's ``model_name``:
+    ``nccl_peer`` on peer memory), the parameters saved beside the decisions."""
     params = tuning_file.load_params(transport, model=model)
     decisions = tuning.decisions_from_records(rows, params, itemsize)
     tuning.save(path, transport, params, decisions)
@@ -348,7 +348,7 @@ def run_groups(args, config: Config, groups) -> int:
             report.write_plot(args.plot, records, meta)
         if args.tune:
             tune(args.tune, records, group.transport.name, parse_dtype(config.dtype).itemsize,
-                 getattr(group.transport, "model_name", None))
+                 group.executor.model_name)
         print(f"# {len(records)} rows, {wrong} wrong elements", flush=True)
         if wrong:
             print(f"bench: {wrong} wrong elements (rows with wrong > 0 above)", file=sys.stderr)

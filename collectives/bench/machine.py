@@ -86,10 +86,10 @@ def describe_executor(group, dtype=None, largest: int = 0) -> str:
 
 
 def _gpu_executor(group) -> str:
-    """The GPU group's executor: peer memory where the transport opened it, else NCCL
-    send/recv, and why (the transport records why peer memory is off)."""
+    """The GPU group's executor: peer memory where the group opened it, else NCCL
+    send/recv, and why (the group's executor records why peer memory is off)."""
     from ..executors import nccl
-    why = getattr(group.transport, "peer_path", None)
+    why = group.executor.peer_path
     if getattr(group, "execute", None) in (None, nccl.execute):
         return ("NCCL send/recv executor (stream-ordered, on the GPU)"
                 + (f"; peer memory: {why}" if why else ""))

@@ -215,7 +215,7 @@ class GpuBench:
             if self.twin is not None:
                 out.append(entry(f"{name}:sendrecv", self.twin, name, chosen=name))
                 if collective in SYMMETRIC_ROWS and \
-                        getattr(group.transport, "peer_executor", None) is not None:
+                        group.executor.peer is not None:
                     out.append(entry(f"{name}:symm", group, name, chosen=name,
                                      output=self._symmetric(expect)))
                     if collective == "all_reduce" and name == "two_shot":
@@ -332,7 +332,7 @@ def describe_gpus(group, cupy, host) -> dict:
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     return {"gpu": name, "nccl": transport.version, "cupy": cupy.__version__,
             "host_sync": type(host).__name__,
-            "peer_path": getattr(transport, "peer_path", None),
+            "peer_path": group.executor.peer_path,
             "env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")
                     or k.startswith("TORCH_SYMM_MEM") or k.startswith("COLLECTIVES_")
                     and k != "COLLECTIVES_SECRET"}}

@@ -68,7 +68,9 @@ Modules: ``backend`` (the process group), ``calls`` (routing by device, argument
 """
 import torch.distributed as dist
 
-# The names this module held before it became a package (tests and tools reach them here).
+# Re-exported for tests and tools that reach the backend's pieces through the package: the
+# transports module its calls resolve (patched to fake one), the store adapters, the
+# rendezvous handler and the lane and transport constants.
 from .. import transports  # noqa: F401
 from .backend import ProcessGroupCollectives, create_backend
 from .calls import BACKEND, GPU_TRANSPORT, LANE_ID, TRANSPORT  # noqa: F401

@@ -1,11 +1,13 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The compiled repeat path of a peer-memory group: a call shaped like one that already ran
 (same collective, dtypes, sizes, op, algorithm, root, timeout), on plain arrays, launched
-from here. Measured (BENCHMARKS.md §6, ``tools/host_profile.py --parts``): 7.1 µs of host
-time per call on the 64-core host, 3.2 of them the driver's launch itself, where the Python
-path (``ProcessGroup.prepare`` then its ``run`` then ``PeerExecutor.__call__``) took
-10.7-17.4 on hosts of that kind. With ``launch_ex`` (cuLaunchKernelEx) each kernel may start
-while the previous one on its stream finishes (COLLECTIVES_PEER_OVERLAP): 1.5-2 µs a call.
+from here. At small sizes a call's time is the host's, and the Python path
+(``ProcessGroup.prepare`` then its ``run`` then ``PeerExecutor.__call__``) spends several
+times the driver's launch working out again what this path keeps ready: the key, the
+checks of the buffers, the packed values (``tools/host_profile.py --parts`` splits a call's
+time; BENCHMARKS.md has the figures). With ``launch_ex`` (cuLaunchKernelEx) each kernel may start
+while the previous one on its stream finishes (COLLECTIVES_PEER_OVERLAP), which hides part
+of the launch behind the kernel before it.
 
 It decides nothing of its own. The group registers each call shape its Python path worked
 out (``ProcessGroup._remember``), with the plans that path runs; a call then takes the same
@@ -64,9 +66,9 @@ cdef object _cupy_like = None      # an array type whose contiguity is an attrib
 
 cdef inline bint _plain(object buf, object array_type, bint written):
     """group._plain: None, or a flat contiguous array of the group's type. CuPy's ``flags``
-    builds an object on every call (0.20 µs, tools/host_profile.py --parts) and has no
-    ``writeable`` (its arrays always are; asking cost 0.24 µs more, an AttributeError inside
-    getattr): for such a type its ``_c_contiguous`` is read instead."""
+    builds an object on every call and has no ``writeable`` (its arrays always are; asking
+    raises an AttributeError inside getattr, dearer still), both on every call of this
+    path: for such a type its ``_c_contiguous`` is read instead."""
     global _cupy_like
     if buf is None:
         return True
@@ -143,8 +145,8 @@ cdef class Lane:
     cdef int32_t* word
     cdef public long launched           # calls launched from here (tests, host_profile)
     # the previous call's key, field by field, and its shape: a call like it (each field the
-    # same object, or the same size) skips building and hashing the key (0.66 µs a call,
-    # tools/host_profile.py --parts)
+    # same object, or the same size) skips building and hashing the key, which costs
+    # more than comparing the fields (tools/host_profile.py --parts)
     cdef object last_collective, last_root, last_op, last_algorithm, last_timeout
     cdef object last_deadline, last_in_dtype, last_out_dtype, last_found
     cdef Py_ssize_t last_in_size, last_out_size

@@ -71,6 +71,8 @@ here (nothing is waited for); ``NcclTransport.synchronize(timeout)`` enforces it
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from .. import settings
@@ -161,12 +163,16 @@ class _Graphs:
         return True
 
 
+# Each transport's captured graphs: the executor's state, kept here by transport (never on
+# it), and dropped before its communicator goes through ``before_close``.
+_GRAPHS = weakref.WeakKeyDictionary()
+
+
 def graph_cache(transport) -> _Graphs:
     """The captured graphs of ``transport`` (created on first use)."""
-    cache = getattr(transport, "_graphs", None)
+    cache = _GRAPHS.get(transport)
     if cache is None:
-        cache = _Graphs()
-        transport._graphs = cache
+        cache = _GRAPHS[transport] = _Graphs()
         transport.before_close(lambda: drop_graphs(transport))
     return cache
 
@@ -174,7 +180,7 @@ def graph_cache(transport) -> _Graphs:
 def drop_graphs(transport) -> int:
     """Destroy every graph captured on ``transport``'s communicator; how many there were.
     Must precede ``ncclCommDestroy``/``ncclCommAbort``, which wait for them (see above)."""
-    cache = getattr(transport, "_graphs", None)
+    cache = _GRAPHS.get(transport)
     if cache is None:
         return 0
     count = sum(1 for entry in cache.entries.values() if entry[0] is not None)

@@ -21,10 +21,10 @@ message numbers therefore advance in the same order on every rank, as the plans 
 busiest rank sends in one step, up to COLLECTIVES_PEER_BLOCKS (every rank computes the same
 number: the delivered words are per block). Every block moves its share of each message of
 a step, one message after another, so a step to three peers wants three times the blocks of
-a step to one. Measured on 4 x H100 (device time, BENCHMARKS.md §6): from the largest
-message at 8K per block to the step's sum at 4K, two_shot all_reduce at 1 MiB 24.0 -> 20.2
-µs, ring at 64 KiB 24.1 -> 19.6, direct all_gather at 1 MiB 14.0 -> 11.1; 2K per block no
-better than 4K.
+a step to one: the blocks are counted from the step's sum, not its largest message. Each
+block's share is kept large enough that its fixed cost (a flag per message) stays small
+beside the bytes it moves; smaller shares than the default gain nothing (BENCHMARKS.md has
+the sweep).
 
 Caller buffers are never mapped into other processes (opening an IPC handle per call costs
 far more than a collective): ``input`` is read where it is, receives land in the group's
@@ -32,27 +32,26 @@ staging memory, and ``output`` is staged (copied in where read before written, c
 region by region after its last write, both inside the kernel) only on a rank where some
 rendezvous receive lands in it, unless it lies in the group's symmetric memory
 (``ProcessGroup.symmetric_empty``): then peers write into it directly.
-Staging costs passes over the output, which at large sizes makes NCCL send/recv faster
-(2 × H100, 1 GiB: all_reduce 1.10×, all_gather 1.29×; 4 × H100: all_gather 1.20×, but
-all_reduce 0.96×, BENCHMARKS.md §6; at 32 MiB messages about even): calls whose
-largest message is above COLLECTIVES_PEER_MAX_BYTES go there, where some rank's plan stages
-its output (it would without symmetric memory: alike on every rank, whatever each passes).
-A plan that stages nothing stays here at every size: reduce_scatter at 256 MiB / 1 GiB on
-4 × H100, 0.98 / 0.92 of NCCL's own against 0.89 / 0.81 on send/recv; on 2 × H100 1.09 /
-0.99 against 1.00 / 0.95 (BENCHMARKS.md §6); and what runs pipelined (below).
+Staging costs two passes over the output, which grow with the message while the launches
+and host work this executor saves do not: past some size NCCL send/recv, which receives into
+the caller's buffer, is faster. So calls whose largest message is above
+COLLECTIVES_PEER_MAX_BYTES go there, where some rank's plan stages its output (it would
+without symmetric memory: alike on every rank, whatever each passes). A plan that stages
+nothing (reduce_scatter's) pays no such passes and stays here at every size, as does what
+runs pipelined (below).
 
 One plan runs as a kernel of its own instead of the program: a two_shot all_reduce called in
 place on symmetric (or registered) memory, up to COLLECTIVES_PEER_IN_PLACE_BYTES
 (``two_shot_in_place``: one pass of reads from every peer's buffer and writes back to all,
-on the interpreter's words; 4 x H100, 4 MiB 30.4 against 34.6 µs; 2 x H100, 16 MiB 58.8
-against 72.3, BENCHMARKS.md §6; by default 64 MiB on 2 ranks, 8 MiB on more). Which
-kernel a rank runs depends on its own buffer, so the kernel checks that every peer runs it
-too (error kind 4 otherwise). Another: a direct reduce_scatter of large blocks
-(COLLECTIVES_PEER_PIPELINE_BYTES), where the program's pass that reduces the received blocks
-follows its pushes (4 x H100, 1 GiB: pushes 2338 µs, then the reduction 433, against NCCL's
-2503 in all): ``pipelined_reduce_scatter`` runs them beside each other, some thread blocks
-pushing chunk after chunk while the others reduce each chunk as it arrives (4 x H100, 64 MiB-
-1 GiB: 1.08-1.16 of NCCL's own). A two_shot all_reduce of such blocks runs on it too, then
+on the interpreter's words: nothing staged, nothing copied out; by default up to where those
+reads keep ahead of the program's pushes, further on 2 ranks, where each rank reads from
+one peer, than on more: ``IN_PLACE_AUTO``). Which kernel a rank runs depends on its own
+buffer, so the kernel checks that every peer runs it too (error kind 4 otherwise). Another:
+a direct reduce_scatter of large blocks (COLLECTIVES_PEER_PIPELINE_BYTES), where the
+program's pass that reduces the received blocks follows its pushes, so a call takes the
+sum of both: ``pipelined_reduce_scatter`` runs them beside each other, some thread blocks
+pushing chunk after chunk while the others reduce each chunk as it arrives, so the
+reduction hides behind the transfer. A two_shot all_reduce of such blocks runs on it too, then
 reads every peer's reduced block into the caller's output: from
 COLLECTIVES_PEER_COPY_ENGINE_BYTES a block with the copy engines, between two launches of the
 kernel (``_by_copies``), which move more over NVLink than thread blocks' loads do. A direct
@@ -60,13 +59,12 @@ all_gather or all_to_all of such blocks runs on it too: the pushers push this ra
 (its block for each peer) into the peers' slots, or straight into a peer's output where that
 lies in symmetric memory (each rank says where, as its epochs do for the program), while
 the other thread blocks copy each chunk out of this rank's slots into its output as soon as
-every peer has pushed it, beside the pushes (4 x H100, 64 MiB-1 GiB: 1.06-1.10 of NCCL's own
-with staged outputs, 1.08-1.23 symmetric, where the program's copy-out after its pushes and
-NCCL send/recv reached 0.97-1.02; BENCHMARKS.md §6). Every rank runs it alike whatever its
-output, so a mix of symmetric and staged outputs needs no agreement. Or with the copy
-engines, opt-in (``copies_around``: each rank's input staged chunk by chunk beside the
-copies of every peer's chunks out of that peer's staging memory; measured behind the
-pipelined kernel).
+every peer has pushed it, beside the pushes, where the program copies out only after its
+last push. Every rank runs it alike whatever its output, so a mix of symmetric and staged
+outputs needs no agreement. Or with the copy engines, opt-in (``copies_around``: each rank's
+input staged chunk by chunk beside the copies of every peer's chunks out of that peer's
+staging memory; off by default, since that staging slows the copies below the pipelined
+kernel: ``COPY_ENGINE_AUTO``).
 
 Errors: a kernel that timed out or saw a peer abort leaves (kind, step, peer) in the error
 words; the next call on this group, and ``synchronize``, raise CollectiveTimeout or
@@ -121,7 +119,8 @@ class _Entry:
     """What one (plan, dtype, op) needs on every call, worked out on the first: the program
     on the device and the kernel's parameters, packed once for the driver's launch call
     (``cuLaunchKernel`` takes an array of pointers to the values); a call only rewrites the
-    four buffer addresses. ~1 µs of host time, where CuPy's generic launch costs ~7."""
+    four buffer addresses, where CuPy's generic launch converts and packs every argument
+    on every call: at small sizes that host work, not the kernel, decides a call's time."""
     __slots__ = ("program", "code", "tallies", "function", "blocks", "staging", "scratch_at",
                  "inbox", "lines", "values", "params", "pointers", "layout", "timeout",
                  "staged", "kernel", "finish", "finish_function", "rounds", "waits", "aside")
@@ -281,23 +280,19 @@ class _Entry:
 
 
 # COLLECTIVES_PEER_IN_PLACE_BYTES=auto, by world size (None: any other): up to where one
-# pass of reads from every peer was measured faster than the program's pushes (BENCHMARKS.md
-# §6). On 2 ranks each rank reads half the vector from its one peer: 16 MiB 58.8 against
-# 72.3 µs, 64 MiB 209 against 239 (2 x H100; above 64 MiB a 2-rank two_shot's message passes
-# COLLECTIVES_PEER_MAX_BYTES and the call leaves peer memory). On 4 ranks reads fall behind
-# from 16 MiB (90.9 against 89.6 µs; 64 MiB 334 against 306).
+# pass of reads from every peer stays ahead of the program's pushes (BENCHMARKS.md has the
+# runs). On 2 ranks each rank reads half the vector from its one peer, and they stay ahead
+# up to where a 2-rank two_shot's message passes COLLECTIVES_PEER_MAX_BYTES and the call
+# leaves peer memory anyway; on more ranks each reads from several peers at once and falls
+# behind at smaller sizes.
 IN_PLACE_AUTO = {2: 64 << 20, None: 8 << 20}
 # COLLECTIVES_PEER_COPY_ENGINE_BYTES=auto, by collective and world size: from where the copy
-# engines were measured ahead (NCCL's time / ours, BENCHMARKS.md §6). A pipelined all_reduce's
-# gather, against thread blocks': 4 x H100, 1 GiB calls (256 MiB blocks) 1.01 against 0.91,
-# 256 MiB 1.01 against 0.93, but 64 MiB 0.97 against 1.02 (a fixed ~17 µs of two launches,
-# and no gather beside the reductions); 2 GPUs behind or even at every size (64M / 256M / 1G
-# 1.03 / 1.09 / 1.05 against 1.21 / 1.15 / 1.03): never. A direct all_gather or all_to_all:
-# never. Its input staged chunk by chunk beside the copies slows them (4 x H100, 16M and
-# chunks of 32 / 128 MiB: all_gather 1.05 / 1.00 / 0.87-1.00 of NCCL at 64M / 256M / 1G,
-# all_to_all 0.90-0.92 / 0.85-0.86 / 0.77-0.89; 2 GPUs all_gather 1.07 / 1.05 / 0.98,
-# all_to_all 1.28 / 0.93 / 0.92), below the pipelined kernel's (4 x H100, staged outputs:
-# all_gather 1.09 / 1.09 / 1.06, all_to_all 1.10 / 1.07 / 1.06; 2 GPUs 1.15-1.56).
+# engines come out ahead of thread blocks' loads (BENCHMARKS.md has the runs). A pipelined
+# all_reduce's gather on more than 2 ranks: from blocks large enough that what the copy
+# engines gain over NVLink pays for a second launch and for a gather that no longer runs
+# beside the reductions; on 2 ranks they never come out ahead. A direct all_gather or
+# all_to_all: never, since its input, staged chunk by chunk beside the copies, slows them
+# below the pipelined kernel.
 COPY_ENGINE_AUTO = {"all_reduce": {2: 0, None: 64 << 20}, "all_gather": {None: 0},
                     "all_to_all": {None: 0}}
 
@@ -325,10 +320,8 @@ def in_place(plan, dtype, most: int) -> bool:
 
 # pipelined_reduce_scatter: each rank's block cut into chunks of this many bytes (at most
 # PIPELINE_MAX_CHUNKS of them); of the program's thread blocks, PIPELINE_PUSHERS quarters
-# push and the rest reduce or copy out (BENCHMARKS.md §6: with half pushing, reduce_scatter
-# at 64 MiB-1 GiB 1.28-1.41 of NCCL's own on 2 x H100 and 1.06-1.13 on 4, against 1.16-1.25
-# and 1.00-1.05 with three quarters; all_gather on 4 x H100 1.09 / 1.09 / 1.06 at 64M / 256M
-# / 1G against 0.98 / 0.98 / 0.96, all_to_all 1.10 / 1.07 / 1.06 against 1.00 / 0.97 / 0.97)
+# push and the rest reduce or copy out: half pushing keeps the work on arrived chunks up with
+# the pushes, and beat three quarters for every collective that runs on it (BENCHMARKS.md)
 PIPELINE_CHUNK_BYTES = 4 << 20
 PIPELINE_MAX_CHUNKS = 64
 PIPELINE_PUSHERS = 2
@@ -440,6 +433,9 @@ class PeerExecutor:
     output before the call (one kernel less per call)."""
 
     seeds_output = True
+    # Plans here are priced as steps inside one kernel (a flag's latency), not as NCCL group
+    # calls: the cost model's ``nccl_peer`` defaults (algorithms/params.py).
+    model_name = "nccl_peer"
 
     def __init__(self, transport, memory):
         import cupy
@@ -469,7 +465,8 @@ class PeerExecutor:
         self.failed = None
         self._entries = {}
         self.side = None           # the stream beside the caller's of calls by the copy engines
-        transport.before_close(lambda: memory.close(abort_peers=transport._aborted))
+        transport.before_close(lambda: memory.close(abort_peers=transport.aborted))
+        transport.add_error_check(self.check)     # what a kernel reported, at synchronize
 
     def __call__(self, plan, transport, buffers, reduce=None, *, tag=0, timeout=None,
                  operation=None, dtype=None, op=None, **_):
@@ -533,10 +530,10 @@ class PeerExecutor:
         round of copies on the caller's stream, after a one-block launch that waits for its
         chunk (``waits``); the side stream joined; and ``copies_around``'s end (one block),
         which tells every peer, waits until every peer has read this rank's staging memory,
-        and ends the call. Measured on 4 x H100, 768 MiB from 3 peers, every GPU at once:
-        2216 µs, against 2527 at best for thread blocks' loads (BENCHMARKS.md §6). Whatever
-        of it fails to be queued after the first launch fails the executor: that launch
-        has begun the call, which no later call may go on from."""
+        and ends the call. The copy engines move large blocks over NVLink faster than
+        thread blocks' loads do (BENCHMARKS.md). Whatever of it fails to be queued after the
+        first launch fails the executor: that launch has begun the call, which no later
+        call may go on from."""
         runtime, peers = self.cupy.cuda.runtime, self.memory.peer_data
         values, threads = entry.values, cuda_peer.THREADS
         first = stream
@@ -673,26 +670,22 @@ class PeerExecutor:
 
 
 def make_executor(transport):
-    """The peer-memory ``execute`` for ``transport``'s group, or None where the group does not
-    use peer memory (COLLECTIVES_GPU_PATH; collective: every rank of the group calls it when
-    the group is made, and all decide alike)."""
+    """(the peer-memory executor for ``transport``'s group or None, why): None where the group
+    does not use peer memory (COLLECTIVES_GPU_PATH; collective: every rank of the group calls
+    it when the group is made, and all decide alike)."""
     from ..transports.peer import open_peer_memory
     path = settings.GPU_PATH()
     if path == "nccl":
-        transport.peer_path = "off (COLLECTIVES_GPU_PATH=nccl)"
-        return None
+        return None, "off (COLLECTIVES_GPU_PATH=nccl)"
     try:
         memory, why = open_peer_memory(transport)
     except Exception as exc:     # a CUDA without IPC (or a stand-in CuPy): the same on all ranks
         if path == "peer":
             raise
         memory, why = None, f"peer memory unusable ({type(exc).__name__}: {exc})"
-    transport.peer_path = why
     if memory is None:
         if path == "peer":
             raise TransportError(f"nccl group on rank {transport.rank}: COLLECTIVES_GPU_PATH="
                                  f"peer, but peer memory is not usable here: {why}")
-        return None
-    executor = PeerExecutor(transport, memory)
-    transport.peer_executor = executor
-    return executor
+        return None, why
+    return PeerExecutor(transport, memory), why

@@ -16,10 +16,12 @@ an object with ``supports(collective, dtype, op) -> bool`` and, on flat arrays,
 ``op`` is never AVG there (the group sums and divides). ``recvbuf`` is None on ranks that
 receive nothing. ``offers`` says what an executor may use beyond isend/irecv/wait_all
 ("mpi_comm": an mpi4py ``comm``; "stream": stream-ordered device work), from which the group
-picks its executor (``collectives.executors``); transports never import executors. A
-transport may provide ``subgroup(ranks) -> Transport`` for new_group (a real sub-communicator
-where the library has one; otherwise the facade wraps the parent transport and translates
-ranks).
+picks its executor (``collectives.executors``); transports never import executors, and never
+read an executor's state: an executor keeps what it needs itself and uses the transport's
+hooks (``before_close`` for what must go before the connections, ``add_error_check`` for
+failures its device work reports, ``aborted``). A transport may provide ``subgroup(ranks)
+-> Transport`` for new_group (a real sub-communicator where the library has one; otherwise
+the facade wraps the parent transport and translates ranks).
 
 Tags are integers from 0 to ``max_tag``; a tag outside that range is an error, never wrapped.
 ``max_tag`` None means the transport carries no tags: messages between a pair match in the
@@ -95,6 +97,27 @@ class Transport:
     def _release(self) -> None:
         for release in self.__dict__.pop("_releases", ()):
             release()
+
+    def add_error_check(self, check) -> None:
+        """Call ``check(operation)`` wherever this transport checks for asynchronous errors
+        (a transport whose work completes on a device: while it waits and after): an
+        executor whose device work reports failures its own way raises them there, as the
+        transport raises its library's."""
+        checks = self.__dict__.setdefault("_error_checks", [])
+        if check not in checks:
+            checks.append(check)
+
+    def check_errors(self, operation: str) -> None:
+        """Run the checks ``add_error_check`` registered (each raises what it found)."""
+        for check in self.__dict__.get("_error_checks", ()):
+            check(operation)
+
+    @property
+    def aborted(self) -> bool:
+        """Whether this transport's connections were aborted rather than closed in order
+        (peers may wait for this rank for ever): what a release registered with
+        ``before_close`` may need to know. The default never aborts."""
+        return False
 
     def close(self) -> None:
         self._release()

@@ -37,14 +37,14 @@ graph to be destroyed: a cached graph left alive hangs the process in ``close`` 
 then destroys the communicator, or aborts it when the GPU work did not finish.
 
 Point-to-point bandwidth: NCCL cuts each send/recv into chunks of ``NCCL_P2P_NVL_CHUNKSIZE``
-bytes (default 512 KiB) over NVLink, and with that default a 64 MiB send between two H200s
-moved 157 GB/s against 324 GB/s with 64 KiB chunks (the p2p sweep of BENCHMARKS.md
-section 3): ring all_reduce of 256 MiB on 4 GPUs went from 0.42x to 0.80x of
-NCCL's own all_reduce. So ``create`` sets ``NCCL_P2P_NVL_CHUNKSIZE`` to
+bytes (default 512 KiB) over NVLink. With that default a large send moves markedly less
+over NVLink than with 64 KiB chunks, and our schedules, made of send/recv, inherit it
+(BENCHMARKS.md has the p2p sweep). So ``create`` sets ``NCCL_P2P_NVL_CHUNKSIZE`` to
 $COLLECTIVES_NCCL_P2P_CHUNKSIZE (default 65536; ``0`` leaves NCCL's default) unless it is
 already set. NCCL reads it once per process, at its first communicator: a process that
 created an NCCL communicator before ours (torch's, say) keeps the value it started with. It
-changes NCCL's send/recv only (its collectives measured the same), torch's included.
+changes NCCL's send/recv only (torch's, and ``native``'s grouped send/recv, included); NCCL's
+collective kernels do not cut by it.
 
 ``native`` exposes NCCL's own collectives (allReduce, reduceScatter, allGather, broadcast,
 reduce; all_to_all, gather and scatter as grouped send/recv; uneven reduce_scatter and
@@ -245,11 +245,10 @@ class NcclTransport(Transport):
         self.native = NcclNative(self)
 
     @property
-    def model_name(self) -> str:
-        """Whose cost-model defaults ``auto`` ranks this group's schedules with: peer memory's
-        where the group runs plans there (``nccl_peer``: a step costs 2 µs, not a group
-        call's 20), else NCCL send/recv's (params.DEFAULTS)."""
-        return "nccl_peer" if getattr(self, "peer_executor", None) is not None else "nccl"
+    def aborted(self) -> bool:
+        """Whether the communicator was aborted (a timeout, an error, ``abort``) rather than
+        destroyed in order: peers may still wait for this rank's part."""
+        return self._aborted
 
     # -- what the executor needs ---------------------------------------------------------
 
@@ -337,9 +336,7 @@ class NcclTransport(Transport):
             self.comm.check_async_error()
         except self.nccl.NcclError as exc:
             raise TransportError(f"{operation} on rank {self.rank}: NCCL reported {exc}") from exc
-        peer = getattr(self, "peer_executor", None)     # what a peer-memory kernel reported
-        if peer is not None:
-            peer.check(operation)
+        self.check_errors(operation)      # what device work of an executor reported
 
     # -- generic point-to-point (batched into one group at the first wait) ----------------
 

@@ -107,10 +107,10 @@ class Tally:
 def peer_executor_of(group, tally):
     """The group's peer-memory executor, or None after reporting, as this rank's failure, why
     the group does not run on peer memory."""
-    executor = getattr(group.transport, "peer_executor", None)
+    executor = group.executor.peer
     if executor is None:
         tally.failures.append(f"the group does not run on peer memory: "
-                              f"{getattr(group.transport, 'peer_path', '?')}")
+                              f"{group.executor.peer_path}")
         tally.report()
     return executor
 

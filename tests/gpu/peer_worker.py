@@ -50,10 +50,10 @@ def main():
     rank, p = group.rank, group.size
     tally = Tally(cupy, rank, p)
     failures, check = tally.failures, tally.check
-    executor = getattr(group.transport, "peer_executor", None)
+    executor = group.executor.peer
     if executor is None:
         failures.append(f"the group does not run on peer memory: "
-                        f"{getattr(group.transport, 'peer_path', '?')}")
+                        f"{group.executor.peer_path}")
 
     # 0. across the flagged lines' wrap (first: no earlier call has written the inboxes)
     if executor is not None:
@@ -125,7 +125,7 @@ def main():
 
     # 4. symmetric, then registered outputs: rank 0's alone, then every rank's
     count = 3 << 20                             # 12 MiB: messages above the eager limit
-    memory = group.transport.peer_executor.memory
+    memory = group.executor.peer.memory
     registered = cupy.empty(count * p + 64, cupy.float32)[64:]   # not at its allocation's start
     group.register_buffer(registered)
     if memory.place(registered) == 0 or memory.place(cupy.empty(16, cupy.float32)) != 0:

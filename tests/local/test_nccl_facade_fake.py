@@ -168,7 +168,7 @@ def test_an_uncaught_exception_on_nccl_aborts_the_communicator(one_rank_nccl, ca
         raise RuntimeError("boom")
     except RuntimeError as exc:
         sys.excepthook(type(exc), exc, exc.__traceback__)       # what Python does at the top
-    assert comm.destroyed and transport._aborted                 # ncclCommAbort ran
+    assert comm.destroyed and transport.aborted                 # ncclCommAbort ran
     err = capsys.readouterr().err
     assert "RuntimeError: boom" in err
     assert "rank 0 of 1 raised an uncaught RuntimeError; aborting its NCCL communicator" in err
@@ -178,10 +178,10 @@ def test_a_failing_exit_on_nccl_aborts_the_communicator(one_rank_nccl, monkeypat
     transport = one_rank_nccl
     monkeypatch.setattr(state, "exit_status", lambda: (0, None))
     dist._abort_nccl_if_failing()
-    assert not transport._aborted                 # a clean exit keeps the usual teardown
+    assert not transport.aborted                 # a clean exit keeps the usual teardown
     monkeypatch.setattr(state, "exit_status", lambda: (3, None))
     dist._abort_nccl_if_failing()                 # the atexit hook, after sys.exit(3)
-    assert transport._aborted and transport.comm.destroyed
+    assert transport.aborted and transport.comm.destroyed
 
 
 def test_destroy_process_group_puts_the_hook_back(one_rank_nccl):

@@ -435,7 +435,8 @@ def test_register_buffer_checks_the_array_before_any_rank_is_asked(monkeypatch):
                                                                      ndarray=Array))
     group = ProcessGroup.__new__(ProcessGroup)
     group.backend = "nccl"
-    group.transport = SimpleNamespace(peer_executor=executor, device=0, rank=3)
+    group.transport = SimpleNamespace(device=0, rank=3)
+    group.executor = SimpleNamespace(peer=executor)
     for bad, error, words in ((array(contiguous=False), ValueError, "contiguous"),
                               (array(nbytes=0, shape=(0,)), ValueError, "not be empty"),
                               (array(device=1), ValueError, "on GPU 1"),
@@ -633,12 +634,37 @@ def nccl_transport_that_never_completes(rank=1):
     from collectives.transports import nccl
     transport = nccl.NcclTransport.__new__(nccl.NcclTransport)
     transport.xp, transport.rank, transport.size, transport.device = NeverDone(), rank, 2, 0
-    transport.timeout, transport._aborted, transport._graphs = 1800.0, False, []
+    transport.timeout, transport._aborted = 1800.0, False
     aborted = []
     transport.comm = SimpleNamespace(allGather=lambda *a: None, check_async_error=lambda: None,
                                      abort=lambda: aborted.append(True))
     transport._release = lambda: None
     return transport, aborted
+
+
+def test_the_nccl_transport_raises_what_an_executor_s_error_check_reports():
+    """The peer executor's error words reach ``synchronize`` through a hook the transport
+    offers (``add_error_check``), run after NCCL's own check, each check once; the transport
+    reads nothing of the executor. ``aborted`` is the public word the executor's release
+    reads."""
+    from collectives.errors import TransportError
+    transport, _ = nccl_transport_that_never_completes(rank=1)
+    transport.nccl = SimpleNamespace(NcclError=RuntimeError)
+    seen = []
+
+    def check(operation):
+        seen.append(operation)
+        if operation == "second":
+            raise TransportError(f"{operation} on rank 1: a kernel reported")
+    transport.add_error_check(check)
+    transport.add_error_check(check)
+    transport._check_async("first")
+    with pytest.raises(TransportError, match="second on rank 1: a kernel reported"):
+        transport._check_async("second")
+    assert seen == ["first", "second"]
+    assert not transport.aborted
+    transport._abort()
+    assert transport.aborted
 
 
 def test_an_exchange_a_rank_never_joins_ends_at_the_call_s_timeout_naming_it():

@@ -99,7 +99,7 @@ class Rig:
         executor.failed, executor._entries, executor.memory = None, {}, mem
         executor.limit, executor.eager, executor.lines, executor.fences = 4, 1 << 20, 1 << 16, 0
         executor.most, executor.direct, executor.in_place, executor.pipeline = 0, False, 0, 0
-        executor.transport = SimpleNamespace(rank=0)
+        executor.transport, executor.agreed = SimpleNamespace(rank=0), {}
         executor.cupy = SimpleNamespace(cuda=SimpleNamespace(
             get_current_stream=lambda: streams.stream))
         self.executor, self.memory = executor, mem
@@ -136,7 +136,8 @@ class Rig:
         transport = SimpleNamespace(rank=0, size=2, xp=xp, max_tag=None, name="nccl",
                                     native=None, device=0, carries_signatures=False,
                                     offers=())
-        monkeypatch.setattr(executors, "select", lambda transport: executor)
+        monkeypatch.setattr(executors, "select", lambda transport: executors.Executor(
+            executor, executor.model_name, peer=executor))
         monkeypatch.setattr(ProcessGroup, "_agree", lambda group, table: None)  # one process
         self.group = ProcessGroup(transport, backend="nccl", timeout=60.0)
 

@@ -531,10 +531,10 @@ def test_calibrate_refuses_a_group_whose_plans_run_on_another_medium():
     from types import SimpleNamespace
 
     moved = []
-    transport = SimpleNamespace(name="nccl", model_name="nccl_peer", xp=None,
-                                isend=lambda *a: moved.append(a),
+    transport = SimpleNamespace(name="nccl", xp=None, isend=lambda *a: moved.append(a),
                                 irecv=lambda *a: moved.append(a))
-    group = SimpleNamespace(transport=transport, rank=1, size=2, next_tag=lambda: 0)
+    group = SimpleNamespace(transport=transport, rank=1, size=2, next_tag=lambda: 0,
+                            executor=SimpleNamespace(model_name="nccl_peer"))
     with pytest.raises(ValueError, match=r"calibrate on rank 1: this nccl group runs its "
                                          r"plans on another medium .*'nccl_peer'.*--tune"):
         calibration.calibrate(group)

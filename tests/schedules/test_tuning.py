@@ -278,12 +278,13 @@ def test_ranks_with_different_peer_memory_settings_fail_naming_them():
     assert "COLLECTIVES_PEER_EAGER_BYTES=4194304" in text
     assert "COLLECTIVES_PEER_EAGER_BYTES=1048576" in text and "peer-memory settings" in text
     assert len(tables[0].label().encode()) <= tuning.LABEL_BYTES
-    # a group's table takes them from its transport's peer-memory executor, where it has one
+    # a group's table takes them from the group's executor, where it runs on peer memory
     from types import SimpleNamespace
-    transport = SimpleNamespace(name="nccl", native=None, xp=None,
-                                peer_executor=SimpleNamespace(agreed=other))
-    assert tuning.DecisionTable.for_group(3, transport).digest == tables[2].digest
-    del transport.peer_executor
+    from collectives.executors import Executor
+    transport = SimpleNamespace(name="nccl", native=None, xp=None)
+    on_peer = Executor(None, "nccl", peer=SimpleNamespace(agreed=other))
+    assert tuning.DecisionTable.for_group(3, transport, on_peer).digest == tables[2].digest
+    assert tuning.DecisionTable.for_group(3, transport, Executor(None, "nccl")).agreed == {}
     assert tuning.DecisionTable.for_group(3, transport).agreed == {}
 
 
@@ -519,10 +520,24 @@ def test_groups_on_peer_memory_rank_with_peer_memory_s_model_and_a_file_still_wi
         calibrated
 
 
-def test_an_nccl_transport_names_its_model_by_where_its_plans_run():
+def test_a_group_s_executor_names_its_model_by_where_its_plans_run(monkeypatch):
+    """The executor the group chose says which cost model ranks its schedules and why peer
+    memory is used or not; the transport is asked nothing of it."""
     from types import SimpleNamespace
-    from collectives.transports.nccl import NcclTransport
-    transport = NcclTransport.__new__(NcclTransport)
-    assert transport.model_name == "nccl"
-    transport.peer_executor = SimpleNamespace()
-    assert transport.model_name == "nccl_peer"
+    from collectives import executors
+    from collectives.executors import nccl, peer
+    transport = SimpleNamespace(name="nccl", rank=0, offers=frozenset({"stream", "peer_memory"}))
+    monkeypatch.setenv("COLLECTIVES_GPU_PATH", "nccl")
+    chosen = executors.select(transport)
+    assert (chosen.execute, chosen.model_name, chosen.peer) == (nccl.execute, "nccl", None)
+    assert chosen.peer_path == "off (COLLECTIVES_GPU_PATH=nccl)" and chosen.agreed is None
+    on_peer = peer.PeerExecutor.__new__(peer.PeerExecutor)
+    on_peer.agreed = {"COLLECTIVES_PEER_BLOCKS": 8}
+    monkeypatch.setattr(peer, "make_executor", lambda t: (on_peer, "2 GPUs of one host"))
+    chosen = executors.select(transport)
+    assert (chosen.execute, chosen.model_name, chosen.peer) == (on_peer, "nccl_peer", on_peer)
+    assert chosen.peer_path == "2 GPUs of one host" and chosen.agreed == on_peer.agreed
+    assert vars(transport).keys() == {"name", "rank", "offers"}     # nothing pinned on it
+    table = tuning.DecisionTable.for_group(4, SimpleNamespace(name="nccl", native=None,
+                                                              xp=None), chosen)
+    assert table.params == cost.DEFAULTS["nccl_peer"]
