@@ -115,19 +115,19 @@ def test_model_check_uses_the_measured_ratios_of_the_tuning_file(tmp_path):
 
 
 def test_tie_noise_ignores_one_slow_round_and_auto_rules_replays_the_spread():
-    """``tuning.tie_noise`` (what ties are judged by): the interquartile range of a row's
+    """``fit.tie_noise`` (what ties are judged by): the interquartile range of a row's
     rounds scaled to five rounds' spread, so one slow round does not widen every tie; the
     spread (``run_noise``, what the bench prints) counts it. tools/auto_rules.py's ``spread``
     rule replays the rule before it and restores ``tie_noise`` afterwards."""
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tools"))
     import auto_rules
-    from collectives import tuning
+    from collectives.bench import fit
     steady = [{"round_p50_us": [10.0, 10.0, 10.2, 10.0, 10.1, 10.0, 10.0, 10.1, 10.0, 30.0]}]
-    assert tuning.tie_noise(steady) == (pytest.approx(0.0172, abs=1e-3),
-                                        tuning.QUARTILES_OVER_ROUNDS)
-    assert tuning.run_noise(steady)[0] == pytest.approx(2.0)   # the spread counts it
-    assert tuning.tie_noise(steady[:0] + [{"round_p50_us": [10.0, 12.0]}]) == \
-        tuning.run_noise([{"round_p50_us": [10.0, 12.0]}])     # too few rounds: the spread
+    assert fit.tie_noise(steady) == (pytest.approx(0.0172, abs=1e-3),
+                                        fit.QUARTILES_OVER_ROUNDS)
+    assert fit.run_noise(steady)[0] == pytest.approx(2.0)   # the spread counts it
+    assert fit.tie_noise(steady[:0] + [{"round_p50_us": [10.0, 12.0]}]) == \
+        fit.run_noise([{"round_p50_us": [10.0, 12.0]}])     # too few rounds: the spread
     # 6 % apart (ring faster in 5 of 6 rounds: no verdict round by round), every row once 3x
     # slower: the spread (2.0 / sqrt(6)) ties them and the model picks direct; the quartiles
     # do not, and ring, measured faster, stays
@@ -136,10 +136,10 @@ def test_tie_noise_ignores_one_slow_round_and_auto_rules_replays_the_spread():
     rows = [{"collective": "all_reduce", "algorithm": name, "world_size": 4, "size": 4096,
              "time_p50_us": sorted(t)[3], "round_p50_us": t} for name, t in rounds.items()]
     params = cost.DEFAULTS["socket"]
-    before = tuning.tie_noise
+    before = fit.tie_noise
     assert auto_rules.decide(rows, params, "current") == {("all_reduce", 4096): "ring"}
     assert auto_rules.decide(rows, params, "spread") == {("all_reduce", 4096): "direct"}
-    assert tuning.tie_noise is before
+    assert fit.tie_noise is before
 
 
 # every stored run of all algorithms on peer memory, 4 x H100 (bench --json; BENCHMARKS.md §4)

@@ -5,12 +5,12 @@ row (its median over B's rounds) over the best row of B (geometric mean, worst, 
 
 * model: a tie (no algorithm beats the runner-up by more than the noise of a median) goes to
   the model's pick among the tied;
-* current: ``tuning.decisions_from_records`` as it is (round by round, then the winner at the
-  nearest decided size, then the model), its noise ``tuning.tie_noise`` (the interquartile
+* current: ``fit.decisions_from_records`` as it is (round by round, then the winner at the
+  nearest decided size, then the model), its noise ``fit.tie_noise`` (the interquartile
   range of a row's rounds, scaled to five rounds' spread: one slow round does not widen it);
 * median: always the least median of A;
 * spread: as current, but with the spread (max - min) of a row's rounds itself as the noise
-  (``tuning.run_noise``, what the bench prints).
+  (``fit.run_noise``, what the bench prints).
 
 The model's parameters are the tuning file's (the ones run A's ``--tune`` broke ties with).
 
@@ -26,7 +26,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from collectives import tuning, tuning_file  # noqa: E402
+from collectives import tuning_file  # noqa: E402
+from collectives.bench import fit  # noqa: E402
 
 
 def records(path):
@@ -51,13 +52,13 @@ def decide(rows, params, rule):
     if rule == "median":
         return {key: min(m, key=m.get) for key, m in medians(rows).items()}
     if rule == "spread":
-        quartiles, tuning.tie_noise = tuning.tie_noise, tuning.run_noise
+        quartiles, fit.tie_noise = fit.tie_noise, fit.run_noise
         try:
             return decide(rows, params, "current")
         finally:
-            tuning.tie_noise = quartiles
-    table = tuning.decisions_from_records(
-        rows, params, ties=() if rule == "model" else tuning.TIE_STEPS)
+            fit.tie_noise = quartiles
+    table = fit.decisions_from_records(
+        rows, params, ties=() if rule == "model" else fit.TIE_STEPS)
     return {(collective, row["bytes"]): row["algorithm"]
             for (collective, _), listed in table.items() for row in listed}
 

@@ -14,7 +14,7 @@ import sys
 from .. import calibration, settings, tuning, tuning_file
 from ..algorithms import capabilities
 from ..ops import ReduceOp
-from . import report
+from . import fit, report
 from .backends import BACKENDS, default_backend, launch, launch_rank, under_launcher, under_mpi
 from .cases import ALGORITHMS, BENCH_COLLECTIVES, DEFAULT_SIZES, parse_dtype, parse_sizes
 from .machine import describe_executor, host_load, oversubscription_warning
@@ -189,14 +189,14 @@ def calibrate_groups(groups, path: str, timeout: float):
 
 def tune(path: str, rows, transport: str, itemsize: int, model: str | None = None) -> None:
     """``--tune``: the run's winners into the tuning file, what the decision table reads
-    (``tuning.decisions_from_records``: the least median over rounds where it beats the
+    (``fit.decisions_from_records``: the least median over rounds where it beats the
     runner-up by more than the noise of a median, else the one faster round by round, else
     the winner at the nearest decided size, else the model's pick), with the medians
     behind each. Rank 0 only, after the sweep. ``model``: whose defaults the group ranks
     with where the file has no entry for ``transport`` (the group's executor's ``model_name``:
     ``nccl_peer`` on peer memory), the parameters saved beside the decisions."""
     params = tuning_file.load_params(transport, model=model)
-    decisions = tuning.decisions_from_records(rows, params, itemsize)
+    decisions = fit.decisions_from_records(rows, params, itemsize)
     tuning.save(path, transport, params, decisions)
     chosen = [row for table in decisions.values() for row in table]
     by_model = sum(row["by"] == "model" for row in chosen)

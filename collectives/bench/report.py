@@ -3,7 +3,7 @@ per size, auto against the best, where ring and the log-p algorithms cross, the 
 the run's metadata, JSON, CSV, the plot and the progress bar.
 
 Verdicts are only printed where the run can support them: the noise is the spread of one
-schedule's time over the rounds (``tuning.run_noise``: the median over rows of (max - min) /
+schedule's time over the rounds (``fit.run_noise``: the median over rows of (max - min) /
 median of a row's round p50s; with one round, auto's row against its choice's own row), and
 a claim ("ring is faster at 64K", "auto within 10% of the best") whose difference is inside
 that noise is printed as a tie or as "within the noise" instead.
@@ -20,7 +20,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from .. import tuning
+from . import fit
 from .cases import format_size
 
 
@@ -63,7 +63,7 @@ def run_noise(records) -> dict:
     """The run's noise: ``fraction`` (how far two measurements of one schedule differ, the
     median over rows), how it was measured (``from``), and with rounds the worst row's spread
     over its rounds and how many rows had rounds."""
-    fraction, how = tuning.run_noise(records)
+    fraction, how = fit.run_noise(records)
     noise = {"fraction": fraction, "from": how}
     spreads = [_spread(r["round_p50_us"]) for r in records if len(r.get("round_p50_us") or ()) > 1]
     if spreads:

@@ -10,6 +10,7 @@ import pytest
 from registered_schedules import EXPERIMENT, favour, isolated, pairwise
 
 from collectives import algorithms, tuning
+from collectives.bench import fit
 from collectives.algorithms import cost, schedule
 from collectives.algorithms.schedule import Region, algorithm, build_plan, sendrecv
 
@@ -72,7 +73,7 @@ def test_bench_tune_leaves_out_a_schedule_not_opted_in(registry):
     records = [{"collective": "all_reduce", "algorithm": name, "world_size": 4, "size": 4096,
                 "round_p50_us": [t] * 5}
                for name, t in ((EXPERIMENT, 1.0), ("ring", 50.0), ("tree", 80.0))]
-    rows = tuning.decisions_from_records(records, cost.default_params("local"))
+    rows = fit.decisions_from_records(records, cost.default_params("local"))
     [row] = rows["all_reduce", 4]
     assert row["algorithm"] == "ring" and EXPERIMENT not in row["median_us"]
 

@@ -549,7 +549,7 @@ def test_tune_saves_the_parameters_of_the_group_s_model(tmp_path, monkeypatch):
 
     monkeypatch.delenv("COLLECTIVES_TUNING", raising=False)
     saved = {}
-    monkeypatch.setattr(cli.tuning, "decisions_from_records", lambda rows, params, size: {})
+    monkeypatch.setattr(cli.fit, "decisions_from_records", lambda rows, params, size: {})
     monkeypatch.setattr(cli.tuning, "save", lambda path, transport, params, decisions:
                         saved.update({transport: params}))
     cli.tune(str(tmp_path / "t.json"), [], "nccl", 4, "nccl_peer")

@@ -14,6 +14,7 @@ import pytest
 
 from collectives import settings, tuning
 from collectives.algorithms import capabilities, cost, measured
+from collectives.bench import fit
 from collectives.errors import CollectiveError
 from collectives.group import ProcessGroup
 from collectives.transports.local import LocalWorld
@@ -353,7 +354,7 @@ def test_winners_by_median_over_rounds_beyond_the_noise():
             record("native", 4096, [1, 1, 1]), record("auto", 4096, [1, 1, 1]),
             record("ring:graph", 4096, [1, 1, 1]), record("tree", 8192, [1, 1, 1], wrong=3),
             record("ring", 8192, [200, 202, 198]), record("direct", 8192, [199, 201, 203])]
-    out = tuning.decisions_from_records(rows, params)
+    out = fit.decisions_from_records(rows, params)
     (at4k, at8k), = [out["all_reduce", 4]]
     assert at4k["algorithm"] == "direct" and at4k["by"] == "measured"
     assert set(at4k["median_us"]) == {"ring", "tree", "direct"} and at4k["rounds"] == 3
@@ -363,7 +364,7 @@ def test_winners_by_median_over_rounds_beyond_the_noise():
     assert (at8k["algorithm"], at8k["by"]) == ("direct", "neighbour")
     assert set(at8k["median_us"]) == {"ring", "direct"}
     # with nothing decided anywhere: the model's pick among the two
-    (alone,), = tuning.decisions_from_records(rows[-2:], params).values()
+    (alone,), = fit.decisions_from_records(rows[-2:], params).values()
     model = cost.ranking("all_reduce", 4, 8192, params, ["ring", "direct"])[0][1]
     assert (alone["algorithm"], alone["by"]) == (model, "model")
 
@@ -384,10 +385,10 @@ def test_a_gap_beyond_the_noise_of_a_median_is_measured_not_left_to_the_model():
             record("direct", 8192, [1.05 * t for t in spread], p=4),
             record("tree", 16384, spread, p=4),
             record("direct", 16384, [84, 99, 105, 110, 125], p=4)]
-    (at4k, at8k, at16k), = tuning.decisions_from_records(rows, params).values()
+    (at4k, at8k, at16k), = fit.decisions_from_records(rows, params).values()
     noise = 0.10 / 1.349 * 2.326
     assert at4k["noise"] == pytest.approx(noise, abs=1e-4) and at4k["rounds"] == 5
-    assert at4k["noise_from"] == tuning.QUARTILES_OVER_ROUNDS
+    assert at4k["noise_from"] == fit.QUARTILES_OVER_ROUNDS
     assert at4k["threshold"] == pytest.approx(noise / 5 ** 0.5, abs=1e-4)
     assert (at4k["algorithm"], at4k["by"]) == ("tree", "measured")
     assert (at8k["algorithm"], at8k["by"]) == ("tree", "rounds")
@@ -416,7 +417,7 @@ def test_a_tie_goes_to_the_winner_at_the_nearest_decided_size_before_the_model()
             record("ring_bidirectional", 16 << 20, noisy, p=8)]
     for row in rows:
         row["collective"] = "all_to_all"
-    (at64k, at256k, at1m, at16m), = tuning.decisions_from_records(rows, params).values()
+    (at64k, at256k, at1m, at16m), = fit.decisions_from_records(rows, params).values()
     assert at64k["by"] == at1m["by"] == "measured" and at64k["algorithm"] == "direct"
     model = cost.ranking("all_to_all", 8, 256 << 10, params,
                          ["direct", "ring_bidirectional"])[0][1]
@@ -432,7 +433,7 @@ def test_a_tie_goes_to_the_winner_at_the_nearest_decided_size_before_the_model()
 def test_faster_in_rounds_is_a_one_sided_sign_test(wins, rounds, decides):
     mine = [1.0] * rounds
     theirs = [2.0] * wins + [0.5] * (rounds - wins)
-    assert tuning.faster_in_rounds(mine, theirs) is decides
+    assert fit.faster_in_rounds(mine, theirs) is decides
 
 
 def test_run_noise_without_rounds_comes_from_auto_and_its_choice():
@@ -440,9 +441,9 @@ def test_run_noise_without_rounds_comes_from_auto_and_its_choice():
              "time_p50_us": 100.0},
             {"collective": "all_reduce", "algorithm": "auto", "chosen": "ring", "world_size": 2,
              "size": 64, "time_p50_us": 110.0}]
-    noise, how = tuning.run_noise(rows)
+    noise, how = fit.run_noise(rows)
     assert noise == pytest.approx(0.1) and how == "auto row vs its choice's row"
-    assert tuning.run_noise(rows[:1]) == (0.0, "none measured")
+    assert fit.run_noise(rows[:1]) == (0.0, "none measured")
 
 
 def test_bench_tune_writes_the_table_a_group_then_reads(tmp_path, monkeypatch):
