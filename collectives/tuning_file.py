@@ -254,10 +254,10 @@ def save_ratios(path: str, transport: str, params: Params, table: dict) -> None:
 
 
 def save_decisions(path: str, transport: str, params: Params, decisions: dict) -> None:
-    """Merge ``decisions`` ({(collective, world size): [row]}, ``bench.fit.decisions_from_records``)
-    into ``transport``'s entry: the pairs measured replace the file's, others stay. The
-    entry's parameters become ``params`` (the model the ties were broken with); its ratios
-    stay only where those are the parameters it held."""
+    """Merge ``decisions`` ({(collective, world size): [row]},
+    ``bench.fit.decisions_from_records``) into ``transport``'s entry: the pairs measured
+    replace the file's, others stay. The entry's parameters become ``params`` (the model the
+    ties were broken with); its ratios stay only where those are the parameters it held."""
     old = {}
     if os.path.exists(path):
         found = read(path).get(transport)
