@@ -6,7 +6,9 @@ argument, else a look-up in the group's decision table, ``collectives/tuning.py`
 when the group is made from ``COLLECTIVES_ALGORITHM``, the tuning file and the cost model,
 its hash compared across the ranks then), assigns the call its tag in program order, and
 returns a ready-to-run operation. Buffers here are flat, contiguous numpy or cupy arrays;
-turning tensors into such views is the facade's job.
+turning tensors into such views is the facade's job. The checks of one call's arguments, its
+counts and size, and the call shape ``prepare`` keeps for repeated calls are
+``collectives/call.py``'s.
 
 Calls are matched across ranks by their order (the tag is a sequence number), so one group's
 collectives must come from one thread at a time: two threads calling at once are ordered
@@ -27,12 +29,13 @@ from threading import get_ident
 import numpy as np
 
 from .algorithms import AUTO, NATIVE, canonical, check_algorithm
-from .algorithms.schedule import COLLECTIVES, ROOTED, Matrix, buffer_sizes, build_plan, plan_args
-from .algorithms.transforms import read_input_first, windowed
+from .algorithms.schedule import COLLECTIVES, ROOTED, buffer_sizes, build_plan, plan_args
 from . import debug, settings, signature, tuning
 from .errors import CollectiveError
 from . import executors
-from .kernels.reduce import BFLOAT16, check_op, fast_reducer, finish_average, reducer
+from .call import (CallShape, call_counts, call_size, check_buffer, check_root, check_sizes,
+                   host_reducer, no_check, overlap, plain, same_memory)
+from .kernels.reduce import check_op, finish_average
 from .ops import REDUCING, ReduceOp
 from .store.base import timeout_seconds
 
@@ -75,8 +78,8 @@ class ProcessGroup:
         # why calls on it are refused (destroy_process_group sets it); None while usable
         self.destroyed = None
         self._sequence = 0
-        self._repeats = {}          # prepare's cache of repeated call shapes (_Shape)
-        # the array type the transport works on (None: any array passes to _check_buffer)
+        self._repeats = {}          # prepare's cache of repeated call shapes (CallShape)
+        # the array type the transport works on (None: any array passes check_buffer)
         self._array_type = None if transport.xp is None else transport.xp.ndarray
         # The largest p2p tag this group's transport can carry apart from every other tag;
         # None where the transport carries no tags at all (NCCL matches messages in order).
@@ -374,44 +377,44 @@ class ProcessGroup:
             timeout_seconds(timeout, f"{collective} on rank {self.rank}")
         if known is not None:
             array = self._array_type
-            if not (_plain(input, array, False) and _plain(output, array, True)):
+            if not (plain(input, array, False) and plain(output, array, True)):
                 for name, buf in (("input", input), ("output", output)):
-                    self._check_buffer(collective, name, buf, known.dtype)
+                    check_buffer(collective, name, buf, known.dtype, self.rank, self.transport)
             tag = self.next_tag()
             if known.plan is None:
                 return self._native(collective, input, output, known.counts, root, known.op,
-                                    _no_check)
-            return self._runner(known, input, output, root, _no_check, tag)
+                                    no_check)
+            return self._runner(known, input, output, root, no_check, tag)
         try:
             op = ReduceOp.parse(op)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{collective} on rank {self.rank}: {exc}") from None
-        self._check_root(collective, root)
+        check_root(collective, root, self.rank, self.size)
         data = output if input is None else input
         dtype = None if data is None else data.dtype
         for name, buf in (("input", input), ("output", output)):
-            self._check_buffer(collective, name, buf, dtype)
+            check_buffer(collective, name, buf, dtype, self.rank, self.transport)
         if collective in REDUCING and dtype is not None:
             check_op(op, dtype, collective, self.rank)
-        counts = self._counts(collective, counts, input, output, root)
+        counts = call_counts(collective, counts, input, output, self.rank, self.size)
         n_in, n_out = buffer_sizes(collective, self.rank, self.size, counts, root)
-        self._check_sizes(collective, input, output, n_in, n_out, root)
+        check_sizes(collective, input, output, n_in, n_out, root, self.rank)
         nbytes = 0 if data is None else call_size(collective, counts, self.size) * data.itemsize
         name = self.resolve_algorithm(collective, algorithm, nbytes)
         check = self._call_check(collective, name, dtype, counts, root, op, deadline)
         tag = self.next_tag()
         if name == NATIVE:
             run = self._native(collective, input, output, counts, root, op, check)
-            self._remember(key, check, _Shape(collective, dtype, None, None, op, deadline,
-                                              counts, None, 1))
+            self._remember(key, check, CallShape(collective, dtype, None, None, op, deadline,
+                                                 counts, None, 1))
             return run
 
         plan = build_plan(collective, name, self.rank, self.size,
                           *plan_args(collective, self.size, counts, root))
         window = self.window if self.transport.name in WINDOWED_TRANSPORTS else 1
-        reduce = _host_reducer(op, dtype) if collective in REDUCING else None
-        shape = _Shape(collective, dtype, plan, reduce, op, deadline, counts,
-                       self._signature(collective, name, dtype, op, root), window)
+        reduce = host_reducer(op, dtype) if collective in REDUCING else None
+        shape = CallShape(collective, dtype, plan, reduce, op, deadline, counts,
+                          self._signature(collective, name, dtype, op, root), window)
         self._remember(key, check, shape)
         return self._runner(shape, input, output, root, check, tag)
 
@@ -437,7 +440,7 @@ class ProcessGroup:
             return None
 
     def _remember(self, key, check, entry):
-        if key is not None and check is _no_check:
+        if key is not None and check is no_check:
             if len(self._repeats) >= _REPEATS_KEPT:
                 self._forget_repeats()
             self._repeats[key] = entry
@@ -455,7 +458,7 @@ class ProcessGroup:
                                                    shape.deadline, shape.dtype)
         plan = shape.steps
         direct = None
-        if collective == "all_reduce" and input is not None and not _overlap(input, output):
+        if collective == "all_reduce" and input is not None and not overlap(input, output):
             direct = shape.reading_input_first()   # no input -> output copy first
         if direct is not None:
             plan = direct
@@ -491,12 +494,12 @@ class ProcessGroup:
 
     def _buffers(self, collective, input, output):
         if collective in ("all_reduce", "broadcast"):
-            if input is not None and not _same_memory(input, output):
-                if getattr(self.execute, "seeds_output", False) and not _overlap(input, output):
+            if input is not None and not same_memory(input, output):
+                if getattr(self.execute, "seeds_output", False) and not overlap(input, output):
                     return {"input": input, "output": output}    # the executor reads input
                 output[...] = input
             return {"output": output}
-        if input is not None and output is not None and _overlap(input, output):
+        if input is not None and output is not None and overlap(input, output):
             input = input.copy()      # schedules read input while writing output
         return {"input": input, "output": output}
 
@@ -509,7 +512,7 @@ class ProcessGroup:
         """Under COLLECTIVES_DEBUG=DETAIL, a function that all-gathers every rank's call
         fingerprint and raises on any mismatch; otherwise a no-op."""
         if debug.level() != "DETAIL" or self.size == 1:
-            return _no_check
+            return no_check
         mine = dict(operation=collective, algorithm=name, dtype=str(dtype), counts=counts,
                     root=root if collective in ROOTED else None,
                     op=op.name if collective in REDUCING else None)
@@ -556,166 +559,3 @@ class ProcessGroup:
                 call()
             self._finish(collective, op, output, root)
         return run
-
-    def _check_root(self, collective, root):
-        if collective in ROOTED and not (isinstance(root, (int, np.integer)) and 0 <= root < self.size):
-            raise ValueError(f"{collective} on rank {self.rank}: root {root!r} is out of range "
-                             f"for a group of size {self.size}")
-
-    def _check_buffer(self, collective, name, buf, dtype):
-        if buf is None:
-            return
-        if not hasattr(buf, "dtype") or not hasattr(buf, "ndim"):
-            raise TypeError(f"{collective} on rank {self.rank}: {name} must be an array, "
-                            f"got {type(buf).__name__}")
-        xp = self.transport.xp
-        if xp is not None and not isinstance(buf, xp.ndarray):
-            where = "GPU" if xp is not np else "host"
-            raise TypeError(f"{collective} on rank {self.rank}: {name} is a "
-                            f"{type(buf).__module__}.{type(buf).__name__}, but this group's "
-                            f"{self.transport.name} transport works on {xp.__name__} arrays "
-                            f"({where} memory): move the buffer to the {where} first")
-        if buf.ndim != 1 or not buf.flags.c_contiguous:
-            raise ValueError(f"{collective} on rank {self.rank}: {name} must be a flat "
-                             f"contiguous array (got ndim={buf.ndim}, "
-                             f"contiguous={buf.flags.c_contiguous})")
-        if buf.dtype != dtype:
-            raise TypeError(f"{collective} on rank {self.rank}: input and output dtypes differ "
-                            f"({dtype} vs {buf.dtype})")
-        if name == "output" and not getattr(buf.flags, "writeable", True):   # cupy: no flag
-            raise ValueError(f"{collective} on rank {self.rank}: the output buffer is read-only")
-
-    def _counts(self, collective, counts, input, output, root):
-        p = self.size
-        if collective == "barrier":
-            return None
-        if collective in ("all_reduce", "broadcast"):
-            return output.size
-        if collective == "reduce":
-            return input.size
-        if counts is not None:
-            if collective == "all_to_all":
-                counts = Matrix(tuple(int(c) for c in row) for row in counts)
-                bad = len(counts) != p or any(len(row) != p for row in counts)
-            else:
-                counts = tuple(int(c) for c in counts)
-                bad = len(counts) != p
-            if bad or any(c < 0 for c in np.ravel(counts)):
-                raise ValueError(f"{collective} on rank {self.rank}: counts must be {p} "
-                                 f"non-negative integers per rank, got {counts!r}")
-            return counts
-        if collective in ("all_gather", "gather"):
-            return (input.size,) * p
-        if collective == "reduce_scatter":
-            return (output.size,) * p
-        if collective == "scatter":
-            return (output.size,) * p
-        if collective == "all_to_all":
-            if input.size % p:
-                raise ValueError(f"all_to_all on rank {self.rank}: {input.size} elements do not "
-                                 f"split evenly over {p} ranks; give split sizes")
-            return Matrix(((input.size // p,) * p,) * p)
-        raise ValueError(f"unknown collective {collective!r}")
-
-    def _check_sizes(self, collective, input, output, n_in, n_out, root):
-        rooted_out = collective in ("reduce", "gather") and self.rank != root
-        rooted_in = collective == "scatter" and self.rank != root
-        if input is not None and not rooted_in and input.size != n_in \
-                and collective not in ("all_reduce", "broadcast"):
-            raise ValueError(f"{collective} on rank {self.rank}: input has {input.size} "
-                             f"elements, expected {n_in}")
-        if output is not None and not rooted_out and output.size != n_out:
-            raise ValueError(f"{collective} on rank {self.rank}: output has {output.size} "
-                             f"elements, expected {n_out}")
-        if collective == "all_reduce" and input is not None and input.size != output.size:
-            raise ValueError(f"all_reduce on rank {self.rank}: input has {input.size} elements, "
-                             f"output {output.size}")
-
-
-def _host_reducer(op, dtype):
-    """numpy's half-precision loops are scalar (many times slower than float32), so float16 and
-    bfloat16 take the Numba kernels (imported only then); everything else stays on numpy,
-    which is as fast as Numba on these sizes and costs no compile."""
-    if dtype == np.float16 or dtype == BFLOAT16:
-        return fast_reducer(op, dtype)
-    return reducer(op, dtype)
-
-
-def call_size(collective, counts, size) -> int:
-    """The call's size in elements as ``auto`` sees it (cost.uniform_counts' convention),
-    computed only from what every rank knows alike: ranks that disagreed here would pick
-    different algorithms and deadlock."""
-    if collective == "barrier":
-        return 0
-    if collective in ("all_reduce", "broadcast", "reduce"):
-        return counts
-    if collective in ("reduce_scatter", "all_gather", "gather"):
-        return sum(counts)
-    if collective == "scatter":
-        return sum(counts) // size
-    return sum(map(sum, counts)) // size          # all_to_all: the average send buffer
-
-
-def _no_check():
-    return None
-
-
-_UNSET = object()
-
-
-class _Shape:
-    """What ``prepare`` worked out for a call of one shape (collective, dtypes, sizes, op,
-    algorithm, root, timeout), reused by every later call of that shape. ``plan`` None: the
-    native collective. ``steps``: the plan as the executor runs it (its steps merged into
-    windows of ``window``, transforms.windowed). ``extra``: what the executor is also passed
-    (the call's signature where the transport compares it)."""
-    __slots__ = ("collective", "dtype", "plan", "steps", "window", "reduce", "op", "deadline",
-                 "counts", "extra", "_direct")
-
-    def __init__(self, collective, dtype, plan, reduce, op, deadline, counts, mark, window):
-        self.collective, self.dtype, self.plan, self.reduce = collective, dtype, plan, reduce
-        self.op, self.deadline, self.counts, self.window = op, deadline, counts, window
-        self.steps = windowed(plan, window) if plan is not None and window > 1 else plan
-        self.extra = {} if mark is None else {"signature": mark}
-        self._direct = _UNSET
-
-    def reading_input_first(self):
-        """The all_reduce plan rewritten to read input instead of copying it into output
-        first, as the executor runs it (None where it cannot be), worked out once."""
-        if self._direct is _UNSET:
-            direct = read_input_first(self.plan, self.counts)    # all_reduce: counts = n
-            if direct is not None and self.window > 1:
-                direct = windowed(direct, self.window)
-            self._direct = direct
-        return self._direct
-
-
-def _plain(buf, array_type, written) -> bool:
-    """Whether ``buf`` (of a shape seen before: its dtype and size are the key's) is surely
-    fine: None, or a flat contiguous array of the group's type (writable where ``written``).
-    False sends it through ``_check_buffer``, which says what is wrong."""
-    if buf is None:
-        return True
-    if array_type is None or type(buf) is not array_type or buf.ndim != 1:
-        return False
-    flags = buf.flags
-    return flags.c_contiguous and (not written or getattr(flags, "writeable", True))
-
-
-def _same_memory(a, b) -> bool:
-    return a is b or (a.size == b.size and a.size > 0 and _address(a) == _address(b))
-
-
-def _overlap(a, b) -> bool:
-    if a.size == 0 or b.size == 0:
-        return False
-    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        return np.shares_memory(a, b)
-    lo_a, lo_b = _address(a), _address(b)
-    return lo_a < lo_b + b.nbytes and lo_b < lo_a + a.nbytes
-
-
-def _address(a) -> int:
-    if isinstance(a, np.ndarray):
-        return a.__array_interface__["data"][0]
-    return a.data.ptr          # cupy

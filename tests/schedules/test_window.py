@@ -260,17 +260,16 @@ def _facade_job(rank, pick):
 
 
 def test_facade_on_local_transport_window_4_gives_the_bits_of_window_1(monkeypatch):
-    import importlib
-    group_module = importlib.import_module("collectives.group")   # collectives.group: torch's class
+    from collectives import call as call_module    # where a call shape windows its plan
     from collectives.testing import spawn_local
     calls = []
-    real = group_module.windowed
+    real = call_module.windowed
 
     def counting(plan, window):
         calls.append(window)
         return real(plan, window)
 
-    monkeypatch.setattr(group_module, "windowed", counting)
+    monkeypatch.setattr(call_module, "windowed", counting)
     rounds = max(len(a) for a in capabilities().values())
     for size in (4, 5):
         for pick in range(rounds):
