@@ -128,6 +128,14 @@ def choice(*options: str) -> Callable[[str], str]:
     return parse
 
 
+def topology(text: str):
+    """Ranks grouped into hosts (``collectives.algorithms.topology``): host sizes, ranks
+    numbered host after host (``3,5``; ``HxN`` for H hosts of N ranks: ``64x8``, ``2x4,1``),
+    or a rank -> host map (``map:0,1,0,1``)."""
+    from .algorithms.topology import Topology     # parsing only: the format's one home
+    return Topology.parse(text)
+
+
 def text(value: str) -> str:
     """Any text (surrounding spaces dropped)."""
     return value.strip()
@@ -207,6 +215,7 @@ _LEVELS = ("OFF", "INFO", "DETAIL")
 
 # -- choosing and running algorithms ---------------------------------------------------------
 ALGORITHM = declare("COLLECTIVES_ALGORITHM", text, "", GROUP, "The algorithm per collective, over `auto` (`all_reduce=ring,all_gather=tree`); the call's `algorithm=` still wins", kind="collective=algorithm,...")
+TOPOLOGY = declare("COLLECTIVES_TOPOLOGY", topology, None, GROUP, "Ranks grouped into hosts, for hierarchical algorithms (`hierarchical:<intra>+<inter>`, which take it as their `@<topology>`): host sizes with ranks numbered host after host (`3,5`; `64x8` = 64 hosts of 8; `2x4,1`) or a rank -> host map (`map:0,1,0,1`); it must cover the group's every rank", kind="host sizes or map:...")
 TUNING = declare("COLLECTIVES_TUNING", text, "", GROUP, "Tuning file (`bench.py --calibrate/--tune`) the group's decision table reads; every rank must name the same content", kind="path")
 WINDOW = declare("COLLECTIVES_WINDOW", integer(1), 1, GROUP, "Steps in flight at once on host transports (local, mpi, socket); 1 = off", kind="integer >= 1")
 DEBUG = declare("COLLECTIVES_DEBUG", choice(*_LEVELS), "OFF", CALL, "OFF; INFO logs each group's decision table and each choice; DETAIL also checks, before every collective, that all ranks make the same call", kind="OFF, INFO or DETAIL")

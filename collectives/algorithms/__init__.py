@@ -3,7 +3,10 @@
 No I/O and no transport here. ``capabilities()`` is the table of what exists; ``ALIASES``
 adds the names users look for (Open MPI's and the literature's: rabenseifner, bruck,
 van_de_geijn, dissemination, binomial), each another name of the schedule that implements
-it; asking for anything else is a ValueError that lists the valid names.
+it; asking for anything else is a ValueError that lists the valid names. Names of the form
+``prefix:rest`` are schedules a *family* makes from others on demand (``schedule.FAMILIES``):
+``hierarchical:<intra>+<inter>@<topology>`` (``hierarchical.py``) is accepted wherever a name
+is, though ``capabilities()`` cannot list every one.
 
 ``auto`` chooses among fewer: ``auto_candidates()``, the package's own schedules and those
 registered with ``@algorithm(collective, name, auto=True)``, each of the latter proven in the
@@ -20,9 +23,10 @@ from . import recursive_doubling  # noqa: F401
 from . import ring_bidirectional  # noqa: F401
 from . import direct  # noqa: F401
 from . import pipelined_tree  # noqa: F401
+from . import hierarchical  # noqa: F401  (the family hierarchical:<intra>+<inter>@<topology>)
 from . import cost
-from .schedule import (COLLECTIVES, REGISTRY, Plan, auto_names, build_plan, is_opted_in,
-                       record_package_schedules)
+from .schedule import (COLLECTIVES, REGISTRY, Plan, auto_names, build_plan, is_family_name,
+                       is_opted_in, record_package_schedules, schedule_function)
 
 record_package_schedules()      # every schedule the modules above registered is the package's
 
@@ -56,7 +60,10 @@ def capabilities(aliases: bool = False) -> dict[str, tuple[str, ...]]:
 
 
 def canonical(collective: str, name: str) -> str:
-    """The registered schedule behind ``name`` (``name`` itself unless it is an alias)."""
+    """The registered schedule behind ``name`` (``name`` itself unless it is an alias); a
+    family's name in its one canonical form (``hierarchical.canonical_name``)."""
+    if hierarchical.is_hierarchical(name):
+        return hierarchical.canonical_name(collective, name)
     return ALIASES.get(collective, {}).get(name, name)
 
 
@@ -65,6 +72,9 @@ def check_algorithm(collective: str, name: str, *, native_available: bool = Fals
     has."""
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+    if is_family_name(name):
+        schedule_function(collective, name)      # a ValueError saying what is wrong
+        return
     names = capabilities()[collective]
     valid = list(names) + [AUTO] + ([NATIVE] if native_available else [])
     other = {a: n for a, n in ALIASES.get(collective, {}).items() if n in names}

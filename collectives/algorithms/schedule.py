@@ -334,10 +334,47 @@ def auto_names(collective: str) -> tuple[str, ...]:
                         or is_opted_in(collective, name)))
 
 
+# Families of schedules made from other schedules, named ``prefix:rest`` (registered names
+# never hold ':'): prefix -> resolver(collective, rest) returning the schedule function (the
+# same one for the same arguments, so plans cache by name), or raising ValueError that names
+# the collective and says what is wrong. ``hierarchical:<intra>+<inter>@<topology>`` is one.
+FAMILIES: dict[str, Callable] = {}
+
+
+def family(prefix: str):
+    """Register ``resolver(collective, rest)`` for the names ``prefix:rest``."""
+    if not prefix or ":" in prefix or prefix in RESERVED_NAMES:
+        raise ValueError(f"family({prefix!r}): the prefix must be a non-empty name without ':'")
+
+    def register(resolver):
+        FAMILIES[prefix] = resolver
+        build_plan.cache_clear()
+        return resolver
+    return register
+
+
+def is_family_name(name) -> bool:
+    """Whether ``name`` is ``prefix:rest`` for a registered family."""
+    return isinstance(name, str) and name.partition(":")[0] in FAMILIES and ":" in name
+
+
+def schedule_function(collective: str, name: str) -> Callable:
+    """The schedule function ``name`` stands for: a registered one, or one a family makes
+    (ValueError, naming the collective, where the family cannot make it); KeyError where
+    ``name`` is neither."""
+    fn = REGISTRY.get(collective, {}).get(name)
+    if fn is not None:
+        return fn
+    if is_family_name(name):
+        prefix, _, rest = name.partition(":")
+        return FAMILIES[prefix](collective, rest)
+    raise KeyError(name)
+
+
 @functools.lru_cache(maxsize=4096)
 def build_plan(collective: str, name: str, rank: int, size: int, *args) -> Plan:
     """Materialize (and cache) one rank's steps. ``args`` are the collective's hashable
     arguments after (rank, size): a count, a tuple of counts, a matrix of counts, a root."""
-    fn = REGISTRY[collective][name]
+    fn = schedule_function(collective, name)
     steps = tuple(filter(None, map(_drop_empty, fn(rank, size, *args))))    # None: dropped
     return Plan(collective, name, rank, size, steps, _scratch_needed(steps), args)

@@ -22,7 +22,8 @@ from ..errors import CollectiveError
 from ..kernels.reduce import check_op, finish_average, reducer
 from ..ops import ReduceOp
 from .lowered import POST, WAIT, Chain, stepwise
-from .schedule import COLLECTIVES, ROOTED, Copy, Matrix, buffer_sizes, build_plan, plan_args
+from .schedule import (COLLECTIVES, ROOTED, Copy, Matrix, buffer_sizes, build_plan,
+                       is_family_name, plan_args, schedule_function)
 
 
 @contextlib.contextmanager
@@ -249,6 +250,9 @@ def _checked_names(collective, algorithm) -> str:
     if collective not in COLLECTIVES:
         raise ValueError(f"simulate: unknown collective {collective!r}; known: "
                          f"{', '.join(COLLECTIVES)}")
+    if is_family_name(algorithm):       # hierarchical:...: the family says what is wrong
+        schedule_function(collective, algorithm)
+        return canonical(collective, algorithm)
     names = capabilities(aliases=True)[collective]
     if not isinstance(algorithm, str) or algorithm not in names:
         raise ValueError(f"simulate: {collective} has no algorithm {algorithm!r} (the "
