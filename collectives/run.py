@@ -112,43 +112,13 @@ def _exit_code(returncode: int) -> int:
 
 def launch(ns) -> int:
     world_size = ns.nproc_per_node * ns.nnodes
-    secret = settings.SECRET()
-    if not secret and ns.nnodes == 1:
-        secret = new_secret()          # one node: a secret for this job alone
-    elif not secret:
-        # Several nodes: a secret made here could not reach the other nodes' launchers, so
-        # every process falls back to the per-user secret file. Check it now, and say loudly
-        # that the nodes must share it.
-        try:
-            job_secret()
-        except SecretFileError as exc:
-            sys.stderr.write(f"collectives.run: {exc}\n")
-            return 2
-        sys.stderr.write(f"collectives.run: --nnodes {ns.nnodes} without {SECRET_ENV}: every "
-                         f"process authenticates with the per-user secret file "
-                         f"{secret_file_path()}, so the job works only if every node has the "
-                         f"same file (a shared home directory). Otherwise set {SECRET_ENV} to "
-                         f"one value on every node, e.g. $(python -c 'import secrets; "
-                         f"print(secrets.token_hex(32))')\n")
-        secret = None
-
-    store = None
-    if ns.node_rank == 0:
-        from .store import TCPStore
-        # Listen on the master address's interface only (loopback for --standalone).
-        store = TCPStore(ns.master_addr, ns.master_port, world_size, is_master=True,
-                         wait_for_workers=False, secret=secret)
-        port = store.port
-    else:
-        port = ns.master_port
-
-    if ns.no_python:
-        command = [ns.target]
-    elif ns.module:
-        command = [sys.executable, "-u", "-m", ns.target]
-    else:
-        command = [sys.executable, "-u", ns.target]
-    command += ns.args
+    try:
+        secret = _job_secret(ns.nnodes)
+    except SecretFileError as exc:
+        sys.stderr.write(f"collectives.run: {exc}\n")
+        return 2
+    store, port = _serve_store(ns, world_size, secret)
+    command = _command(ns)
 
     workers = []
     pumps = []
@@ -162,18 +132,86 @@ def launch(ns) -> int:
     old = {s: signal.signal(s, on_signal) for s in _STOP_SIGNALS
            if signal.getsignal(s) is not signal.SIG_IGN}
     watchdog = _Watchdog.start()
+    _start_workers(ns, command, world_size, port, secret, watchdog, workers, pumps)
+    try:
+        failed, on_their_own = _supervise(workers, store, watchdog, received)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        if watchdog is not None:
+            watchdog.release()
+        for t in pumps:
+            t.join(2.0)
+        if store is not None:
+            store.close()
+    return _conclude(received, failed, on_their_own)
+
+
+def _job_secret(nnodes: int):
+    """The job's secret: COLLECTIVES_SECRET if set, else on one node a fresh one for this job
+    alone. Several nodes: None, since a secret made here could not reach the other nodes'
+    launchers, so every process falls back to the per-user secret file; it is checked now
+    (SecretFileError) and the launcher says loudly that the nodes must share it."""
+    secret = settings.SECRET()
+    if secret:
+        return secret
+    if nnodes == 1:
+        return new_secret()
+    job_secret()
+    sys.stderr.write(f"collectives.run: --nnodes {nnodes} without {SECRET_ENV}: every "
+                     f"process authenticates with the per-user secret file "
+                     f"{secret_file_path()}, so the job works only if every node has the "
+                     f"same file (a shared home directory). Otherwise set {SECRET_ENV} to "
+                     f"one value on every node, e.g. $(python -c 'import secrets; "
+                     f"print(secrets.token_hex(32))')\n")
+    return None
+
+
+def _serve_store(ns, world_size: int, secret):
+    """(the store this launcher serves or None, the port workers connect to): node 0's
+    launcher runs the TCPStore server; the others' workers connect to node 0's."""
+    if ns.node_rank != 0:
+        return None, ns.master_port
+    from .store import TCPStore
+    # Listen on the master address's interface only (loopback for --standalone).
+    store = TCPStore(ns.master_addr, ns.master_port, world_size, is_master=True,
+                     wait_for_workers=False, secret=secret)
+    return store, store.port
+
+
+def _command(ns) -> list:
+    """What each worker runs: the script, ``-m`` module or (``--no-python``) program, with
+    its arguments."""
+    if ns.no_python:
+        command = [ns.target]
+    elif ns.module:
+        command = [sys.executable, "-u", "-m", ns.target]
+    else:
+        command = [sys.executable, "-u", ns.target]
+    return command + ns.args
+
+
+def _worker_env(ns, rank: int, local_rank: int, world_size: int, port: int, secret) -> dict:
+    """A worker's environment: the launcher's, with torchrun's variables and the secret."""
+    env = dict(os.environ)
+    env.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
+               LOCAL_WORLD_SIZE=str(ns.nproc_per_node), GROUP_RANK=str(ns.node_rank),
+               ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world_size),
+               MASTER_ADDR=ns.master_addr, MASTER_PORT=str(port),
+               PYTHONUNBUFFERED="1", **({SECRET_ENV: secret} if secret else {}))
+    env[settings.USE_AGENT_STORE.name] = "1"     # node 0's launcher runs the store
+    return env
+
+
+def _start_workers(ns, command, world_size, port, secret, watchdog, workers, pumps) -> None:
+    """This node's workers, appended to ``workers`` as (rank, local rank, process), each
+    with two threads in ``pumps`` copying its output, prefixed with its rank."""
     cores = sorted(os.sched_getaffinity(0)) if ns.bind_to == "core" else None
     _adopt_orphans()
     for local_rank in range(ns.nproc_per_node):
         setup = _worker_setup(None if cores is None else cores[local_rank % len(cores)])
         rank = ns.node_rank * ns.nproc_per_node + local_rank
-        env = dict(os.environ)
-        env.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
-                   LOCAL_WORLD_SIZE=str(ns.nproc_per_node), GROUP_RANK=str(ns.node_rank),
-                   ROLE_RANK=str(rank), ROLE_WORLD_SIZE=str(world_size),
-                   MASTER_ADDR=ns.master_addr, MASTER_PORT=str(port),
-                   PYTHONUNBUFFERED="1", **({SECRET_ENV: secret} if secret else {}))
-        env[settings.USE_AGENT_STORE.name] = "1"     # node 0's launcher runs the store
+        env = _worker_env(ns, rank, local_rank, world_size, port, secret)
         proc = _start_worker(command, env, setup, workers, watchdog)
         prefix = f"[rank {rank}]:".encode()
         for stream, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
@@ -182,9 +220,13 @@ def launch(ns) -> int:
             pumps.append(t)
         workers.append((rank, local_rank, proc))
 
+
+def _supervise(workers, store, watchdog, received):
+    """Wait until a worker fails, every worker has ended or the launcher got a signal, then
+    stop what is left; (the first failure or None, {rank: exit code} of the workers that
+    ended unstopped)."""
     failed = None
     ended = []                         # workers in the order their exits were seen
-    on_their_own = {}                  # rank -> exit code, of workers that ended unstopped
     try:
         while not received:
             _reap_orphans(workers, watchdog)
@@ -202,16 +244,11 @@ def launch(ns) -> int:
     except BaseException:              # a bug in the loop: no worker may outlive the launcher
         _stop(workers, signal.SIGTERM, received)
         raise
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-        if watchdog is not None:
-            watchdog.release()
-        for t in pumps:
-            t.join(2.0)
-        if store is not None:
-            store.close()
+    return failed, on_their_own
 
+
+def _conclude(received, failed, on_their_own) -> int:
+    """The launcher's exit code, with what it says about why."""
     if received:
         name = signal.Signals(received[0]).name
         sys.stderr.write(f"collectives.run: received {name}; stopped the workers\n")
