@@ -77,62 +77,15 @@ import numpy as np
 from . import hazards
 from .schedule import Copy, Plan, Reduce, Region, buffer_sizes, build_plan
 
-# Instruction kinds (column 0); column 1 is the plan step (-1: before the first, or after the
-# last) for error messages; the rest by kind:
-BARRIER = 0     # [2] 1: every worker of this rank has finished everything before it (grid);
-                # 0: the threads of each worker have (its own share, ``_Barriers``)
-EPOCH = 1       # publish epoch (call, step): [2] step [3] 1: the call's first, before
-                # anything (a plain store) [4] 1: this rank takes eager messages straight
-                # into its symmetric output (``direct``): it says so first (its DIRECT word
-                # in every rank's flags: the call's number + 1), then the epoch, a release;
-                # and every worker says so before its first send, so a peer that took a
-                # message of this call from it knows without waiting for the epoch
-PUSH = 2        # [2] peer [3] src buffer [4] src offset [5] dst buffer (peer's) [6] dst offset
-                # [7] count [8] the peer's step to wait for [9] message number to that peer;
-                # the peer's output is its staging memory's start, or where its epochs say
-                # (a symmetric output)
-ARRIVE = 3      # [2] peer [3] message number from that peer
-COPY = 4        # [2] dst buffer [3] dst offset [4] src buffer [5] src offset [6] count
-REDUCE = 5      # [2] dst buffer [3] dst offset [4] a buffer [5] a offset [6] b buffer
-                # [7] b offset [8] count
-SEND = 6        # eager: [2] peer [3] src buffer [4] src offset [5] slot in the peer's inbox
-                # [6] count [7] message number to that peer [8] where in the peer's output
-                # the message lands (-1: not output): there, not in the slot, where the peer
-                # takes messages directly this call (its DIRECT word)
-TAKE = 7        # [2] peer [3] message number from that peer [4] dst buffer [5] dst offset
-                # [6] slot in this rank's inbox [7] count [8] 1: the sender wrote it into
-                # this rank's output directly (``direct``): only wait for it
-SEND_LL = 8     # eager in lines of 4 data bytes + a 4-byte flag (NCCL's LL protocol): the
-                # receiver polls the data itself, no delivered word, no fences; as SEND, the
-                # slot in the peer's inbox of lines
-TAKE_LL = 9     # as TAKE, each line waited for by the thread that copies it
-REDUCE_LL = 10  # a receive in lines reduced as it is read: [2] peer [3] buffer to keep the data
-                # in (-1: not kept, nothing reads it) [4] its offset [5] slot [6] count [7] dst
-                # buffer [8] dst offset [9] other operand's buffer [10] its offset [11] 1 if
-                # the message is the reduction's first operand
-TAKE_REDUCE = 11  # an eager receive reduced as it is read out of its slot: as REDUCE_LL, and
-                  # [12] message number from that peer
-REDUCE_N = 12   # a chain of reductions in one pass, dst = ((x0 op x1) op x2) ...: [2] dst
-                # buffer [3] dst offset [4] count [5] how many operands (2..FOLD) [6..]
-                # each operand as offset * 8 + buffer (``operand``; buffer INBOX: an eager
-                # message of this step read straight out of its slot, after its ARRIVE), or,
-                # negative, a message of this step in lines polled in the inbox of lines
-                # (``line_operand``); column 5 may carry SENDS_ON (below)
-WIDTH = 13
-FOLD = WIDTH - 6   # operands one REDUCE_N reads
-SENDS_ON = 1 << 8  # in a REDUCE_N's column 5 (beside the operand count): the SENDs,
-                   # SEND_LLs or PUSHes that follow it (one batch, at most SENDS_ON_MAX)
-                   # send its result on in the same pass (``_send_on``)
-SENDS_ON_MAX = 64
-if FOLD >= SENDS_ON:     # the operand count and the flag share column 5
-    raise ImportError(f"pushed: FOLD ({FOLD}) must stay below SENDS_ON ({SENDS_ON})")
-SLOT_ALIGN = 16  # elements: inbox slots start 16-byte aligned whatever the dtype
+# The instruction set, the buffers a row names and the operand encodings are the protocol's
+# (kernels/peer_protocol.py, docs/peer-memory.md); named here as everywhere.
+from ..kernels.peer_protocol import (  # noqa: F401 (re-exported)
+    ARRIVE, BARRIER, BUFFER_BITS, CALLER_OUTPUT, COPY, EPOCH, FOLD, INBOX, INPUT, INSTRUCTIONS,
+    KIND, LINE_PEER_BITS, LINE_PERIOD, OUTPUT, PUSH, REDUCE, REDUCE_LL, REDUCE_N, SCRATCH, SEND,
+    SEND_LL, SENDS_ON, SENDS_ON_MAX, SLOT_ALIGN, STEP, STEP_BITS, TAKE, TAKE_LL, TAKE_REDUCE, WIDTH,
+    buffer_operand, chain_operands, decode_line_operand, decode_operand, in_place_epoch,
+    line_flag, line_operand, scrubs)
 
-# Buffers (what the executor passes): the caller's input, the plan's output (the caller's or
-# the staging copy), the staging scratch, and the caller's output (copy-out target); and, as
-# a REDUCE_N operand only, this call's half of the rank's eager inbox.
-INPUT, OUTPUT, SCRATCH, CALLER_OUTPUT, INBOX = 0, 1, 2, 3, 4
-BUFFER_BITS = 3     # an operand is offset << BUFFER_BITS | buffer
 _BUFFER = {"input": INPUT, "output": OUTPUT, "scratch": SCRATCH}
 
 
@@ -205,36 +158,6 @@ def staged(plan: Plan, eager: int = 0) -> bool:
                for step in plan.steps for r in step.recvs)
 
 
-STEP_BITS = 24    # an epoch is (call + 1) << STEP_BITS | step
-# the epoch of a call run as two_shot_in_place: below every epoch of that call's programs (a
-# rendezvous send of a peer that runs the program is never let into this rank's buffer),
-# above every epoch of the call before (no plan has this many steps)
-def in_place_epoch(call: int) -> int:
-    return ((call + 1) << STEP_BITS) - 1
-
-
-LINE_PERIOD = 1 << 31     # flagged lines carry the call number modulo this, plus one
-
-
-def line_flag(call: int, period: int = LINE_PERIOD) -> int:
-    """The flag the lines of call number ``call`` carry: 1 .. ``period``, never 0."""
-    return call % period + 1
-
-
-def scrubs(call: int, period: int = LINE_PERIOD):
-    """The half of its line inbox a rank zeroes at the start of call ``call`` (before its
-    first epoch of the call, so before any sender may write that half again), or None.
-
-    Half h serves the calls of parity h. The last two calls of each period zero the half of
-    the call after them: odd at ``period - 2``, even at ``period - 1`` (the previous call,
-    which last used that half, is complete). Between two zeroings a half then sees each flag
-    at most once (``period`` is even: its calls' flags are distinct), so no line left by an
-    earlier call passes for a later call's."""
-    if call % period >= period - 2:
-        return (call + 1) & 1
-    return None
-
-
 def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
     rank, size = plan.rank, plan.size
     longest = max(len(other.steps) for other in plans)
@@ -288,7 +211,7 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
 
     def emit(row):
         code.append(row)
-        touched.append(order.take() if row[0] != BARRIER else None)
+        touched.append(order.take() if row[KIND] != BARRIER else None)
 
     order = _Barriers(emit)
     out_staged = staged(plan, eager) and not symmetric
@@ -297,7 +220,7 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
     early = 0 in waited and all(mine[r.peer, k] >= 0 for k, r in _numbered(plan.steps[0].recvs)) \
         if plan.steps else False
     if early:
-        emit((EPOCH, 0, 0, 1))
+        emit(EPOCH.row(0, published=0, first=1))
     written = hazards.Ranges()                # output the plan has written so far
     regions_written = {}                      # ... region by region, as an ordered set
     # staged output regions still to be written, with how many of the plan's writes remain:
@@ -317,8 +240,9 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
                 remaining[region] -= 1
                 if not remaining[region]:
                     order.before(((region,), ()), index)
-                    emit((COPY, index, CALLER_OUTPUT, region.offset, OUTPUT, region.offset,
-                          region.count))
+                    emit(COPY.row(index, dst_buffer=CALLER_OUTPUT, dst_offset=region.offset,
+                                  src_buffer=OUTPUT, src_offset=region.offset,
+                                  count=region.count))
                     out_early.add(region)
 
     def read(region):
@@ -331,7 +255,8 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
         for lo, hi in gaps:                   # partly written: the rest copied in first
             copied = (Region("input", lo, hi - lo),), (Region("output", lo, hi - lo),)
             order.before(copied, -1)
-            emit((COPY, -1, OUTPUT, lo, INPUT, lo, hi - lo))
+            emit(COPY.row(-1, dst_buffer=OUTPUT, dst_offset=lo, src_buffer=INPUT, src_offset=lo,
+                          count=hi - lo))
             written.add(lo, hi)
             regions_written[Region("output", lo, hi - lo)] = None
         return region
@@ -345,7 +270,8 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
     for lo, hi in _read_before_written(plan) if out_staged and not seeded else []:
         copied = Region("output", lo, hi - lo)       # the caller's output values, staged
         order.before(((copied,), (copied,)), -1)
-        emit((COPY, -1, OUTPUT, lo, CALLER_OUTPUT, lo, hi - lo))
+        emit(COPY.row(-1, dst_buffer=OUTPUT, dst_offset=lo, src_buffer=CALLER_OUTPUT,
+                      src_offset=lo, count=hi - lo))
     sent = [0] * size
     received = [0] * size
     for index, step in enumerate(plan.steps):
@@ -356,7 +282,7 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
                              if mine[r.peer, k] < 0]
             if code and not order.clear_of(posted[index]):
                 order.grid(index)
-            emit((EPOCH, index, index))
+            emit(EPOCH.row(index, published=index))
         for s in step.sends:
             k = sent[s.peer]
             sent[s.peer] += 1
@@ -374,16 +300,19 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
             source = read(s.region)
             order.before(((source,), ()), index)
             if slot >= 0 and s.region.count <= lines:
-                emit((SEND_LL, index, s.peer, _BUFFER[source.buffer], source.offset, slot,
-                      s.region.count, k))
+                emit(SEND_LL.row(index, peer=s.peer, src_buffer=_BUFFER[source.buffer],
+                                 src_offset=source.offset, slot=slot, count=s.region.count,
+                                 message=k))
             elif slot >= 0:
-                emit((SEND, index, s.peer, _BUFFER[source.buffer], source.offset, slot,
-                      s.region.count, k,
-                      region.offset if direct and _may_land_directly(region, their_step)
-                      else -1))
+                emit(SEND.row(index, peer=s.peer, src_buffer=_BUFFER[source.buffer],
+                              src_offset=source.offset, slot=slot, count=s.region.count,
+                              message=k, output_at=region.offset if direct and
+                              _may_land_directly(region, their_step) else -1))
             else:
-                emit((PUSH, index, s.peer, _BUFFER[source.buffer], source.offset,
-                      _BUFFER[region.buffer], region.offset, s.region.count, their_step, k))
+                emit(PUSH.row(index, peer=s.peer, src_buffer=_BUFFER[source.buffer],
+                              src_offset=source.offset, dst_buffer=_BUFFER[region.buffer],
+                              dst_offset=region.offset, count=s.region.count,
+                              their_step=their_step, message=k))
         taken = {}                         # local op position -> (receive, slot, k): fused
         # chains that read eager messages straight out of the inbox (those messages are
         # never taken), after the receives
@@ -404,10 +333,13 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
                                                                    r.region)
                 order.before(((other,), (op.dst,) + ((r.region,) if keep else ())), index)
                 wrote(op.dst, r.region)
-                emit((REDUCE_LL if r.region.count <= lines else TAKE_REDUCE, index, r.peer,
-                      _BUFFER[r.region.buffer] if keep else -1, r.region.offset, slot,
-                      op.dst.count, _BUFFER[op.dst.buffer], op.dst.offset,
-                      _BUFFER[other.buffer], other.offset, int(first), k))
+                kind = REDUCE_LL if r.region.count <= lines else TAKE_REDUCE
+                emit(kind.row(index, peer=r.peer,
+                              keep_buffer=_BUFFER[r.region.buffer] if keep else -1,
+                              keep_offset=r.region.offset, slot=slot, count=op.dst.count,
+                              dst_buffer=_BUFFER[op.dst.buffer], dst_offset=op.dst.offset,
+                              other_buffer=_BUFFER[other.buffer], other_offset=other.offset,
+                              first=int(first), message=k))
                 done(index, op.dst, r.region)
                 return
             if position in folded:
@@ -418,23 +350,27 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
                 dst = run[-1].dst
                 order.before((tuple(x for x in operands if x not in from_inbox), (dst,)),
                              index)
-                emit((REDUCE_N, index, _BUFFER[dst.buffer], dst.offset, dst.count,
-                      len(operands), *(_message_operand(from_inbox[x], lines)
-                                       if x in from_inbox else operand(x) for x in operands)))
+                emit(REDUCE_N.row(index, dst_buffer=_BUFFER[dst.buffer], dst_offset=dst.offset,
+                                  count=dst.count, operands=len(operands),
+                                  operand=[_message_operand(from_inbox[x], lines)
+                                           if x in from_inbox else operand(x)
+                                           for x in operands]))
                 wrote(dst)
                 done(index, *(x.dst for x in run))
                 return
             if isinstance(op, Copy):
                 src = read(op.src)
                 order.before(((src,), (op.dst,)), index)
-                emit((COPY, index, _BUFFER[op.dst.buffer], op.dst.offset,
-                      _BUFFER[src.buffer], src.offset, op.dst.count))
+                emit(COPY.row(index, dst_buffer=_BUFFER[op.dst.buffer],
+                              dst_offset=op.dst.offset, src_buffer=_BUFFER[src.buffer],
+                              src_offset=src.offset, count=op.dst.count))
             else:
                 a, b = read(op.a), read(op.b)
                 order.before(((a, b), (op.dst,)), index)
-                emit((REDUCE, index, _BUFFER[op.dst.buffer], op.dst.offset,
-                      _BUFFER[a.buffer], a.offset, _BUFFER[b.buffer], b.offset,
-                      op.dst.count))
+                emit(REDUCE.row(index, dst_buffer=_BUFFER[op.dst.buffer],
+                                dst_offset=op.dst.offset, a_buffer=_BUFFER[a.buffer],
+                                a_offset=a.offset, b_buffer=_BUFFER[b.buffer],
+                                b_offset=b.offset, count=op.dst.count))
             wrote(op.dst)
             done(index, op.dst)
 
@@ -454,7 +390,7 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
                 into_output.append(None)
             if r.region in consumed:       # a chain reads it out of the inbox: in lines it
                 if r.region.count > lines:  # polls them itself, else it waits here first
-                    emit((ARRIVE, index, r.peer, k))
+                    emit(ARRIVE.row(index, peer=r.peer, message=k))
                 continue
             at = _fused_at(step, r) if slot >= 0 else None
             if at in in_inbox_runs:        # its reduction runs inside such a chain
@@ -467,10 +403,11 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
             if directly:
                 into_output[-1] = (len(code), r.region)
             if slot >= 0:                  # each worker copies its share of the slot
-                emit((TAKE_LL if r.region.count <= lines else TAKE, index, r.peer, k,
-                      _BUFFER[r.region.buffer], r.region.offset, slot, r.region.count))
+                emit((TAKE_LL if r.region.count <= lines else TAKE).row(
+                    index, peer=r.peer, message=k, dst_buffer=_BUFFER[r.region.buffer],
+                    dst_offset=r.region.offset, slot=slot, count=r.region.count))
             else:                          # the sender's worker of the same share wrote it
-                emit((ARRIVE, index, r.peer, k))
+                emit(ARRIVE.row(index, peer=r.peer, message=k))
             done(index, r.region)
         for r in step.recvs:
             received[r.peer] += 1
@@ -488,13 +425,14 @@ def _lower(plan, plans, eager, lines, seeded, symmetric, direct):
             if region in out_early:
                 continue
             order.before(((region,), ()), -1)
-            emit((COPY, -1, CALLER_OUTPUT, region.offset, OUTPUT, region.offset,
-                  region.count))
+            emit(COPY.row(-1, dst_buffer=CALLER_OUTPUT, dst_offset=region.offset,
+                          src_buffer=OUTPUT, src_offset=region.offset, count=region.count))
     if seeded:                                # what the plan never wrote keeps input's values
         for lo, hi in list(written.gaps(0, _output_count(plan))):
             order.before(((Region("input", lo, hi - lo),),
                           () if out_staged else (Region("output", lo, hi - lo),)), -1)
-            emit((COPY, -1, CALLER_OUTPUT if out_staged else OUTPUT, lo, INPUT, lo, hi - lo))
+            emit(COPY.row(-1, dst_buffer=CALLER_OUTPUT if out_staged else OUTPUT,
+                          dst_offset=lo, src_buffer=INPUT, src_offset=lo, count=hi - lo))
     for (src, dst), pairs in landing.items():
         if src == rank and len(pairs) != sent[dst]:
             raise ValueError(f"{plan.collective} ({plan.algorithm}): rank {dst} receives "
@@ -536,17 +474,27 @@ def _direct(code, touched, into_output) -> bool:
     a message of this call from it then reads the word without waiting for its epoch."""
     if not into_output or None in into_output:
         return False
-    first = next(i for i, row in enumerate(code) if row[0] == EPOCH)
-    if any(row[0] in (PUSH, SEND, SEND_LL) for row in code[:first]):
+    first = next(i for i, row in enumerate(code) if row[KIND] == EPOCH)
+    if any(row[KIND] in (PUSH, SEND, SEND_LL) for row in code[:first]):
         return False
     for at, region in into_output:
         for access in touched[:at]:
             if access and any(region.overlaps(x) for x in access[0] + access[1]):
                 return False
     for at, _ in into_output:
-        code[at] = code[at] + (1,)
-    code[first] = (code[first] + (0,))[:4] + (1,)
+        code[at] = _set(code[at], TAKE.direct, 1)
+    code[first] = _set(code[first], EPOCH.direct, 1)
     return True
+
+
+def _batch(row):
+    """What rows of one batch share: their kind and step (the kernel's ``batch_end``)."""
+    return row[KIND], row[STEP]
+
+
+def _set(row, column, value):
+    """``row`` with ``value`` in ``column``."""
+    return row[:column] + (value,) + row[column + 1:]
 
 
 def _send_on(code, touched=None, posted=None):
@@ -572,15 +520,13 @@ def _send_on(code, touched=None, posted=None):
         row = code[i]
         out.append(row)
         i += 1
-        if row[0] == REDUCE_N:
+        if row[KIND] == REDUCE_N:
             fused = _fused_sends(code, i - 1, touched, posted)
             if fused is not None:
                 ahead, sends, later, i = fused
-                out[-1:] = ahead + [row[:5] + (row[5] | SENDS_ON,) + row[6:]] + sends + later
+                marked = _set(row, REDUCE_N.operands, row[REDUCE_N.operands] | SENDS_ON)
+                out[-1:] = ahead + [marked] + sends + later
     return out
-
-
-_COUNT = {SEND: 6, SEND_LL: 6, PUSH: 7}     # a send's count column (its source: 3 and 4)
 
 
 def _fused_sends(code, at, touched, posted):
@@ -588,41 +534,48 @@ def _fused_sends(code, at, touched, posted):
     the copies out of its result to move after them, the row after all of them), or None
     where they cannot fuse (``_send_on``)."""
     chain, n = code[at], len(code)
+    # the chain's result: what a copy of it out, or a send of it, reads
+    result = chain[REDUCE_N.dst_buffer], chain[REDUCE_N.dst_offset], chain[REDUCE_N.count]
     ahead, later = [], []
     j = at + 1
     while j < n:
         row = code[j]
-        if row[0] == BARRIER and not row[2]:
+        if row[KIND] == BARRIER and not row[BARRIER.grid]:
             pass                                  # ordered the chain before what follows
-        elif row[0] == COPY and row[2] == CALLER_OUTPUT and row[3] == chain[3] \
-                and row[4:7] == chain[2:5]:
+        elif row[KIND] == COPY and row[COPY.dst_buffer] == CALLER_OUTPUT and \
+                row[COPY.dst_offset] == result[1] and \
+                (row[COPY.src_buffer], row[COPY.src_offset], row[COPY.count]) == result:
             later.append(row)                     # the result copied out
-        elif touched is not None and row[0] == EPOCH and not ahead[1:]:
+        elif touched is not None and row[KIND] == EPOCH and not ahead[1:]:
             ahead.append(row)
-        elif touched is not None and row[0] == BARRIER and not ahead and j + 1 < n \
-                and code[j + 1][0] == EPOCH:
+        elif touched is not None and row[KIND] == BARRIER and not ahead and j + 1 < n \
+                and code[j + 1][KIND] == EPOCH:
             ahead.append(row)                     # the epoch's grid barrier
         else:
             break
         j += 1
-    kind = code[j][0] if j < n else None
-    if kind not in _COUNT or (kind != SEND_LL and any(x < 0 for x in chain_operands(chain))):
+    kind = code[j][KIND] if j < n else None
+    if kind not in (SEND, SEND_LL, PUSH) or \
+            (kind != SEND_LL and any(x < 0 for x in chain_operands(chain))):
         return None
+    kind = INSTRUCTIONS[kind]
     first = end = j
-    while end < n and code[end][:2] == (kind, code[first][1]) \
-            and code[end][3:5] == chain[2:4] and code[end][_COUNT[kind]] == chain[4]:
+    while end < n and _batch(code[end]) == _batch(code[first]) and \
+            (code[end][kind.src_buffer], code[end][kind.src_offset],
+             code[end][kind.count]) == result:
         end += 1
     if end == first or end - first > SENDS_ON_MAX or \
-            (end < n and code[end][:2] == (kind, code[first][1])):
+            (end < n and _batch(code[end]) == _batch(code[first])):
         return None
-    if ahead and ahead[-1][0] != EPOCH:
+    if ahead and ahead[-1][KIND] != EPOCH:
         return None
     if ahead:
         mine = touched[at]
-        if mine is None or any(hazards.ordering(mine, r) for r in posted[ahead[-1][2]]):
+        if mine is None or any(hazards.ordering(mine, r)
+                               for r in posted[ahead[-1][EPOCH.published]]):
             return None
         for row, access in zip(code[end:], touched[end:]):
-            if row[0] == BARRIER and row[2]:
+            if row[KIND] == BARRIER and row[BARRIER.grid]:
                 break
             if access is not None and hazards.ordering(mine, access) == hazards.ACROSS:
                 return None
@@ -633,9 +586,9 @@ class _Barriers:
     """Places barriers between the accesses of one rank's program. Every worker moves its
     share of each region, and a share depends only on the region's count (``share``), so an
     access that conflicts with an earlier one only on the very same region needs the
-    worker's own threads in order (a block barrier, column 2 = 0); one that conflicts on
+    worker's own threads in order (a block barrier, ``grid`` 0); one that conflicts on
     elements another worker may have moved needs every worker done first (a grid barrier,
-    column 2 = 1). Grid barriers cost microseconds on a GPU, block barriers nanoseconds."""
+    ``grid`` 1). Grid barriers cost microseconds on a GPU, block barriers nanoseconds."""
 
     KEPT = 64            # accesses remembered since the last grid barrier (bounds the scan)
 
@@ -655,7 +608,7 @@ class _Barriers:
                 hazards.ordering(a, accessed) == hazards.ACROSS for a in self.apart):
             self.grid(step)
         elif any(hazards.ordering(a, accessed) for a in self.unordered):
-            self.emit((BARRIER, step, 0))
+            self.emit(BARRIER.row(step, grid=0))
             self.unordered = []
         self.unordered.append(accessed)
         self.apart.append(accessed)
@@ -668,7 +621,7 @@ class _Barriers:
             hazards.ordering(a, x) for a in self.apart for x in accessed)
 
     def grid(self, step):
-        self.emit((BARRIER, step, 1))
+        self.emit(BARRIER.row(step, grid=1))
         self.unordered = []
         self.apart = []
 
@@ -714,37 +667,12 @@ def _fused_at(step, recv):
 
 def operand(region: Region) -> int:
     """A REDUCE_N operand in one column: its offset and buffer (``_BUFFER``)."""
-    return region.offset << BUFFER_BITS | _BUFFER[region.buffer]
+    return buffer_operand(_BUFFER[region.buffer], region.offset)
 
 
 def inbox_operand(slot: int) -> int:
     """A REDUCE_N operand that is an eager message in this call's half of the inbox."""
-    return slot << BUFFER_BITS | INBOX
-
-
-def chain_operands(row) -> list[int]:
-    """The operand columns of a REDUCE_N row (its column 5 holds their number and SENDS_ON)."""
-    return [int(x) for x in row[6:6 + (int(row[5]) & (SENDS_ON - 1))]]
-
-
-def decode_operand(value: int) -> tuple[int, int]:
-    """(buffer, offset) of a REDUCE_N operand >= 0."""
-    return value & ((1 << BUFFER_BITS) - 1), value >> BUFFER_BITS
-
-
-LINE_PEER_BITS = 16
-
-
-def line_operand(slot: int, peer: int) -> int:
-    """A REDUCE_N operand that is a message in lines: its slot in this rank's inbox of lines
-    and the peer it comes from (named when it never arrives), negative."""
-    return -1 - ((slot << LINE_PEER_BITS) | peer)
-
-
-def decode_line_operand(value: int) -> tuple[int, int]:
-    """(slot, peer) of a negative REDUCE_N operand."""
-    value = -1 - value
-    return value >> LINE_PEER_BITS, value & ((1 << LINE_PEER_BITS) - 1)
+    return buffer_operand(INBOX, slot)
 
 
 def _message_operand(received_as, lines: int) -> int:

@@ -1,8 +1,9 @@
 /* The kernel that runs a whole push program (collectives/algorithms/pushed.py) on one GPU;
-   collectives/kernels/cuda_peer.py documents it, compiles it (NVRTC) and prepends the
-   constants it shares with Python (#define lines: flag word offsets, instruction width,
-   MAX_BLOCKS, MAX_RANKS, THREADS, ...) and substitutes the element type and the reduction's
-   body where their placeholders stand. */
+   docs/peer-memory.md explains the protocol. collectives/kernels/cuda_peer.py compiles it
+   (NVRTC), prepends the protocol's header (collectives/kernels/peer_protocol.py: #define
+   lines for the instruction kinds OP_*, their columns COL_*, flag word offsets *_WORD(S),
+   buffers, error kinds ERROR_* and the special kernels' words) and THREADS, and substitutes
+   the element type and the reduction's body where their placeholders stand. */
 typedef unsigned long long u64;
 typedef long long i64;
 typedef STORAGE S;
@@ -76,8 +77,8 @@ struct Ctx {
 };
 
 __device__ void fail(const Ctx& c, int kind, int step, int peer) {
-    if (atomicCAS(c.error, 0, kind) == 0) {
-        c.error[1] = step; c.error[2] = peer;
+    if (atomicCAS(c.error + ERROR_KIND_WORD, ERROR_NONE, kind) == ERROR_NONE) {
+        c.error[ERROR_STEP_WORD] = step; c.error[ERROR_PEER_WORD] = peer;
         __threadfence_system();
     }
     release(c.flags + ABORT_WORD, (u64)(c.rank + 1));
@@ -91,13 +92,13 @@ __device__ __forceinline__ u64 relaxed(const u64* p) {
     return v;
 }
 
-/* This call stops because rank ``aborted`` - 1 gave up: recorded (kind 2) unless an error is
+/* This call stops because rank ``aborted`` - 1 gave up: recorded (ERROR_ABORTED) unless one is
    already, so that the host raises at this call's synchronize, not one call later (a wait
    that saw the abort and stopped without a word left the call's output unfinished and
    nothing to say so). */
 __device__ void stopped_by(int* error, u64 aborted, int step) {
-    if (atomicCAS(error, 0, 2) == 0) {
-        error[1] = step; error[2] = (int)aborted - 1;
+    if (atomicCAS(error + ERROR_KIND_WORD, ERROR_NONE, ERROR_ABORTED) == ERROR_NONE) {
+        error[ERROR_STEP_WORD] = step; error[ERROR_PEER_WORD] = (int)aborted - 1;
         __threadfence_system();
     }
 }
@@ -113,7 +114,7 @@ __device__ bool wait_for(const Ctx& c, const u64* p, u64 target, int step, int p
         if ((++polls & 255) == 0) {
             const u64 aborted = acquire(c.flags + ABORT_WORD);
             if (aborted) { stopped_by(c.error, aborted, step); return false; }
-            if (now() > c.deadline) { fail(c, 1, step, peer); return false; }
+            if (now() > c.deadline) { fail(c, ERROR_TIMED_OUT, step, peer); return false; }
         }
     }
     if (ordered) acquired();
@@ -134,7 +135,7 @@ __device__ __forceinline__ bool line_ready(const Ctx& c, const u64* p, u64* v, u
         if ((++polls & 255) == 0) {
             const u64 aborted = relaxed(c.flags + ABORT_WORD);
             if (aborted) { stopped_by(c.error, aborted, step); return false; }
-            if (now() > c.deadline) { fail(c, 1, step, peer); return false; }
+            if (now() > c.deadline) { fail(c, ERROR_TIMED_OUT, step, peer); return false; }
         }
         *v = relaxed(p);
     }
@@ -167,7 +168,9 @@ __device__ bool grid_barrier(const Ctx& c, int step, int* stop) {
                 if ((++polls & 255) == 0) {
                     const u64 aborted = acquire(c.flags + ABORT_WORD);
                     if (aborted) { stopped_by(c.error, aborted, step); *stop = 1; break; }
-                    if (now() > c.deadline) { fail(c, 1, step, c.rank); *stop = 1; break; }
+                    if (now() > c.deadline) {
+                        fail(c, ERROR_TIMED_OUT, step, c.rank); *stop = 1; break;
+                    }
                 }
             }
         }
@@ -245,8 +248,8 @@ __device__ __forceinline__ char* output_of(const u64* flags, const u64* peer_dat
    kind and step (a step's sends, or its receives, run together). */
 __device__ __forceinline__ int batch_end(const i64* code, int n, int i) {
     int j = i + 1;
-    while (j < n && code[(i64)j * WIDTH] == code[(i64)i * WIDTH] &&
-           code[(i64)j * WIDTH + 1] == code[(i64)i * WIDTH + 1]) j++;
+    while (j < n && code[(i64)j * WIDTH + COL_KIND] == code[(i64)i * WIDTH + COL_KIND] &&
+           code[(i64)j * WIDTH + COL_STEP] == code[(i64)i * WIDTH + COL_STEP]) j++;
     return j;
 }
 
@@ -512,10 +515,10 @@ __device__ __forceinline__ bool chain_operands(const i64* r, char* const* bases,
                                                const char* lines_inbox, int itemsize,
                                                int rank, const S** xs, const u64** lines,
                                                int* peers) {
-    const int m = (int)(r[5] & (SENDS_ON - 1));
+    const int m = (int)(r[COL_REDUCE_N_OPERANDS] & (SENDS_ON - 1));
     bool polled = false;
     for (int j = 0; j < m; j++) {
-        const i64 x = r[6 + j];
+        const i64 x = r[COL_REDUCE_N_OPERAND + j];
         lines[j] = nullptr;
         xs[j] = nullptr;
         peers[j] = rank;
@@ -575,9 +578,9 @@ __device__ bool lines_free(const Ctx& c, const i64* code, int i, int j, const u6
     bool ok = true;
     for (int t = threadIdx.x; t < j - i; t += blockDim.x) {
         const i64* q = code + (i64)(i + t) * WIDTH;
-        if (call >= 2 && seen[q[2]] < (call << STEP_BITS) &&
-            !wait_for(c, c.flags + SEEN_WORDS + q[2], call << STEP_BITS, step, (int)q[2],
-                      false)) ok = false;
+        if (call >= 2 && seen[q[COL_SEND_LL_PEER]] < (call << STEP_BITS) &&
+            !wait_for(c, c.flags + SEEN_WORDS + q[COL_SEND_LL_PEER], call << STEP_BITS, step,
+                      (int)q[COL_SEND_LL_PEER], false)) ok = false;
     }
     return ok;
 }
@@ -650,49 +653,49 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
     const u64 call = call_number;
     MARK_CALL(call, 1)
     scrub_lines(c, (char*)peer_lines[rank], lines_half, call, &stop);
-    /* the buffers a row names (pushed.INPUT ...); the last, this call's half of the eager
-       inbox, only as a REDUCE_N operand */
-    char* bases[5] = {in, out, scratch, caller_out,
+    /* the buffers a row names, in order: INPUT, OUTPUT, SCRATCH, CALLER_OUTPUT; the last,
+       INBOX, this call's half of the eager inbox, only as a REDUCE_N operand */
+    char* bases[BUFFERS] = {in, out, scratch, caller_out,
                       (char*)peer_inbox[rank] + (call & 1) * inbox_half};
     const i64 align = 16 / itemsize > 0 ? 16 / itemsize : 1;
     for (int i = 0; i < n && !stop; i++) {
         const i64* r = code + (i64)i * WIDTH;
-        const int step = (int)r[1];
+        const int step = (int)r[COL_STEP];
         MARK_OP(i)
-        switch ((int)r[0]) {
-        case 0:   /* BARRIER: every block (a grid barrier) or this block's threads */
-            if (r[2]) grid_barrier(c, step, &stop);
+        switch ((int)r[COL_KIND]) {
+        case OP_BARRIER:   /* every block (a grid barrier) or this block's threads */
+            if (r[COL_BARRIER_GRID]) grid_barrier(c, step, &stop);
             else __syncthreads();
             break;
-        case 1:   /* EPOCH: into every rank's SEEN word for this rank, so waits poll locally.
-                     The call's first, before anything (r[3]): nothing of this call to
-                     order before it (the previous kernel is complete), a plain store;
-                     but where this rank takes eager messages into its output directly
-                     (r[4]), it says so first and the epoch is a release. Then every block
-                     says so (the same words, the same values) before its first send: a
-                     peer that took one of its messages knows it without the epoch
-                     (``synced``). */
-            if ((blockIdx.x == 0 || r[4]) && threadIdx.x < size) {
+        case OP_EPOCH:   /* into every rank's SEEN word for this rank, so waits poll locally.
+                     The call's first, before anything (COL_EPOCH_FIRST): nothing of this
+                     call to order before it (the previous kernel is complete), a plain
+                     store; but where this rank takes eager messages into its output
+                     directly (COL_EPOCH_DIRECT), it says so first and the epoch is a
+                     release. Then every block says so (the same words, the same values)
+                     before its first send: a peer that took one of its messages knows it
+                     without the epoch (``synced``). */
+            if ((blockIdx.x == 0 || r[COL_EPOCH_DIRECT]) && threadIdx.x < size) {
                 u64* seen = (u64*)peer_flags[threadIdx.x] + SEEN_WORDS + rank;
-                const u64 epoch = ((call + 1) << STEP_BITS) | (u64)r[2];
+                const u64 epoch = ((call + 1) << STEP_BITS) | (u64)r[COL_EPOCH_PUBLISHED];
                 /* where this call's receives into output land, before the epoch: a
                    sender that sees the epoch sees it */
                 asm volatile("st.volatile.global.u64 [%0], %1;"
                              :: "l"((u64*)peer_flags[threadIdx.x] + PLACE_WORDS + rank),
                                 "l"(place) : "memory");
-                if (r[4])
+                if (r[COL_EPOCH_DIRECT])
                     asm volatile("st.volatile.global.u64 [%0], %1;"
                                  :: "l"((u64*)peer_flags[threadIdx.x] + DIRECT_WORDS + rank),
                                     "l"(call + 1) : "memory");
-                if (blockIdx.x == 0 && r[3] && !r[4])
+                if (blockIdx.x == 0 && r[COL_EPOCH_FIRST] && !r[COL_EPOCH_DIRECT])
                     asm volatile("st.volatile.global.u64 [%0], %1;" :: "l"(seen), "l"(epoch)
                                  : "memory");
                 else if (blockIdx.x == 0)
                     release(seen, epoch);
             }
             break;
-        case 2:   /* PUSH (rendezvous) */
-        case 6: { /* SEND (eager) */
+        case OP_PUSH:     /* rendezvous */
+        case OP_SEND: {   /* eager */
             /* The step's consecutive sends as one batch: their waits in parallel (thread t
                for message t), every message's share copied, then one release each, in
                parallel: a step pays one flag latency, not one per message. The step's
@@ -700,24 +703,29 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                touching nothing the sends read) are copied in the same batch, so
                a rank's own block moves beside its messages instead of adding its copy
                after them (a direct all_gather's own block is as large as a message). */
-            const int kind = (int)r[0];
+            const int kind = (int)r[COL_KIND];
             const int j = batch_end(code, n, i), m = j - i;
             const i64* chain = code + (i64)(i - 1) * WIDTH;
-            const bool reduced = i > 0 && chain[0] == 12 && (chain[5] & SENDS_ON);
+            const bool reduced = i > 0 && chain[COL_KIND] == OP_REDUCE_N &&
+                                 (chain[COL_REDUCE_N_OPERANDS] & SENDS_ON);
             int fused = 0;
-            while (!reduced && j + fused < n && code[(i64)(j + fused) * WIDTH] == 4 &&
-                   code[(i64)(j + fused) * WIDTH + 1] == step &&
+            while (!reduced && j + fused < n &&
+                   code[(i64)(j + fused) * WIDTH + COL_KIND] == OP_COPY &&
+                   code[(i64)(j + fused) * WIDTH + COL_STEP] == step &&
                    (m - 1) % MAX_BATCH + 1 + fused < MAX_BATCH) fused++;
             for (int t = threadIdx.x; t < m; t += blockDim.x) {
                 const i64* q = code + (i64)(i + t) * WIDTH;
-                const int peer = (int)q[2];
+                const int peer = (int)q[COL_SENDS_PEER];
                 /* rendezvous: the receive is posted; eager: the slot's half is free (the
                    receiver started the previous call, so it is done with the one before),
                    or, for a message that may land in the receiver's output directly
-                   (q[8] >= 0), the receiver started this call (then its DIRECT word says
-                   whether it does), unless this block synchronized with it in this call */
-                const bool posted = kind == 2, here = kind == 6 && q[8] >= 0;
-                const u64 target = posted ? (((call + 1) << STEP_BITS) | (u64)q[8])
+                   (COL_SEND_OUTPUT_AT >= 0), the receiver started this call (then its
+                   DIRECT word says whether it does), unless this block synchronized with it
+                   in this call */
+                const bool posted = kind == OP_PUSH,
+                           here = kind == OP_SEND && q[COL_SEND_OUTPUT_AT] >= 0;
+                const u64 target = posted
+                                 ? (((call + 1) << STEP_BITS) | (u64)q[COL_PUSH_THEIR_STEP])
                                  : here ? (call + 1) << STEP_BITS
                                  : (call >= 2 ? call << STEP_BITS : 0);
                 const bool wait = posted || (here ? !synced[peer] : seen[peer] < target);
@@ -737,32 +745,37 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                 for (int t = threadIdx.x; t < extra; t += blockDim.x) {
                     const i64* q = code + (i64)(j + t) * WIDTH;
                     i64 lo, hi;
-                    share(q[6], align, &lo, &hi);
-                    batch_dst[h + t] = bases[q[2]] + (q[3] + lo) * itemsize;
-                    batch_src[h + t] = bases[q[4]] + (q[5] + lo) * itemsize;
+                    share(q[COL_COPY_COUNT], align, &lo, &hi);
+                    batch_dst[h + t] = bases[q[COL_COPY_DST_BUFFER]]
+                                       + (q[COL_COPY_DST_OFFSET] + lo) * itemsize;
+                    batch_src[h + t] = bases[q[COL_COPY_SRC_BUFFER]]
+                                       + (q[COL_COPY_SRC_OFFSET] + lo) * itemsize;
                     batch_n[h + t] = (hi - lo) * itemsize;
                 }
                 for (int t = threadIdx.x; t < h; t += blockDim.x) {
                     const i64* q = code + (i64)(k0 + t) * WIDTH;
-                    const int peer = (int)q[2];
-                    const i64 count = kind == 2 ? q[7] : q[6];
+                    const int peer = (int)q[COL_SENDS_PEER];
+                    const i64 count = kind == OP_PUSH ? q[COL_PUSH_COUNT] : q[COL_SEND_COUNT];
                     i64 lo, hi;
                     share(count, align, &lo, &hi);
-                    batch_src[t] = bases[q[3]] + (q[4] + lo) * itemsize;
+                    batch_src[t] = bases[q[COL_SENDS_SRC_BUFFER]]
+                                   + (q[COL_SENDS_SRC_OFFSET] + lo) * itemsize;
                     bool direct = false;
-                    if (kind == 6 && q[8] >= 0) {   /* (synced: waited for above) */
+                    if (kind == OP_SEND && q[COL_SEND_OUTPUT_AT] >= 0) {   /* (synced above) */
                         if (direct_of[peer] < 0)
                             direct_of[peer] = relaxed(flags + DIRECT_WORDS + peer) == call + 1;
                         direct = direct_of[peer] > 0;
                     }
-                    batch_dst[t] = kind == 2
-                        ? (q[5] == OUTPUT ? output_of(flags, peer_data, peer_heaps, peer, size)
-                                          : (char*)peer_data[peer] + scratch_at)
-                          + (q[6] + lo) * itemsize
+                    batch_dst[t] = kind == OP_PUSH
+                        ? (q[COL_PUSH_DST_BUFFER] == OUTPUT
+                               ? output_of(flags, peer_data, peer_heaps, peer, size)
+                               : (char*)peer_data[peer] + scratch_at)
+                          + (q[COL_PUSH_DST_OFFSET] + lo) * itemsize
                         : direct
-                        ? output_of(flags, peer_data, peer_heaps, peer, size) + (q[8] + lo) * itemsize
+                        ? output_of(flags, peer_data, peer_heaps, peer, size)
+                          + (q[COL_SEND_OUTPUT_AT] + lo) * itemsize
                         : (char*)peer_inbox[peer] + (call & 1) * inbox_half
-                          + (q[5] + lo) * itemsize;
+                          + (q[COL_SEND_SLOT] + lo) * itemsize;
                     batch_n[t] = (hi - lo) * itemsize;
                 }
                 __syncthreads();
@@ -774,9 +787,11 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
                     int peers[FOLD];
                     chain_operands(chain, bases, nullptr, itemsize, rank, xs, in_lines, peers);
                     i64 lo, hi;
-                    share(chain[4], align, &lo, &hi);
-                    reduce_many((S*)bases[chain[2]] + chain[3], xs,
-                                (int)(chain[5] & (SENDS_ON - 1)), lo, hi, batch_dst, h);
+                    share(chain[COL_REDUCE_N_COUNT], align, &lo, &hi);
+                    reduce_many((S*)bases[chain[COL_REDUCE_N_DST_BUFFER]]
+                                + chain[COL_REDUCE_N_DST_OFFSET], xs,
+                                (int)(chain[COL_REDUCE_N_OPERANDS] & (SENDS_ON - 1)), lo, hi,
+                                batch_dst, h);
                 } else {
                     copy_batch(batch_dst, batch_src, batch_n, h + extra);
                 }
@@ -787,15 +802,16 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             }
             for (int t = threadIdx.x; t < m; t += blockDim.x) {
                 const i64* q = code + (i64)(i + t) * WIDTH;
-                const int peer = (int)q[2];
+                const int peer = (int)q[COL_SENDS_PEER];
                 /* one word per sender and block: of several messages to one peer (a
                    bidirectional ring on 2 ranks) only the last stores its number, or the
                    stores race and a lower number may land last */
                 bool last = true;
                 for (int u = t + 1; u < m; u++)
-                    if (code[(i64)(i + u) * WIDTH + 2] == peer) last = false;
+                    if (code[(i64)(i + u) * WIDTH + COL_SENDS_PEER] == peer) last = false;
                 if (!last) continue;
-                const u64 number = kind == 2 ? (u64)q[9] : (u64)q[7];
+                const u64 number = kind == OP_PUSH ? (u64)q[COL_PUSH_MESSAGE]
+                                                   : (u64)q[COL_SEND_MESSAGE];
                 u64* word = (u64*)peer_flags[peer] + DELIVERED_WORDS
                             + (u64)rank * MAX_BLOCKS + blockIdx.x;
                 release(word, sent[peer] + number + 1);
@@ -803,29 +819,31 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             i = j + fused - 1;
             break;
         }
-        case 3:   /* ARRIVE (rendezvous): the sender's block of the same share delivered it */
-        case 7: { /* TAKE (eager): the same, then this block's share copied out of the slot */
-            const int kind = (int)r[0];
+        case OP_ARRIVE:   /* rendezvous: the sender's block of the same share delivered it */
+        case OP_TAKE: {   /* eager: the same, then this block's share copied out of the slot */
+            const int kind = (int)r[COL_KIND];
             const int j = batch_end(code, n, i), m = j - i;
             for (int t = threadIdx.x; t < m; t += blockDim.x) {
                 const i64* q = code + (i64)(i + t) * WIDTH;
-                const int peer = (int)q[2];
-                const u64 target = received[peer] + (u64)q[3] + 1;
+                const int peer = (int)q[COL_RECEIVES_PEER];
+                const u64 target = received[peer] + (u64)q[COL_RECEIVES_MESSAGE] + 1;
                 const u64* word = flags + DELIVERED_WORDS + (u64)peer * MAX_BLOCKS + blockIdx.x;
                 if (!wait_for(c, word, target, step, peer)) stop = 1;
                 else synced[peer] = true;
             }
             __syncthreads();
             if (stop) break;
-            for (int k0 = i; kind == 7 && k0 < j; k0 += MAX_BATCH) {
+            for (int k0 = i; kind == OP_TAKE && k0 < j; k0 += MAX_BATCH) {
                 const int h = j - k0 < MAX_BATCH ? j - k0 : MAX_BATCH;
                 for (int t = threadIdx.x; t < h; t += blockDim.x) {
                     const i64* q = code + (i64)(k0 + t) * WIDTH;
                     i64 lo, hi;
-                    share(q[7], align, &lo, &hi);
-                    batch_src[t] = bases[INBOX] + (q[6] + lo) * itemsize;
-                    batch_dst[t] = bases[q[4]] + (q[5] + lo) * itemsize;
-                    batch_n[t] = q[8] ? 0 : (hi - lo) * itemsize;   /* q[8]: already there */
+                    share(q[COL_TAKE_COUNT], align, &lo, &hi);
+                    batch_src[t] = bases[INBOX] + (q[COL_TAKE_SLOT] + lo) * itemsize;
+                    batch_dst[t] = bases[q[COL_TAKE_DST_BUFFER]]
+                                   + (q[COL_TAKE_DST_OFFSET] + lo) * itemsize;
+                    /* COL_TAKE_DIRECT: already there */
+                    batch_n[t] = q[COL_TAKE_DIRECT] ? 0 : (hi - lo) * itemsize;
                 }
                 __syncthreads();
                 copy_batch(batch_dst, batch_src, batch_n, h);
@@ -834,7 +852,7 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             i = j - 1;
             break;
         }
-        case 8: { /* SEND_LL: 4 data bytes and the call's flag in each 8-byte line; the
+        case OP_SEND_LL: { /* 4 data bytes and the call's flag in each 8-byte line; the
                      step's messages at once, one warp group each (more than warps: one after
                      another, every thread on each) */
             const int j = batch_end(code, n, i), m = j - i;
@@ -849,42 +867,52 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             }
             for (; k < end; k++) {
                 const i64* q = code + (i64)k * WIDTH;
-                send_lines((u64*)((char*)peer_lines[q[2]] + (call & 1) * lines_half
-                                  + q[5] * itemsize),
-                           (const S*)bases[q[3]] + q[4], q[6], (u64)line_flag(call) << 32,
-                           align, tid, nt);
+                send_lines((u64*)((char*)peer_lines[q[COL_SEND_LL_PEER]]
+                                  + (call & 1) * lines_half + q[COL_SEND_LL_SLOT] * itemsize),
+                           (const S*)bases[q[COL_SEND_LL_SRC_BUFFER]]
+                           + q[COL_SEND_LL_SRC_OFFSET], q[COL_SEND_LL_COUNT],
+                           (u64)line_flag(call) << 32, align, tid, nt);
             }
             i = j - 1;
             break;
         }
-        case 9:   /* TAKE_LL: each line waited for by the thread that copies it; the step's
+        case OP_TAKE_LL:   /* each line waited for by the thread that copies it; the step's
                      messages at once, one warp group each (more than warps: one by one) */
-        case 10: {/* REDUCE_LL: each line waited for and reduced by the thread that reads it */
+        case OP_REDUCE_LL: { /* each line waited for and reduced by the thread that reads it */
             i64 tid = threadIdx.x, nt = blockDim.x;
-            if (r[0] == 9) {
+            if (r[COL_KIND] == OP_TAKE_LL) {
                 const int j = batch_end(code, n, i), m = j - i;
                 if (m > 1 && m <= (int)blockDim.x / 32) {
                     r = code + (i64)(i + warp_group(m, &tid, &nt)) * WIDTH;
                     i = j - 1;
                 }
             }
-            const i64 slot = r[0] == 9 ? r[6] : r[5];
+            const i64 slot = r[COL_KIND] == OP_TAKE_LL ? r[COL_TAKE_LL_SLOT]
+                                                       : r[COL_REDUCE_LL_SLOT];
             const u64* src = (const u64*)((const char*)peer_lines[rank] + (call & 1) * lines_half
                                           + slot * itemsize);
-            const bool ok = r[0] == 9
-                ? take_lines(c, src, r[7], (S*)bases[r[4]] + r[5], nullptr, nullptr, false,
-                             line_flag(call), align, step, (int)r[2], tid, nt)
-                : take_lines(c, src, r[6], (S*)bases[r[7]] + r[8], (const S*)bases[r[9]] + r[10],
-                             r[3] < 0 ? nullptr : (S*)bases[r[3]] + r[4], r[11] != 0,
-                             line_flag(call), align, step, (int)r[2], tid, nt);
+            const bool ok = r[COL_KIND] == OP_TAKE_LL
+                ? take_lines(c, src, r[COL_TAKE_LL_COUNT],
+                             (S*)bases[r[COL_TAKE_LL_DST_BUFFER]] + r[COL_TAKE_LL_DST_OFFSET],
+                             nullptr, nullptr, false,
+                             line_flag(call), align, step, (int)r[COL_TAKE_LL_PEER], tid, nt)
+                : take_lines(c, src, r[COL_REDUCE_LL_COUNT],
+                             (S*)bases[r[COL_REDUCE_LL_DST_BUFFER]] + r[COL_REDUCE_LL_DST_OFFSET],
+                             (const S*)bases[r[COL_REDUCE_LL_OTHER_BUFFER]]
+                             + r[COL_REDUCE_LL_OTHER_OFFSET],
+                             r[COL_REDUCE_LL_KEEP_BUFFER] < 0 ? nullptr
+                             : (S*)bases[r[COL_REDUCE_LL_KEEP_BUFFER]]
+                               + r[COL_REDUCE_LL_KEEP_OFFSET],
+                             r[COL_REDUCE_LL_FIRST] != 0,
+                             line_flag(call), align, step, (int)r[COL_REDUCE_LL_PEER], tid, nt);
             if (!ok) stop = 1;
             break;
         }
-        case 11: { /* TAKE_REDUCE: the sender's block of this share delivered it; reduced
-                      straight out of the slot */
-            const int peer = (int)r[2];
+        case OP_TAKE_REDUCE: { /* the sender's block of this share delivered it; reduced
+                                  straight out of the slot */
+            const int peer = (int)r[COL_TAKE_REDUCE_PEER];
             if (threadIdx.x == 0) {
-                const u64 target = received[peer] + (u64)r[12] + 1;
+                const u64 target = received[peer] + (u64)r[COL_TAKE_REDUCE_MESSAGE] + 1;
                 const u64* word = flags + DELIVERED_WORDS + (u64)peer * MAX_BLOCKS + blockIdx.x;
                 if (!wait_for(c, word, target, step, peer)) stop = 1;
                 else synced[peer] = true;
@@ -892,41 +920,47 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             __syncthreads();
             if (stop) break;
             i64 lo, hi;
-            share(r[6], align, &lo, &hi);
+            share(r[COL_TAKE_REDUCE_COUNT], align, &lo, &hi);
             const S* x = (const S*)((const char*)peer_inbox[rank] + (call & 1) * inbox_half
-                                    + r[5] * itemsize);
-            const S* other = (const S*)bases[r[9]] + r[10];
-            const bool first = r[11] != 0;
-            reduce_share((S*)bases[r[7]] + r[8], first ? x : other, first ? other : x, lo, hi);
-            if (r[3] >= 0)          /* the message kept where the plan reads it again */
-                copy_bytes(bases[r[3]] + (r[4] + lo) * itemsize, (const char*)(x + lo),
+                                    + r[COL_TAKE_REDUCE_SLOT] * itemsize);
+            const S* other = (const S*)bases[r[COL_TAKE_REDUCE_OTHER_BUFFER]]
+                             + r[COL_TAKE_REDUCE_OTHER_OFFSET];
+            const bool first = r[COL_TAKE_REDUCE_FIRST] != 0;
+            reduce_share((S*)bases[r[COL_TAKE_REDUCE_DST_BUFFER]]
+                         + r[COL_TAKE_REDUCE_DST_OFFSET], first ? x : other, first ? other : x,
+                         lo, hi);
+            /* the message kept where the plan reads it again */
+            if (r[COL_TAKE_REDUCE_KEEP_BUFFER] >= 0)
+                copy_bytes(bases[r[COL_TAKE_REDUCE_KEEP_BUFFER]]
+                           + (r[COL_TAKE_REDUCE_KEEP_OFFSET] + lo) * itemsize,
+                           (const char*)(x + lo), (hi - lo) * itemsize);
+            break;
+        }
+        case OP_COPY: {
+            i64 lo, hi;
+            share(r[COL_COPY_COUNT], align, &lo, &hi);
+            if (hi > lo)
+                copy_bytes(bases[r[COL_COPY_DST_BUFFER]] + (r[COL_COPY_DST_OFFSET] + lo) * itemsize,
+                           bases[r[COL_COPY_SRC_BUFFER]] + (r[COL_COPY_SRC_OFFSET] + lo) * itemsize,
                            (hi - lo) * itemsize);
             break;
         }
-        case 4: { /* COPY */
-            i64 lo, hi;
-            share(r[6], align, &lo, &hi);
-            if (hi > lo)
-                copy_bytes(bases[r[2]] + (r[3] + lo) * itemsize,
-                           bases[r[4]] + (r[5] + lo) * itemsize, (hi - lo) * itemsize);
-            break;
-        }
-        case 12: { /* REDUCE_N: a chain of reductions in one pass; an operand >= 0 is
+        case OP_REDUCE_N: { /* a chain of reductions in one pass; an operand >= 0 is
                       offset << BUFFER_BITS | buffer (an eager message's slot in the inbox,
                       its ARRIVE before), < 0 a message in lines,
                       -1 - (slot << LINE_PEER_BITS | peer). SENDS_ON: the sends after it
                       send its results on in its pass: plain SENDs and PUSHes run it after
                       their waits (reduce_many with outs); SEND_LLs are run here, their
                       slots' waits first */
-            const bool on = (r[5] & SENDS_ON) != 0;
-            if (on && code[(i64)(i + 1) * WIDTH] != 8) break;
+            const bool on = (r[COL_REDUCE_N_OPERANDS] & SENDS_ON) != 0;
+            if (on && code[(i64)(i + 1) * WIDTH + COL_KIND] != OP_SEND_LL) break;
             const int j = on ? batch_end(code, n, i + 1) : i + 1, k = j - i - 1;
             if (k) {
                 if (!lines_free(c, code, i + 1, j, seen, call, step)) stop = 1;
                 for (int t = threadIdx.x; t < k; t += blockDim.x) {
                     const i64* q = code + (i64)(i + 1 + t) * WIDTH;
-                    batch_dst[t] = (char*)peer_lines[q[2]] + (call & 1) * lines_half
-                                   + q[5] * itemsize;
+                    batch_dst[t] = (char*)peer_lines[q[COL_SEND_LL_PEER]] + (call & 1) * lines_half
+                                   + q[COL_SEND_LL_SLOT] * itemsize;
                 }
                 __syncthreads();
                 if (stop) break;
@@ -934,16 +968,19 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             const S* xs[FOLD];
             const u64* in_lines[FOLD];
             int peers[FOLD];
-            const int m = (int)(r[5] & (SENDS_ON - 1));
+            const int m = (int)(r[COL_REDUCE_N_OPERANDS] & (SENDS_ON - 1));
             if (chain_operands(r, bases, (const char*)peer_lines[rank] + (call & 1) * lines_half,
                                itemsize, rank, xs, in_lines, peers) || k) {
-                if (!reduce_lines(c, (S*)bases[r[2]] + r[3], xs, in_lines, peers, m, r[4],
+                if (!reduce_lines(c, (S*)bases[r[COL_REDUCE_N_DST_BUFFER]]
+                                  + r[COL_REDUCE_N_DST_OFFSET], xs, in_lines, peers, m,
+                                  r[COL_REDUCE_N_COUNT],
                                   line_flag(call), align, step, (u64* const*)batch_dst, k))
                     stop = 1;
             } else {
                 i64 lo, hi;
-                share(r[4], align, &lo, &hi);
-                reduce_many((S*)bases[r[2]] + r[3], xs, m, lo, hi);
+                share(r[COL_REDUCE_N_COUNT], align, &lo, &hi);
+                reduce_many((S*)bases[r[COL_REDUCE_N_DST_BUFFER]] + r[COL_REDUCE_N_DST_OFFSET],
+                            xs, m, lo, hi);
             }
             if (k) {
                 __syncthreads();      /* every thread done with the descriptors */
@@ -951,11 +988,12 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
             }
             break;
         }
-        case 5: { /* REDUCE */
+        case OP_REDUCE: {
             i64 lo, hi;
-            share(r[8], align, &lo, &hi);
-            reduce_share((S*)bases[r[2]] + r[3], (const S*)bases[r[4]] + r[5],
-                         (const S*)bases[r[6]] + r[7], lo, hi);
+            share(r[COL_REDUCE_COUNT], align, &lo, &hi);
+            reduce_share((S*)bases[r[COL_REDUCE_DST_BUFFER]] + r[COL_REDUCE_DST_OFFSET],
+                         (const S*)bases[r[COL_REDUCE_A_BUFFER]] + r[COL_REDUCE_A_OFFSET],
+                         (const S*)bases[r[COL_REDUCE_B_BUFFER]] + r[COL_REDUCE_B_OFFSET], lo, hi);
             break;
         }
         }
@@ -995,10 +1033,10 @@ run_program(const i64* code_at, int n, const i64* tallies, char* in, char* out, 
    block of every peer has (its block of the vector read and written everywhere). Every
    rank must run this kernel for the call: each says so (MODE) before its epoch, and a rank
    whose peer did not (its buffer not symmetric, or the call out of place) fails the call on
-   every rank with kind 4 before it touches any peer's memory.
+   every rank with ERROR_CALLED_OTHERWISE before it touches any peer's memory.
 
    Parameters as run_program's (one launch path on the host); ``code_at``: the element
-   count; ``caller_out``: this rank's buffer at ``place``. */
+   count (IN_PLACE_AT_COUNT); ``caller_out``: this rank's buffer at ``place``. */
 #define IN_PLACE_UNROLL 2
 
 /* The call's start in a kernel of a fixed world size, once the previous kernel on the stream
@@ -1080,7 +1118,7 @@ two_shot_in_place(const i64* code_at, int n, const i64* tallies, char* in, char*
         peer_flags[t] = peer_flags_at[t];
         ones[t] = t != rank;
     }
-    if (t == 0) count = code_at[0];
+    if (t == 0) count = code_at[IN_PLACE_AT_COUNT];
     world_call_start(flags, error, timeout_ns, sent, received, &deadline, &call_number, &stop);
     Ctx c = {flags, peer_flags, error, rank, WORLD, deadline};
     const u64 call = call_number;
@@ -1103,7 +1141,7 @@ two_shot_in_place(const i64* code_at, int n, const i64* tallies, char* in, char*
         } else if (!wait_for(c, flags + SEEN_WORDS + t, epoch, 0, t)) {
             stop = 1;
         } else if (relaxed(flags + MODE_WORDS + t) != call + 1) {
-            fail(c, 4, 0, t);
+            fail(c, ERROR_CALLED_OTHERWISE, 0, t);
             stop = 1;
         } else {
             base[t] = (S*)symmetric_at(relaxed(flags + PLACE_WORDS + t), peer_heaps, t, WORLD);
@@ -1221,14 +1259,16 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
         peer_data[t] = peer_data_at[t];
     }
     if (t == 0) {
-        count = code_at[0];
-        chunks = code_at[1];
-        pushers = code_at[2];
-        kind = code_at[3];
+        count = code_at[PIPELINED_AT_COUNT];
+        chunks = code_at[PIPELINED_AT_CHUNKS];
+        pushers = code_at[PIPELINED_AT_PUSHERS];
+        kind = code_at[PIPELINED_AT_KIND];
     }
     world_call_start(flags, error, timeout_ns, sent, received, &deadline, &call_number, &stop);
-    const i64 gather = kind <= 2 ? kind : 0;     /* an all_reduce's gather (1, 2) */
-    const bool moves = kind >= 3;                /* an all_gather or all_to_all: no reduction */
+    /* an all_reduce's gather (PIPELINED_ALL_REDUCE or ..._BY_COPIES), or 0: none */
+    const i64 gather = kind <= PIPELINED_ALL_REDUCE_BY_COPIES ? kind : 0;
+    /* an all_gather or all_to_all: no reduction */
+    const bool moves = kind >= PIPELINED_ALL_GATHER;
     if (t < WORLD) tally[t] = t != rank ? (u64)(gather ? 2 * chunks + 1 : chunks) : 0;
     const char* src = in ? in : caller_out;              /* an all_reduce in place */
     const i64 reduced_at = (i64)(WORLD - 1) * count;     /* elements into staging's scratch */
@@ -1279,7 +1319,8 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
             for (int s = 1; s < WORLD; s++) {
                 const int q = (rank + s) % WORLD;
                 dst[s - 1] = into[q] + lo * itemsize;
-                from[s - 1] = src + ((kind == 3 ? 0 : (i64)q * count) + lo) * itemsize;
+                from[s - 1] = src + ((kind == PIPELINED_ALL_GATHER ? 0 : (i64)q * count) + lo)
+                                    * itemsize;
                 bytes[s - 1] = (hi - lo) * itemsize;
             }
             copy_batch(dst, from, bytes, WORLD - 1);
@@ -1307,7 +1348,8 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
             for (int q = 0; q < WORLD; q++) {
                 if (q != rank && place) continue;
                 dst[m] = out + ((i64)q * count + lo) * itemsize;
-                from[m] = q == rank ? src + ((kind == 3 ? 0 : (i64)q * count) + lo) * itemsize
+                from[m] = q == rank ? src + ((kind == PIPELINED_ALL_GATHER ? 0 : (i64)q * count)
+                                             + lo) * itemsize
                                     : scratch + ((i64)(q < rank ? q : q - 1) * count + lo)
                                                 * itemsize;
                 bytes[m++] = (hi - lo) * itemsize;
@@ -1346,7 +1388,7 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
        reduced block, each chunk once every reducer of that peer has said it; then says it
        has read everything, and waits until the same block of every peer has */
     const i64 reducers = gridDim.x - pushers;
-    for (i64 k = 0; gather == 1 && k < chunks && !stop; k++) {
+    for (i64 k = 0; gather == PIPELINED_ALL_REDUCE && k < chunks && !stop; k++) {
         if (!peers_said(c, received, pushers, reducers, (u64)(chunks + k) + 1, 2))
             stop = 1;
         __syncthreads();
@@ -1369,13 +1411,13 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
     /* gather 2: the copy engines read every peer's reduced block once this launch ends (the
        executor's copies, then copies_around's mode 1 ends the call); block 0 waits here
        until every reducer of every peer has stored its last chunk. */
-    if (gather == 2) {
+    if (gather == PIPELINED_ALL_REDUCE_BY_COPIES) {
         if (blockIdx.x == 0 && !stop &&
             !peers_said(c, received, pushers, reducers, 2 * (u64)chunks, 2))
             stop = 1;
         return;
     }
-    if (gather == 1 && t < WORLD && t != rank && !stop) {
+    if (gather == PIPELINED_ALL_REDUCE && t < WORLD && t != rank && !stop) {
         release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS + blockIdx.x,
                 sent[t] + 2 * (u64)chunks + 1);
         if (!wait_for(c, flags + DELIVERED_WORDS + (u64)t * MAX_BLOCKS + blockIdx.x,
@@ -1432,14 +1474,14 @@ copies_around(const i64* code_at, int n, const i64* tallies, char* in, char* out
     const int t = threadIdx.x;
     if (t < WORLD) peer_flags[t] = peer_flags_at[t];
     world_call_start(flags, error, timeout_ns, sent, received, &deadline, &call_number, &stop);
-    const i64 bytes = code_at[0], mode = code_at[1];
+    const i64 bytes = code_at[COPIES_AT_BYTES], mode = code_at[COPIES_AT_MODE];
     const u64 call = call_number;
     Ctx c = {flags, peer_flags, error, rank, WORLD, deadline};
-    if (mode == 0) {
+    if (mode == COPIES_STAGE) {
         scrub_lines(c, (char*)peer_lines_at[rank], lines_half, call, &stop);
         if (blockIdx.x == 0 && t < WORLD && !stop)
             release((u64*)peer_flags[t] + SEEN_WORDS + rank, ((call + 1) << STEP_BITS) - 1);
-        const i64 chunks = code_at[2], pieces = code_at[3];
+        const i64 chunks = code_at[COPIES_AT_CHUNKS], pieces = code_at[COPIES_AT_PIECES];
         const i64 units = (bytes + 15) / 16;
         for (i64 k = 0; k < chunks && !stop; k++) {
             const i64 c0 = units * k / chunks, c1 = units * (k + 1) / chunks;
@@ -1448,24 +1490,28 @@ copies_around(const i64* code_at, int n, const i64* tallies, char* in, char* out
             if (hi > bytes) hi = bytes;
             if (lo > hi) lo = hi;
             for (i64 j = 0; j < pieces; j++)
-                copy_range(scratch + code_at[5 + 2 * j] + lo, in + code_at[4 + 2 * j] + lo,
-                           hi - lo, t, blockDim.x);
+                copy_range(scratch + code_at[COPIES_AT_PIECE + COPIES_PIECE_SIZE * j
+                                             + COPIES_PIECE_TO] + lo,
+                           in + code_at[COPIES_AT_PIECE + COPIES_PIECE_SIZE * j
+                                        + COPIES_PIECE_FROM] + lo, hi - lo, t, blockDim.x);
             __syncthreads();        /* the block's stores, then one release per peer */
             if (t < WORLD && t != rank)
                 release((u64*)peer_flags[t] + DELIVERED_WORDS + (u64)rank * MAX_BLOCKS
                         + blockIdx.x, sent[t] + (u64)k + 1);
         }
-        const i64* own = code_at + 4 + 2 * pieces;
+        const i64* own = code_at + COPIES_AT_PIECE + COPIES_PIECE_SIZE * pieces;
         i64 lo = units * blockIdx.x / gridDim.x * 16;
         i64 hi = units * (blockIdx.x + 1) / gridDim.x * 16;
         if (hi > bytes) hi = bytes;
         if (lo > hi) lo = hi;
-        if (!stop) copy_range(out + own[1] + lo, in + own[0] + lo, hi - lo, t, blockDim.x);
+        if (!stop) copy_range(out + own[COPIES_PIECE_TO] + lo, in + own[COPIES_PIECE_FROM] + lo,
+                              hi - lo, t, blockDim.x);
         return;
     }
-    const u64 message = (u64)code_at[2];
-    if (mode == 2) {
-        if (blockIdx.x == 0 && !stop && !peers_said(c, received, 0, code_at[3], message, 1))
+    const u64 message = (u64)code_at[COPIES_AT_MESSAGE];
+    if (mode == COPIES_WAIT) {
+        if (blockIdx.x == 0 && !stop &&
+            !peers_said(c, received, 0, code_at[COPIES_AT_BLOCKS], message, 1))
             stop = 1;
         return;
     }

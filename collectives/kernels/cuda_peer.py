@@ -40,25 +40,14 @@ import numpy as np
 from ..ops import ReduceOp
 from .reduce import BFLOAT16
 
-THREADS = 512
-MAX_BLOCKS = 128          # delivered words per sender in a rank's flags
+from . import peer_protocol
+# the flag words' layout is the protocol's (named here for the executor and the transport)
+from .peer_protocol import (  # noqa: F401 (re-exported)
+    ABORT_WORD, BARRIER_WORD, CALL_WORD, DELIVERED_WORDS, DIRECT_WORDS, EPOCH_WORD, EXIT_WORD,
+    FLAG_BYTES, GENERATION_WORD, HEAP_SHIFT, MAX_BLOCKS, MAX_HEAPS, MAX_RANKS, MODE_WORDS,
+    PLACE_WORDS, RECEIVED_WORDS, SEEN_WORDS, SENT_WORDS)
 
-# Flag words (uint64) of one rank; DELIVERED is [sender][block].
-EPOCH_WORD, CALL_WORD, BARRIER_WORD, ABORT_WORD, GENERATION_WORD, EXIT_WORD = 0, 1, 2, 3, 4, 5
-SENT_WORDS, RECEIVED_WORDS, SEEN_WORDS, DELIVERED_WORDS = 256, 512, 768, 1024
-MAX_RANKS = 256
-# where each peer's output receives land this call ([peer]: 0 its staging memory, else its
-# symmetric output: (heap + 1) << HEAP_SHIFT | byte offset), written by the peer with its epochs
-PLACE_WORDS = DELIVERED_WORDS + MAX_RANKS * MAX_BLOCKS
-# [peer]: the call number + 1 of the peer's latest call that takes eager messages into its
-# symmetric output directly (pushed._direct), written by the peer before its first epoch
-DIRECT_WORDS = PLACE_WORDS + MAX_RANKS
-# [peer]: the call number + 1 of the peer's latest call run by ``two_shot_in_place``, written
-# by the peer before its epoch of that call
-MODE_WORDS = DIRECT_WORDS + MAX_RANKS
-FLAG_BYTES = (MODE_WORDS + MAX_RANKS) * 8
-MAX_HEAPS = 16            # symmetric allocations per group
-HEAP_SHIFT = 48
+THREADS = 512
 
 _STORAGE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
             np.dtype(np.int8): "signed char", np.dtype(np.int16): "short",
@@ -105,23 +94,11 @@ def supported(op, dtype) -> bool:
 def source(op, dtype, fences: int = 0, trace: bool = False) -> str:
     """The CUDA source for ``op`` on ``dtype`` (``op`` None: a program without reductions);
     ``trace``: with the timestamps ``tools/peer_trace.py`` reads."""
-    from ..algorithms import pushed
     dtype = np.dtype(dtype)
     op = ReduceOp.SUM if op is None else ReduceOp.parse(op)
     if op == ReduceOp.AVG:
         op = ReduceOp.SUM
-    shared = dict(EPOCH_WORD=EPOCH_WORD, CALL_WORD=CALL_WORD, BARRIER_WORD=BARRIER_WORD,
-                  ABORT_WORD=ABORT_WORD, GENERATION_WORD=GENERATION_WORD, EXIT_WORD=EXIT_WORD,
-                  SENT_WORDS=SENT_WORDS, RECEIVED_WORDS=RECEIVED_WORDS, SEEN_WORDS=SEEN_WORDS,
-                  DELIVERED_WORDS=DELIVERED_WORDS, MAX_BLOCKS=MAX_BLOCKS, MAX_RANKS=MAX_RANKS,
-                  PLACE_WORDS=PLACE_WORDS, DIRECT_WORDS=DIRECT_WORDS, MODE_WORDS=MODE_WORDS,
-                  HEAP_SHIFT=HEAP_SHIFT,
-                  WIDTH=pushed.WIDTH, FOLD=pushed.FOLD, LINE_PEER_BITS=pushed.LINE_PEER_BITS,
-                  BUFFER_BITS=pushed.BUFFER_BITS, STEP_BITS=pushed.STEP_BITS,
-                  LINE_PERIOD=f"{pushed.LINE_PERIOD}ULL", OUTPUT=pushed.OUTPUT,
-                  INBOX=pushed.INBOX, SENDS_ON=pushed.SENDS_ON, MAX_BATCH=pushed.SENDS_ON_MAX,
-                  THREADS=THREADS, FENCES=fences)
-    defines = "".join(f"#define {name} {value}\n" for name, value in shared.items())
+    defines = peer_protocol.header() + f"#define THREADS {THREADS}\n#define FENCES {fences}\n"
     if trace:
         defines += "#define TRACE 1\n"
     return defines + _kernel_text().replace("STORAGE", _STORAGE[dtype]).replace(

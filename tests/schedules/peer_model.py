@@ -17,10 +17,11 @@ from typing import NamedTuple
 import numpy as np
 
 from collectives.algorithms import pushed
-from collectives.algorithms.pushed import (ARRIVE, BARRIER, COPY, EPOCH, PUSH, REDUCE, REDUCE_N,
-                                           REDUCE_LL, SEND, SEND_LL, TAKE, TAKE_LL,
-                                           TAKE_REDUCE, INPUT, OUTPUT, SCRATCH, CALLER_OUTPUT,
-                                           INBOX)
+from collectives.kernels import peer_protocol
+from collectives.kernels.peer_protocol import (
+    ARRIVE, BARRIER, CALLER_OUTPUT, COPY, EPOCH, INBOX, INPUT, INSTRUCTIONS, KIND, OUTPUT, PUSH,
+    REDUCE, REDUCE_LL, REDUCE_N, SCRATCH, SEND, SEND_LL, SENDS_ON, STEP, TAKE, TAKE_LL,
+    TAKE_REDUCE, chain_operands, decode_line_operand, decode_operand, epoch, in_place_epoch)
 
 
 # what ``pipelined_reduce_scatter`` runs (executors/peer.py: pipelined)
@@ -62,9 +63,9 @@ class Group:
     """Flags and staging memory of ``size`` ranks, kept across calls (as the GPU's are)."""
 
     def __init__(self, size, workers, staging=1 << 16, seed=0, align=1,
-                 period=pushed.LINE_PERIOD):
+                 period=peer_protocol.LINE_PERIOD):
         self.size, self.workers, self.align = size, workers, align
-        self.period = period           # of the lines' flags (pushed.line_flag)
+        self.period = period           # of the lines' flags (peer_protocol.line_flag)
         self.epoch = [0] * size
         self.delivered = np.zeros((size, size, workers), np.int64)   # [dst, src, worker]
         self.sent = np.zeros((size, size), np.int64)                 # [rank, peer]
@@ -215,7 +216,7 @@ class Group:
         reduced in rank order and written back on every rank, piece by piece; then its
         delivered word to every peer, and a wait for the same worker of every peer."""
         call, size = self.calls[rank], self.size
-        epoch = pushed.in_place_epoch(call)
+        epoch = in_place_epoch(call)
 
         def wait(ready, peer, what):
             return self._until(ready, deadline, rank, 0, peer, what)
@@ -292,7 +293,7 @@ class Group:
         call, size = self.calls[rank], self.size
         area = self.out if gather or moves else self.scratch
         reduced_at = (size - 1) * count
-        epoch = pushed.in_place_epoch(call)
+        epoch = in_place_epoch(call)
 
         def wait(ready, step, peer, what):
             return self._until(ready, deadline, rank, step, peer, what)
@@ -494,7 +495,7 @@ class Group:
             def slot(q): return 0
         own = rank * count if all_to_all else 0
         if w == 0:
-            self.epoch[rank] = pushed.in_place_epoch(self.calls[rank])
+            self.epoch[rank] = in_place_epoch(self.calls[rank])
             for k, (lo, hi) in enumerate(bounds):
                 for q in range(size):
                     if q == rank or not self.pipelined_waits["staged"]:
@@ -559,8 +560,8 @@ class Group:
         def wait(ready, step, peer, what):
             return self._until(ready, deadline, rank, step, peer, what)
 
-        flag = pushed.line_flag(call, self.period)
-        half = pushed.scrubs(call, self.period)
+        flag = peer_protocol.line_flag(call, self.period)
+        half = peer_protocol.scrubs(call, self.period)
         if half is not None:               # each worker its share, all before any epoch
             scrubbed = self.line_flags[rank][half]
             lo, hi = share(scrubbed.size)
@@ -574,109 +575,119 @@ class Group:
 
         def posted(row):
             """What a send waits for: (whether it may write now, what it waits for)."""
-            peer = int(row[2])
-            if int(row[0]) == PUSH:        # the receive posted (the peer's epoch of its step)
-                target = ((call + 1) << pushed.STEP_BITS) | int(row[8])
+            send = INSTRUCTIONS[int(row[KIND])].read(row)
+            peer = send.peer
+            if send.kind == PUSH:          # the receive posted (the peer's epoch of its step)
+                target = epoch(call, send.their_step)
                 return (lambda: self.epoch[peer] >= target), "its receive to be posted"
-            if int(row[0]) == SEND and int(row[8]) >= 0:   # it may land in the peer's
+            if send.kind == SEND and send.output_at >= 0:   # it may land in the peer's
                 if peer in synced:                          # output: the peer says so at
                     return (lambda: True), "this call"      # its first epoch, every worker
-                target = (call + 1) << pushed.STEP_BITS     # of it before its first send
+                target = epoch(call, 0)                     # of it before its first send
                 return (lambda: self.epoch[peer] >= target), "this call"
             # eager: the slot's half was last used two calls ago, so the peer must have
             # started the previous call (then it is done with the one before)
-            target = (call << pushed.STEP_BITS) if call >= 2 else 0
+            target = epoch(call - 1, 0) if call >= 2 else 0
             return (lambda: self.epoch[peer] >= target), "the previous call"
 
         code = program.code
         for at, row in enumerate(code):
-            kind, step = int(row[0]), int(row[1])
+            kind = INSTRUCTIONS[int(row[KIND])]
+            x = kind.read(row)
+            step = x.step
             if kind == BARRIER:              # a block barrier orders nothing here: a worker
-                if row[2]:                   # is one sequence
+                if x.grid:                   # is one sequence
                     yield from self._barrier(rank, w, barriers, step, deadline)
             elif kind == EPOCH:
-                if w == 0 or (row[4] and self.every_worker_says):   # where output lands
+                if w == 0 or (x.direct and self.every_worker_says):   # where output lands
                     self.landing[rank] = mine[OUTPUT]
-                    if row[4]:               # eager messages straight into output
+                    if x.direct:             # eager messages straight into output
                         self.direct[rank] = call + 1
                 if w == 0:                   # then the epoch
-                    self.epoch[rank] = ((call + 1) << pushed.STEP_BITS) | int(row[2])
+                    self.epoch[rank] = epoch(call, x.published)
             elif kind == PUSH:
-                peer, sb, so, db, do, count, their_step, k = map(int, row[2:10])
+                peer = x.peer
                 ready, what = posted(row)
                 yield from wait(ready, step, peer, what)
                 synced.add(peer)
-                theirs = {OUTPUT: self.landing[peer], SCRATCH: self.scratch[peer]}[db]
-                lo, hi = share(count)
+                theirs = {OUTPUT: self.landing[peer], SCRATCH: self.scratch[peer]}[x.dst_buffer]
+                src, so, do = mine[x.src_buffer], x.src_offset, x.dst_offset
+                lo, hi = share(x.count)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
-                    theirs[do + a:do + b] = mine[sb][so + a:so + b]
+                    theirs[do + a:do + b] = src[so + a:so + b]
                     yield
-                self.delivered[peer, rank, w] = self.sent[rank, peer] + k + 1
+                self.delivered[peer, rank, w] = self.sent[rank, peer] + x.message + 1
             elif kind == SEND_LL:
-                peer, sb, so, slot, count, k = map(int, row[2:8])
+                peer, slot = x.peer, x.slot
                 ready, what = posted(row)
                 yield from wait(ready, step, peer, what)
                 theirs = self.lines[peer][call & 1]
                 flags = self.line_flags[peer][call & 1]
-                lo, hi = share(count)
+                src, so = mine[x.src_buffer], x.src_offset
+                lo, hi = share(x.count)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
-                    theirs[slot + a:slot + b] = mine[sb][so + a:so + b]
+                    theirs[slot + a:slot + b] = src[so + a:so + b]
                     flags[slot + a:slot + b] = flag      # data and flag land together
                     yield
             elif kind == TAKE_LL:
-                peer, k, db, do, slot, count = map(int, row[2:8])
+                slot, dst, do = x.slot, mine[x.dst_buffer], x.dst_offset
                 inbox = self.lines[rank][call & 1]
                 flags = self.line_flags[rank][call & 1]
-                lo, hi = share(count)
+                lo, hi = share(x.count)
                 for a in range(lo, hi, piece):          # each piece as soon as it is there
                     b = min(hi, a + piece)
                     yield from wait(lambda: (flags[slot + a:slot + b] == flag).all(), step,
-                                    peer, "its message")
-                    mine[db][do + a:do + b] = inbox[slot + a:slot + b]
+                                    x.peer, "its message")
+                    dst[do + a:do + b] = inbox[slot + a:slot + b]
             elif kind == SEND:
-                peer, sb, so, slot, count, k, at = map(int, row[2:9])
+                peer, slot, output_at = x.peer, x.slot, x.output_at
                 ready, what = posted(row)
                 yield from wait(ready, step, peer, what)
-                if at >= 0:
+                if output_at >= 0:
                     synced.add(peer)
                 theirs = self.inbox[peer][call & 1]
-                if at >= 0 and self.direct[peer] == call + 1:    # into its output
-                    theirs, slot = self.landing[peer], at
-                lo, hi = share(count)
+                if output_at >= 0 and self.direct[peer] == call + 1:    # into its output
+                    theirs, slot = self.landing[peer], output_at
+                src, so = mine[x.src_buffer], x.src_offset
+                lo, hi = share(x.count)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
-                    theirs[slot + a:slot + b] = mine[sb][so + a:so + b]
+                    theirs[slot + a:slot + b] = src[so + a:so + b]
                     yield
-                self.delivered[peer, rank, w] = self.sent[rank, peer] + k + 1
+                self.delivered[peer, rank, w] = self.sent[rank, peer] + x.message + 1
             elif kind == TAKE:
-                peer, k, db, do, slot, count, direct = map(int, row[2:9])
-                target = self.received[rank, peer] + k + 1
+                peer = x.peer
+                target = self.received[rank, peer] + x.message + 1
                 yield from wait(lambda: self.delivered[rank, peer, w] >= target, step, peer,
                                 "its message")
                 synced.add(peer)
-                if direct:                   # written where it belongs by its sender
+                if x.direct:                 # written where it belongs by its sender
                     continue
                 inbox = self.inbox[rank][call & 1]
-                lo, hi = share(count)
+                slot, dst, do = x.slot, mine[x.dst_buffer], x.dst_offset
+                lo, hi = share(x.count)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
-                    mine[db][do + a:do + b] = inbox[slot + a:slot + b]
+                    dst[do + a:do + b] = inbox[slot + a:slot + b]
                     yield
             elif kind == ARRIVE:
-                peer, k = int(row[2]), int(row[3])
-                target = self.received[rank, peer] + k + 1
+                peer = x.peer
+                target = self.received[rank, peer] + x.message + 1
                 yield from wait(lambda: self.delivered[rank, peer, w] >= target, step, peer,
                                 "its message")
                 synced.add(peer)
             elif kind in (REDUCE_LL, TAKE_REDUCE):
-                peer, kb, ko, slot, count, db, do, ob, oo, first, k = map(int, row[2:13])
+                peer, slot, first = x.peer, x.slot, x.first
+                kb, ko = x.keep_buffer, x.keep_offset
+                dst, do = mine[x.dst_buffer], x.dst_offset
+                other, oo = mine[x.other_buffer], x.other_offset
                 inbox = (self.lines if kind == REDUCE_LL else self.inbox)[rank][call & 1]
                 flags = self.line_flags[rank][call & 1]
-                lo, hi = share(count)
+                lo, hi = share(x.count)
                 if kind == TAKE_REDUCE:
-                    target = self.received[rank, peer] + k + 1
+                    target = self.received[rank, peer] + x.message + 1
                     yield from wait(lambda: self.delivered[rank, peer, w] >= target, step, peer,
                                     "its message")
                     synced.add(peer)
@@ -685,35 +696,38 @@ class Group:
                     if kind == REDUCE_LL:
                         yield from wait(lambda: (flags[slot + a:slot + b] == flag).all(),
                                         step, peer, "its message")
-                    line, other = inbox[slot + a:slot + b].copy(), mine[ob][oo + a:oo + b]
-                    mine[db][do + a:do + b] = reduce(line, other) if first else \
-                        reduce(other, line)
+                    line, value = inbox[slot + a:slot + b].copy(), other[oo + a:oo + b]
+                    dst[do + a:do + b] = reduce(line, value) if first else reduce(value, line)
                     if kb >= 0:
                         mine[kb][ko + a:ko + b] = line
                     yield
             elif kind == COPY:
-                db, do, sb, so, count = map(int, row[2:7])
-                lo, hi = share(count)
+                dst, do, src, so = mine[x.dst_buffer], x.dst_offset, mine[x.src_buffer], \
+                    x.src_offset
+                lo, hi = share(x.count)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
-                    mine[db][do + a:do + b] = mine[sb][so + a:so + b]
+                    dst[do + a:do + b] = src[so + a:so + b]
                     yield
             elif kind == REDUCE_N:            # one pass: every operand read, then dst written
                 # (SENDS_ON: the kernel waits as the sends that follow wait, then sends the
                 # results on in the same pass; here the waits come first, then the chain,
                 # then the sends, which this worker's order makes the same)
-                if int(row[5]) & pushed.SENDS_ON:
+                if x.operands & SENDS_ON:
                     batch = at + 1
-                    while batch < len(code) and tuple(code[batch][:2]) == tuple(code[at + 1][:2]):
+                    while batch < len(code) and (code[batch][KIND], code[batch][STEP]) == \
+                            (code[at + 1][KIND], code[at + 1][STEP]):
                         ready, what = posted(code[batch])
-                        yield from wait(ready, step, int(code[batch][2]), what)
+                        yield from wait(ready, step,
+                                        INSTRUCTIONS[int(code[batch][KIND])].read(
+                                            code[batch]).peer, what)
                         batch += 1
-                db, do, count = map(int, row[2:5])
+                dst, do = mine[x.dst_buffer], x.dst_offset
                 inbox = self.lines[rank][call & 1]
                 flags = self.line_flags[rank][call & 1]
-                xs = [pushed.decode_operand(x) + (None,) if x >= 0 else
-                      (None,) + pushed.decode_line_operand(x) for x in pushed.chain_operands(row)]
-                lo, hi = share(count)
+                xs = [decode_operand(v) + (None,) if v >= 0 else
+                      (None,) + decode_line_operand(v) for v in chain_operands(row)]
+                lo, hi = share(x.count)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
                     values = []
@@ -727,13 +741,13 @@ class Group:
                     acc = values[0]
                     for value in values[1:]:
                         acc = reduce(acc, value)
-                    mine[db][do + a:do + b] = acc
+                    dst[do + a:do + b] = acc
                     yield
             elif kind == REDUCE:
-                db, do, ab, ao, bb, bo, count = map(int, row[2:9])
-                lo, hi = share(count)
+                dst, do = mine[x.dst_buffer], x.dst_offset
+                xa, ao, xb, bo = mine[x.a_buffer], x.a_offset, mine[x.b_buffer], x.b_offset
+                lo, hi = share(x.count)
                 for a in range(lo, hi, piece):
                     b = min(hi, a + piece)
-                    mine[db][do + a:do + b] = reduce(mine[ab][ao + a:ao + b],
-                                                     mine[bb][bo + a:bo + b])
+                    dst[do + a:do + b] = reduce(xa[ao + a:ao + b], xb[bo + a:bo + b])
                     yield

@@ -9,6 +9,7 @@ from collectives.algorithms import capabilities, pushed, simulate
 from collectives.algorithms.schedule import (Matrix, Plan, Recv, Reduce, Region, Send, Step,
                                              buffer_sizes, build_plan, plan_args)
 from collectives.algorithms.transforms import read_input_first
+from collectives.kernels import peer_protocol
 
 from peer_model import CalledOtherwise, Group, InPlace, Stuck
 
@@ -114,14 +115,15 @@ def _across_line_periods(period, seed):
 @pytest.mark.parametrize("period", [4, 8])
 def test_line_flags_wrap_without_a_stale_line_passing(period):
     """The lines' flag is the call modulo a period (plus one); each inbox half is zeroed
-    once a period (pushed.scrubs), so a line left a period ago never passes for this call's."""
+    once a period (peer_protocol.scrubs), so a line left a period ago never passes for this
+    call's."""
     for seed in range(3):
         _across_line_periods(period, seed)
 
 
 def test_line_flags_wrap_needs_the_zeroing(monkeypatch):
     """The calls above do meet stale lines: without the zeroing a result is wrong."""
-    monkeypatch.setattr(pushed, "scrubs", lambda call, period=pushed.LINE_PERIOD: None)
+    monkeypatch.setattr(peer_protocol, "scrubs", lambda call, period=pushed.LINE_PERIOD: None)
     with pytest.raises(AssertionError):
         for seed in range(3):
             _across_line_periods(4, seed)
@@ -478,6 +480,7 @@ def test_share_covers_every_element_once():
 
 def test_a_plan_too_long_for_the_epoch_is_refused(monkeypatch):
     monkeypatch.setattr(pushed, "STEP_BITS", 2)        # 2 steps at most, instead of 2**24 - 2
+    monkeypatch.setattr(peer_protocol, "STEP_BITS", 2)
     plan = build_plan("all_reduce", "ring", 0, 4, 64)  # 6 steps
     with pytest.raises(ValueError, match="does not fit the peer-memory epoch"):
         pushed.lower(plan)
