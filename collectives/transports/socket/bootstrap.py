@@ -31,10 +31,10 @@ SOCKET_BUFFER = settings.SOCKET_BUFFER()   # 0: kernel autotuning
 
 
 def connect(rank, size, store, timeout, refused):
-    """Connect ``rank`` to every other rank of the job. Returns ({peer: (socket, its
-    FrameAuth)}, the store
-    namespace of this join, the setup deadline); refused connections are appended to
-    ``refused`` (for diagnosis) and logged."""
+    """Connect ``rank`` to every other rank of the job: dial each lower rank, accept each
+    higher one (``_Acceptor``). Returns ({peer: (socket, its FrameAuth)}, the store namespace
+    of this join, the setup deadline); refused connections are appended to ``refused`` (for
+    diagnosis) and logged."""
     generation = store.add(f"collectives/socket/generation/{rank}", 1)
     ns = f"collectives/socket/{generation}"
     secret = job_secret()
@@ -42,83 +42,107 @@ def connect(rank, size, store, timeout, refused):
     host = bind_host(store)
     listener = socket.create_server((host, 0), backlog=max(16, size))
     listener.settimeout(0.2)
-    lock = threading.Lock()
-    accepted: dict[int, tuple] = {}
-    done = threading.Event()
-    expected = set(range(rank + 1, size))
-
-    def admit(conn, addr):
-        try:
-            conn.settimeout(5.0)
-            who, frames = serve_handshake(conn, secret, context, rank)
-            if who not in expected:
-                raise AuthenticationError(f"claims rank {who}, which is not expected here")
-            with lock:
-                if who in accepted:
-                    raise AuthenticationError(f"rank {who} is already connected")
-                accepted[who] = conn, frames
-                if len(accepted) == len(expected):
-                    done.set()
-        except (AuthenticationError, OSError) as exc:
-            refused.append(f"{addr}: {exc}")
-            log.warning("socket transport rank %d refused a connection from %s: %s",
-                        rank, addr, exc)
-            conn.close()
-
-    def accept_loop():
-        while not done.is_set():
-            try:
-                conn, addr = listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=admit, args=(conn, addr), daemon=True).start()
-
-    if expected:
-        threading.Thread(target=accept_loop, daemon=True).start()
-    else:
-        done.set()
+    acceptor = _Acceptor(listener, rank, set(range(rank + 1, size)), secret, context, refused)
     store.set(f"{ns}/addr/{rank}", f"{host}:{listener.getsockname()[1]}")
     started = time.monotonic()
     deadline = started + timeout
+    disagree = (f"it also fails where the ranks disagree on the world size ({size} here) or "
+                f"on how many times they have joined this store ({generation} here)")
     socks: dict[int, tuple] = {}
     try:
         for peer in range(rank):
             addr = store_get(store, f"{ns}/addr/{peer}", timeout).decode()
-            h, p = addr.rsplit(":", 1)
-            sock = dial(h, int(p), rank, peer, deadline)
-            try:
-                who, frames = client_handshake(sock, secret, context, rank)
-            except (AuthenticationError, OSError) as exc:
-                sock.close()
-                raise TransportError(f"socket transport rank {rank}: handshake with rank "
-                                     f"{peer} at {addr} failed: {exc}; it also fails where "
-                                     f"the ranks disagree on the world size ({size} "
-                                     f"here) or on how many times they have joined this "
-                                     f"store ({generation} here)") from None
-            if who != peer:
-                raise TransportError(f"socket transport rank {rank}: {addr} answered as "
-                                     f"rank {who}, expected {peer}")
-            socks[peer] = sock, frames
-        waiting = debug.Waiting(debug.logger(log.name), timeout - (time.monotonic() - started))
-        while not done.wait(waiting.step()):
-            with lock:
-                missing = sorted(expected - set(accepted))
-            if waiting.expired():
-                raise CollectiveTimeout(f"socket transport rank {rank}: ranks {missing} "
-                                        f"did not connect within {timeout:.3g} s")
-            waiting.report(f"socket transport rank {rank}: waiting for ranks "
-                           f"{debug.ranks_text(missing)} to connect")
+            socks[peer] = _dial_lower(addr, rank, peer, deadline, secret, context, disagree)
+        acceptor.wait(timeout - (time.monotonic() - started), timeout)
     finally:
-        done.set()
-        listener.close()
-    for peer, (sock, frames) in accepted.items():
+        acceptor.close()
+    for peer, (sock, frames) in acceptor.accepted.items():
         sock.settimeout(None)
         socks[peer] = sock, frames
     for sock, _ in socks.values():
         tune(sock)
     return socks, ns, deadline
+
+
+def _dial_lower(addr, rank, peer, deadline, secret, context, disagree):
+    """(socket, FrameAuth) of the connection to the lower rank ``peer`` listening at
+    ``addr``, its handshake done; TransportError when it fails (``disagree``: the likely
+    causes where both ends are of this job)."""
+    h, p = addr.rsplit(":", 1)
+    sock = dial(h, int(p), rank, peer, deadline)
+    try:
+        who, frames = client_handshake(sock, secret, context, rank)
+    except (AuthenticationError, OSError) as exc:
+        sock.close()
+        raise TransportError(f"socket transport rank {rank}: handshake with rank "
+                             f"{peer} at {addr} failed: {exc}; {disagree}") from None
+    if who != peer:
+        raise TransportError(f"socket transport rank {rank}: {addr} answered as "
+                             f"rank {who}, expected {peer}")
+    return sock, frames
+
+
+class _Acceptor:
+    """Accepts the connections of the ranks above this one (``expected``) on ``listener``,
+    on a thread of its own, each handshake on a thread too: a connection that fails it, or
+    claims a rank not expected or already connected, is refused, appended to ``refused`` and
+    logged. ``accepted``: {rank: (socket, FrameAuth)}."""
+
+    def __init__(self, listener, rank, expected, secret, context, refused):
+        self.listener, self.rank, self.expected = listener, rank, expected
+        self.secret, self.context, self.refused = secret, context, refused
+        self.lock = threading.Lock()
+        self.accepted: dict[int, tuple] = {}
+        self.done = threading.Event()
+        if expected:
+            threading.Thread(target=self._accept_loop, daemon=True).start()
+        else:
+            self.done.set()
+
+    def _admit(self, conn, addr):
+        try:
+            conn.settimeout(5.0)
+            who, frames = serve_handshake(conn, self.secret, self.context, self.rank)
+            if who not in self.expected:
+                raise AuthenticationError(f"claims rank {who}, which is not expected here")
+            with self.lock:
+                if who in self.accepted:
+                    raise AuthenticationError(f"rank {who} is already connected")
+                self.accepted[who] = conn, frames
+                if len(self.accepted) == len(self.expected):
+                    self.done.set()
+        except (AuthenticationError, OSError) as exc:
+            self.refused.append(f"{addr}: {exc}")
+            log.warning("socket transport rank %d refused a connection from %s: %s",
+                        self.rank, addr, exc)
+            conn.close()
+
+    def _accept_loop(self):
+        while not self.done.is_set():
+            try:
+                conn, addr = self.listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._admit, args=(conn, addr), daemon=True).start()
+
+    def wait(self, left: float, timeout: float) -> None:
+        """Until every expected rank is connected: CollectiveTimeout after ``left`` seconds
+        (of the setup's ``timeout``), saying meanwhile (debug.Waiting) who is missing."""
+        waiting = debug.Waiting(debug.logger(log.name), left)
+        while not self.done.wait(waiting.step()):
+            with self.lock:
+                missing = sorted(self.expected - set(self.accepted))
+            if waiting.expired():
+                raise CollectiveTimeout(f"socket transport rank {self.rank}: ranks {missing} "
+                                        f"did not connect within {timeout:.3g} s")
+            waiting.report(f"socket transport rank {self.rank}: waiting for ranks "
+                           f"{debug.ranks_text(missing)} to connect")
+
+    def close(self) -> None:
+        self.done.set()
+        self.listener.close()
 
 
 def store_get(store, key, timeout):
