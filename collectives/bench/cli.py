@@ -49,6 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bench.py", formatter_class=_HelpFormatter, epilog=_EXAMPLES,
         description="Benchmark ring / tree / recursive doubling against the transport's "
         "native collectives (run under mpiexec -n N for MPI). Every result is checked.")
+    _run_arguments(p)
+    _sweep_arguments(p)
+    _timing_arguments(p)
+    _output_arguments(p)
+    _model_arguments(p)
+    _nccl_arguments(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--progress", action="store_true", help="a progress bar even if stderr "
+                   "is not a terminal (default: only on a terminal)")
+    return p
+
+
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the ranks run: the backend, how many ranks, their binding."""
     p.add_argument("--backend", choices=sorted(BACKENDS), default=None,
                    help="default: mpi under an MPI launcher or when mpi4py is available, socket "
                    "under collectives.run/torchrun; with neither, choose one. socket run by hand "
@@ -65,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "puts them (none, as torchrun); under mpiexec or "
                    "a launcher, theirs decides (mpiexec --bind-to core, collectives.run "
                    "--bind-to core)")
+
+
+def _sweep_arguments(p: argparse.ArgumentParser) -> None:
+    """What the sweep runs: collectives, algorithms, sizes, element type, op."""
     p.add_argument("--collectives", default=",".join(BENCH_COLLECTIVES),
                    help="comma-separated collectives to run, from "
                    + ", ".join(BENCH_COLLECTIVES))
@@ -80,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="element type: a numpy name (float16, float64, int32, ...) or bfloat16")
     p.add_argument("--op", default="sum", help="reduction op for all_reduce/reduce_scatter "
                    "(sum, avg, product, min, max, band, bor, bxor)")
+
+
+def _timing_arguments(p: argparse.ArgumentParser) -> None:
+    """How each row is timed."""
     p.add_argument("--iters", type=int, default=None,
                    help="timed calls per row and round, back to back in a few batches "
                    "(default: adapt, --min-time per row; on GPUs by size)")
@@ -94,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "its rounds is the run's noise, printed with the summary")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="seconds before a stuck collective is an error")
+
+
+def _output_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the records go besides the table."""
     p.add_argument("--json", metavar="FILE",
                    help="write the records, the summary and the run's metadata (backend, "
                    "executor, ranks and cores of the host, ...) as JSON")
@@ -101,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png",
                    help="plot busbw against size, one panel per collective, native dashed "
                    "(needs matplotlib)")
+
+
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    """The cost model and the tuning file."""
     p.add_argument("--calibrate", metavar="FILE",
                    help="fit the cost model's alpha, beta, gamma on this transport first, save "
                    "them to the tuning file FILE (read at run time through COLLECTIVES_TUNING) "
@@ -119,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "--backend's parameters) and verify the schedules at P in the simulator")
     p.add_argument("--verify-seconds", type=float, default=60.0,
                    help="--simulate: time budget for verifying schedules")
+
+
+def _nccl_arguments(p: argparse.ArgumentParser) -> None:
+    """--backend nccl's extra rows."""
     p.add_argument("--segments", default="", metavar="SIZES",
                    help="--backend nccl: ring:seg=N rows, the send/recv executor pipelining "
                    "in N-byte segments (e.g. 16M,64M)")
@@ -127,10 +161,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "graph, then replayed) up to this size; 0 for none")
     p.add_argument("--probe", default="", metavar="SIZES",
                    help="--backend nccl: first the raw p2p sweep at these sizes (e.g. 1M:1G)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--progress", action="store_true", help="a progress bar even if stderr "
-                   "is not a terminal (default: only on a terminal)")
-    return p
 
 
 def parse_args(argv=None):
