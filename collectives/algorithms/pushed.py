@@ -1,72 +1,39 @@
 """Plans lowered for peer memory: every rank writes its messages straight into the receiving
 rank's memory (a *push*), and ranks order themselves with flags instead of messages.
 
-Pure: the program is a table of integers that an executor runs; here it is only built (the
-peer-memory executor runs it on the GPU; ``tests/schedules/peer_model.py`` runs it on the CPU,
-every rank's workers interleaved at random over numpy arrays and flag words).
+Pure: the program is a table of integers in the protocol's instruction set
+(``kernels/peer_protocol.py``; docs/peer-memory.md explains the protocol: epochs, rendezvous
+and eager messages, flagged lines, the flag words); here it is only built, row by row by
+column name. The peer-memory executor runs it on the GPU, ``tests/schedules/peer_model.py``
+on the CPU.
 
-The protocol, per call and rank (``epoch`` and ``delivered`` live in each rank's flag words,
-readable and writable by every rank of the group):
+What the lowering decides, per rank and call:
 
-* At the start of its step j a rank publishes ``epoch = ((call + 1) << 24) | j`` (never 0, the
-  flags' initial value) into every rank's flags, so waiters poll their own memory: everything
-  of its steps before j is done, so the regions its step-j receives land in are free. It
-  publishes only where some sender waits: its first step, and steps with a receive that is
-  not eager (below).
-* A send of step j waits until the receiving rank's epoch reaches the step of the matching
-  receive (its k-th receive from this rank, as its k-th send to it: messages between a pair
-  match in order, as everywhere), writes the data into the receiver's region, and then
-  stores the message's number in the receiver's ``delivered`` word for this sender.
-* A receive waits until ``delivered`` from its peer reaches the message's number.
-* Local ops run after the step's receives have arrived (and after its sends have read what
-  the ops overwrite).
-
-A send completes when it is written, so this is message passing with rendezvous (a send
-waits for its receive to be posted); every registered plan is deadlock-free under rendezvous
-(``cost.replay`` matches that way and would report a deadlock). Call numbers and message
-numbers only grow (64 bits), so flag words are never reset between calls; the 32-bit flags of
-flagged lines wrap, and their inbox is zeroed once a period (below).
-
-Each rank's program runs on ``blocks`` workers at once (the GPU's thread blocks): each moves
-its share of every message and op (``share``), a share depending only on the count, so a
-worker meets only its own share of a region that two accesses make alike. The sender's
-worker of a share stores its own ``delivered`` word, and the receiver's worker of the same
-share waits for that word alone. Barriers go only where accesses conflict (``_Barriers``,
-``hazards.ordering``): a grid barrier where one worker may depend on another's share (and
-before a rendezvous epoch: every worker done with what the receive overwrites), a block
-barrier where the conflict is on one region made alike. A ring's steps on equal chunks need
-no grid barrier at all.
-
-Small messages go *eagerly* (``lower(plan, eager)``: those of at most ``eager`` elements):
-the sender does not wait for the receive to be posted, it writes into a slot of the
-receiver's inbox (one slot per message of the call, laid out alike on both sides from the
-receiver's plan) and the receiver copies the slot into its region when the message has
-arrived (``TAKE``). Each step then costs one hop between GPUs instead of a round trip. Inboxes
-alternate between two halves by call parity, at places that do not move between calls, so a
-slot is written again only two calls later: the sender first waits until the receiver has
-started the previous call (its epoch), which has almost always happened long before. Those of
-at most ``lines`` elements travel in flagged lines (``SEND_LL``/``TAKE_LL``): 4 data bytes and
-the call's flag in each 8-byte line, which the receiver polls itself, so they need neither a
-delivered word nor a fence; they have an inbox of their own (no other message may ever have
-written a line's bytes, or plain data could pass for this call's flag). The flag is 32 bits,
-``line_flag(call)``: the call number modulo ``LINE_PERIOD``, plus one (never 0, the inbox's
-initial state), so a line left by a call ``LINE_PERIOD`` calls earlier (a large call, then
-only smaller ones) would pass for the current call's: each half of a rank's line inbox is
-zeroed once a period, at the start of the call before the half's next use (``scrubs``),
-before the rank's first epoch of that call lets any sender write it. A receive whose
-first use is a reduction is reduced straight out of the inbox (``REDUCE_LL``,
-``TAKE_REDUCE``), its data kept only where the plan reads it again.
+* How each message travels: rendezvous (``PUSH``/``ARRIVE``), eagerly into the receiver's
+  inbox (``lower(plan, eager)``: messages of at most ``eager`` elements, ``SEND``/``TAKE``) or
+  in flagged lines (at most ``lines``, ``SEND_LL``/``TAKE_LL``); inbox slots are laid out
+  alike on both sides from the receiver's plan. A rank publishes an epoch only where some
+  sender waits for it: its first step and steps with a rendezvous receive.
+* Where regions live: a receive writes into the receiver's memory, so every region any
+  receive lands in must be in memory other ranks can write (the group's staging buffers).
+  ``scratch`` always lives there; ``output`` lives there on a rank where some rendezvous
+  receive lands in output (``staged``), and then its values are copied in at the start where
+  the plan reads output before writing it, and copied out to the caller's output region by
+  region after its last write; unless the caller's output is symmetric (``symmetric``).
+  ``input`` is never written by receives. Each rank works out every other rank's placement
+  from its plan, so a sender knows where to write.
+* Barriers only where accesses conflict (``_Barriers``, ``hazards.ordering``): each worker
+  moves its share of every message and op (``share``, a function of the count only), so a
+  conflict on one region made alike needs a block barrier, one across shares a grid barrier.
+  A ring's steps on equal chunks need no grid barrier at all.
+* Fusions: a receive whose first use is a reduction is reduced straight out of the inbox
+  (``REDUCE_LL``, ``TAKE_REDUCE``); a chain of reductions runs as one ``REDUCE_N``
+  (``_chains``), reading eager messages out of the inbox (``_inbox_runs``) and sending its
+  result on in the same pass (``_send_on``); eager messages land straight in a symmetric
+  output where the receiver says so (``_direct``).
 
 ``lower(seeded=True)``: an all_reduce or broadcast called out of place reads input wherever
 its plan reads output not yet written, instead of the group copying input to output first.
-
-Where regions live: a receive writes into the receiver's memory, so every region any receive
-lands in must be in memory other ranks can write (the group's staging buffers). ``scratch``
-always lives there; ``output`` lives there on a rank where some receive lands in output (the
-``placement``), and then its values are copied in at the start where the plan reads output
-before writing it, and copied out to the caller's output at the end. ``input`` is never
-written by receives and stays the caller's buffer. Each rank works out every other rank's
-placement from its plan, so a sender knows where to write.
 """
 from __future__ import annotations
 

@@ -1206,7 +1206,7 @@ __device__ bool peers_said(const Ctx& c, const u64* received, i64 first, i64 of,
    the slot). The slots are the program's (direct.reduce_scatter: peers in rank order, this
    rank skipped), so the staging memory is the program's.
 
-   A two_shot all_reduce of p equal blocks runs here too (``kind`` 1, its ``gather``): the
+   A two_shot all_reduce of p equal blocks runs here too (PIPELINED_ALL_REDUCE, its ``gather``): the
    reducers then store each chunk of the rank's block both in its output and in the rank's
    staging memory after the p - 1 slots, and say so in their own delivered words (message
    ``chunks`` + k + 1).
@@ -1221,25 +1221,28 @@ __device__ bool peers_said(const Ctx& c, const u64* received, i64 first, i64 of,
    only after q has reduced it, so after every pusher here has pushed it; the own block is
    read and written by the same thread. The tallies move on by 2 ``chunks`` + 1.
 
-   Or the GPU's copy engines read the peers' reduced blocks (``kind`` 2): this kernel
-   pushes and reduces as above, then block 0 waits until every reducer of every peer has
-   stored its last chunk, and it ends without ending the call; the executor's copies read
-   each peer's reduced block, and copies_around (mode 1, message 2 ``chunks`` + 1) ends it.
+   Or the GPU's copy engines read the peers' reduced blocks
+   (PIPELINED_ALL_REDUCE_BY_COPIES): this kernel pushes and reduces as above, then block 0
+   waits until every reducer of every peer has stored its last chunk, and it ends without
+   ending the call; the executor's copies read each peer's reduced block, and copies_around
+   (COPIES_END, message 2 ``chunks`` + 1) ends it.
 
-   A direct all_gather or all_to_all of p equal blocks runs here too (``kind`` 3, 4): the
-   pushers push this rank's input (an all_to_all: its block for the peer) the same way,
-   and the other blocks, where the reducers reduce, copy chunk k of every peer's slot into
-   that peer's block of the output, and of this rank's own block from its input, as soon
-   as every pusher of every peer has said k: the output's copy-out runs beside the pushes,
-   where the program's follows them. A rank whose output lies in symmetric memory says
-   where (its PLACE word, before its epoch, as the program's epochs do), and its peers
-   push straight into that output instead of the slot: it then copies only its own block.
+   A direct all_gather or all_to_all of p equal blocks runs here too (PIPELINED_ALL_GATHER,
+   PIPELINED_ALL_TO_ALL): the pushers push this rank's input (an all_to_all: its block for
+   the peer) the same way, and the other blocks, where the reducers reduce, copy chunk k of
+   every peer's slot into that peer's block of the output, and of this rank's own block
+   from its input, as soon as every pusher of every peer has said k: the output's copy-out
+   runs beside the pushes, where the program's follows them. A rank whose output lies in
+   symmetric memory says where (its PLACE word, before its epoch, as the program's epochs
+   do), and its peers push straight into that output instead of the slot: it then copies
+   only its own block.
    So every rank runs this kernel whatever its output, and each output is written as
    directly as it can be. The tallies move on by ``chunks``, as a reduce_scatter's.
 
    Parameters as run_program's; ``code_at``: count (elements of each rank's block), chunks,
-   pushers, kind (0 a reduce_scatter; an all_reduce: 1 its gather by thread blocks, 2 by
-   the copy engines; 3 an all_gather, 4 an all_to_all). */
+   pushers, kind (PIPELINED_AT_*; the kinds PIPELINED_REDUCE_SCATTER, an all_reduce's
+   PIPELINED_ALL_REDUCE gathered by thread blocks or ..._BY_COPIES by the copy engines,
+   PIPELINED_ALL_GATHER, PIPELINED_ALL_TO_ALL). */
 extern "C" __global__ void __launch_bounds__(THREADS)
 pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in, char* out,
                          char* scratch, char* caller_out, const u64* peer_data_at,
@@ -1409,7 +1412,7 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
         __syncthreads();
     }
     /* gather 2: the copy engines read every peer's reduced block once this launch ends (the
-       executor's copies, then copies_around's mode 1 ends the call); block 0 waits here
+       executor's copies, then copies_around's COPIES_END ends the call); block 0 waits here
        until every reducer of every peer has stored its last chunk. */
     if (gather == PIPELINED_ALL_REDUCE_BY_COPIES) {
         if (blockIdx.x == 0 && !stop &&
@@ -1437,7 +1440,7 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
    loads over NVLink move less on large blocks, BENCHMARKS.md §6). ``code_at``: bytes, mode,
    then the mode's words.
 
-   Mode 0 (bytes, 0, chunks, pieces, then source and destination offsets of each piece,
+   COPIES_STAGE (bytes, mode, chunks, pieces, then source and destination offsets of each piece,
    then those of the rank's own block), at the call's start, on a stream beside the
    caller's (a direct all_gather: one piece, the rank's input; a direct all_to_all: one per
    peer, the input's block for that peer, into the staging slot of the peer's rank order
@@ -1448,16 +1451,16 @@ pipelined_reduce_scatter(const i64* code_at, int n, const i64* tallies, char* in
    input into the output; the call does not end. The rank writes its staging memory
    before any word of this call: every peer has ended the call before, and a call of this
    kernel (or of pipelined_reduce_scatter's gather) ends only once no peer reads the rank's
-   staging memory any more (mode 1); no peer writes it in this call.
+   staging memory any more (COPIES_END); no peer writes it in this call.
 
-   Mode 2 (0, 2, message, blocks), on the caller's stream before the copies of a chunk (one
+   COPIES_WAIT (0, mode, message, blocks), on the caller's stream before the copies of a chunk (one
    block): waits until thread blocks [0, blocks) of every peer have said ``message``.
 
-   Mode 1 (0, 1, message), after the copies (one block): says it has read everything
+   COPIES_END (0, mode, message), after the copies (one block): says it has read everything
    (message ``message`` in word 0), waits until every peer has said so, and ends the call,
    the tallies moving on by ``message``: so a rank's next call cannot change what a peer
    still reads. It ends a pipelined all_reduce gathered by the copy engines too (message 2
-   chunks + 1). The executor joins the stream of mode 0 before it (word 0 of mode 0's block
+   chunks + 1). The executor joins the stream of COPIES_STAGE before it (word 0 of its block
    0 then moves no more).
 
    Parameters as run_program's. */

@@ -1,30 +1,15 @@
-"""The kernel that runs a whole push program (``algorithms/pushed.py``) on one GPU: its CUDA
-text is ``cuda_peer.cu`` beside this module; here are the constants it shares with Python,
-the element types and reductions it is compiled for, and the NVRTC build (cached per
-process).
+"""The kernels that run push programs (``algorithms/pushed.py``) and the special kernels on
+one GPU: their CUDA text is ``cuda_peer.cu`` beside this module; here are the element types
+and reductions they are compiled for, and the NVRTC build (cached per process). The protocol
+they speak (instructions, columns, flag words, error kinds) is ``peer_protocol.py``'s, whose
+generated header ``source`` prepends; docs/peer-memory.md explains it.
 
 One launch per collective: ``blocks`` thread blocks walk the program, each moving its share
-of every message and op (``pushed.share``: 16-byte aligned pieces of each region, a function
-of the region's count only), so blocks meet only at the grid barriers the lowering placed.
-Cross-GPU order comes from epoch and delivered words (release stores and acquire loads at
-system scope: other GPUs write them over NVLink) and, for small messages, from flagged lines
-(4 data bytes and the call's flag, its number modulo 2^31 plus one, in each 8-byte line, polled
-by the receiving thread). At
-its start a block loads the program, the peers' addresses and the message counters into
-shared memory at once; at its end the last block out moves the counters and the call number
-on, no block waiting for another.
-
-Waits are bounded: every spin checks this rank's abort word and, every 256 polls, the GPU's
-global timer against the call's deadline. The first wait that times out records (kind, step,
-peer) in the group's error words (host memory mapped into the device, so the host reads them
-without synchronizing) and raises the abort word of every rank, so the others stop at once
-and report which rank gave up; a kernel that starts after an abort records it too and does
-nothing. No kernel is left spinning. Error kinds: 1 timed out, 2 a peer aborted, 4 a peer did
-not run ``two_shot_in_place`` where this rank did (3: the memory closed, set by the host).
-
-``two_shot_in_place`` (built per world size, ``in_place_kernel``) runs one plan without the
-program: two_shot all_reduce in place on symmetric memory, in one pass over the peers'
-buffers (the .cu file says how it keeps to the interpreter's words).
+of every message and op (``pushed.share``), meeting only at the grid barriers the lowering
+placed. At its start a block loads the program, the peers' addresses and the message
+counters into shared memory at once; at its end the last block out moves the counters and
+the call number on, no block waiting for another. Every wait is bounded (the call's deadline,
+the abort word): no kernel is left spinning.
 
 Reductions in the dtype's own arithmetic (float16 and bfloat16 in float32 with one rounding,
 as the other executors), the expressions of ``kernels.cuda``; AVG is SUM here (the group
@@ -38,9 +23,9 @@ import os
 import numpy as np
 
 from ..ops import ReduceOp
+from . import peer_protocol
 from .reduce import BFLOAT16
 
-from . import peer_protocol
 # the flag words' layout is the protocol's (named here for the executor and the transport)
 from .peer_protocol import (  # noqa: F401 (re-exported)
     ABORT_WORD, BARRIER_WORD, CALL_WORD, DELIVERED_WORDS, DIRECT_WORDS, EPOCH_WORD, EXIT_WORD,

@@ -110,11 +110,11 @@ SLOT_ALIGN = 16      # elements: inbox slots start 16-byte aligned whatever the 
 STEP_BITS = 24       # an epoch is (call + 1) << STEP_BITS | step
 LINE_PERIOD = 1 << 31  # flagged lines carry the call number modulo this, plus one
 
-_BUFFER = "a buffer (INPUT, OUTPUT, SCRATCH, CALLER_OUTPUT)"
+_BUFFER = "INPUT, OUTPUT, SCRATCH or CALLER_OUTPUT"
 _PLACES = dict(
     peer="the peer (rank) it sends to or receives from",
-    src_buffer=f"the source's buffer: {_BUFFER}", src_offset="the source's offset",
-    dst_buffer=f"the destination's buffer: {_BUFFER}", dst_offset="the destination's offset",
+    src_buffer=f"the source's buffer ({_BUFFER})", src_offset="the source's offset",
+    dst_buffer=f"the destination's buffer ({_BUFFER})", dst_offset="the destination's offset",
     count="elements", message="its number among this call's messages between the pair",
     slot="its slot in the receiver's inbox (of lines, for the kinds in lines)")
 
@@ -264,7 +264,7 @@ def _flag_words():
         words.append(FlagWord(name, at, count, doc))
         at += count
 
-    word("EPOCH_WORD", 1, "unused (kept: the layout's first word)")
+    word("EPOCH_WORD", 1, "unused: a rank publishes its epochs into its peers' SEEN_WORDS")
     word("CALL_WORD", 1, "this rank's number of calls so far (moved on by the last worker out)")
     word("BARRIER_WORD", 1, "the grid barrier's count of arrived workers")
     word("ABORT_WORD", 1, "rank + 1 of the rank that gave up (0: none); any rank raises "

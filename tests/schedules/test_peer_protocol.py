@@ -13,6 +13,7 @@ from collectives.kernels.peer_protocol import (
     REDUCE_N, SEND, TAKE, WIDTH)
 
 KERNEL = pathlib.Path(cuda_peer.__file__).with_name("cuda_peer.cu").read_text()
+DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "peer-memory.md"
 # the names the header gives the kernel: kinds, columns, errors, the special kernels' words,
 # flag words (what the kernel must take from the header, never define itself)
 HEADER_NAME = re.compile(r"\b(?:OP|COL|ERROR|PIPELINED|COPIES|IN_PLACE_AT)_\w+|\b\w+_WORDS?\b")
@@ -136,3 +137,14 @@ def test_operands_round_trip():
     # below every epoch of its call, above every epoch of the call before
     assert peer_protocol.epoch(3, (1 << peer_protocol.STEP_BITS) - 2) < \
         peer_protocol.in_place_epoch(4) == peer_protocol.epoch(4, 0) - 1
+
+
+@pytest.mark.parametrize("name", sorted(peer_protocol.TABLES))
+def test_docs_peer_memory_tables_are_the_definitions(name):
+    text = DOC.read_text()
+    start, end = f"<!-- peer_protocol: {name} -->", f"<!-- end of {name} -->"
+    assert start in text and end in text, f"docs/peer-memory.md needs the {name} table's markers"
+    table = text.split(start, 1)[1].split(end, 1)[0].strip()
+    assert table == peer_protocol.TABLES[name]().strip(), (
+        f"docs/peer-memory.md's {name} table differs from kernels/peer_protocol.py: paste the "
+        f"output of peer_protocol.TABLES[{name!r}]() between the markers")
