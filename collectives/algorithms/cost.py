@@ -54,7 +54,12 @@ slow at scale, and ``estimate`` (what ``auto`` compares) switches to the closed 
 ``COUNTED_MAX_SIZE`` ranks or ``COUNTED_WORK`` operations where one exists. Both are cached,
 so a call shape is priced once.
 
-Not modelled: contention inside the network (every pair of ranks has its own link), eager vs
+Past one host, ``replay(..., hosts=, inter=)`` is the two-level model: messages between hosts
+priced with the inter-host parameters (``params.INTER_HOST_DEFAULTS``) and sharing their
+hosts' network links; ``two_level.py`` prices flat and hierarchical schedules with it.
+
+Not modelled: contention inside the network (every pair of ranks has its own link, every
+pair of hosts in the two-level model), eager vs
 rendezvous protocols, per-step software overhead apart from α (the socket default's α is the
 per-step cost inside a collective, larger than the ping-pong's that calibration measures),
 cache effects on γ, overlap of reductions with transfers inside one step (the step walk does
@@ -87,8 +92,8 @@ from .measured import Corrections
 # The parameters, where the model's callers (the decision table, the bench) reach them.
 from .params import (DEFAULTS, FALLBACK_TRANSPORT, HOST_SHARED_BYTES,  # noqa: F401
                      SHAPE_FIELDS, SOCKET_SPILL_BYTES, Params, default_params)
-from .schedule import (COLLECTIVES, REGISTRY, Copy, auto_names, build_plan, partition,
-                       plan_args)
+from .schedule import (COLLECTIVES, REGISTRY, Copy, auto_names, build_plan, is_family_name,
+                       partition, plan_args, schedule_function)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,17 +110,33 @@ def _local_cost(ops, itemsize, params, ranks) -> float:
     return cost
 
 
-def replay(plans, itemsize: int, params: Params, lowering=stepwise) -> float:
+def replay(plans, itemsize: int, params: Params, lowering=stepwise, *, hosts=None,
+           inter: Params | None = None) -> float:
     """Predicted seconds for ``plans`` (one per rank, in rank order): see the module text.
 
     Each rank's program is ``lowering(plan)`` (``algorithms.lowered``; by default the step
     walk, which the executors run): a POST posts its transfers at the rank's clock; a WAIT
     ends when the last of its requests has ended; a LOCAL costs its operations. After a WAIT
-    the rank runs the local operations of the same step, then queues to post again."""
+    the rank runs the local operations of the same step, then queues to post again.
+
+    Two link classes: with ``hosts`` (rank -> host index) and ``inter``, a transfer between
+    ranks of two hosts costs ``inter``'s α and β instead of ``params``' (which price the
+    transfers inside a host and every local operation), and it also needs its hosts' network
+    link: each host has ``inter.ports`` links out and as many in (rails), and a transfer holds
+    one at each end for its β·n, not its α (latency overlaps; bytes share the link), so the
+    ranks of a host that cross at once share its bandwidth."""
     size = len(plans)
     alpha, ports = params.alpha, params.ports
     link = params.link_beta or params.beta
     beta_at = params.beta_at
+    two_level = hosts is not None and inter is not None
+    sharing = size               # ranks whose reductions share one memory bandwidth
+    if two_level:
+        rails = range(inter.ports)
+        count = max(hosts, default=-1) + 1
+        nic_out = [[0.0] * inter.ports for _ in range(count)]
+        nic_in = [[0.0] * inter.ports for _ in range(count)]
+        sharing = max(collections.Counter(hosts).values(), default=1)   # one host's ranks
     programs = [lowering(plan).code for plan in plans]
     pc = [0] * size               # each rank's next instruction
     ended = [[] for _ in range(size)]   # per rank: request number -> when it ended (None: not yet)
@@ -138,7 +159,7 @@ def replay(plans, itemsize: int, params: Params, lowering=stepwise) -> float:
         step = code[i][1]
         i += 1
         while i < len(code) and code[i][0] is LOCAL and code[i][1] == step:
-            end += _local_cost(code[i][2], itemsize, params, size)
+            end += _local_cost(code[i][2], itemsize, params, sharing)
             i += 1
         pc[rank] = i
         heapq.heappush(events, (end, rank))
@@ -157,13 +178,23 @@ def replay(plans, itemsize: int, params: Params, lowering=stepwise) -> float:
             in_port = min(any_port, key=in_free.__getitem__)
             start = max(sent[2], into[2], out_free[out_port], in_free[in_port])
             nbytes = sent[0] * itemsize
-            # messages to one peer share that pair's link (the bidirectional ring at p = 2);
-            # messages running at once share the rank's link
-            beta = beta_at(nbytes) * max(sent[4], into[4])
-            together = min(ports, max(sent[5], into[5]))
-            if together > 1:
-                beta = max(beta, together * link)
-            end = start + alpha + beta * nbytes
+            if two_level and hosts[src] != hosts[dst]:
+                # between hosts: the bytes hold a rail of each host's link, in arrival order
+                outs, ins = nic_out[hosts[src]], nic_in[hosts[dst]]
+                rail_out = min(rails, key=outs.__getitem__)
+                rail_in = min(rails, key=ins.__getitem__)
+                start = max(start, outs[rail_out], ins[rail_in])
+                busy = inter.beta_at(nbytes) * nbytes
+                outs[rail_out] = ins[rail_in] = start + busy
+                end = start + inter.alpha + busy
+            else:
+                # messages to one peer share that pair's link (the bidirectional ring at
+                # p = 2); messages running at once share the rank's link
+                beta = beta_at(nbytes) * max(sent[4], into[4])
+                together = min(ports, max(sent[5], into[5]))
+                if together > 1:
+                    beta = max(beta, together * link)
+                end = start + alpha + beta * nbytes
             out_free[out_port] = in_free[in_port] = end
             for rank, number in ((src, sent[1]), (dst, into[1])):
                 ended[rank][number] = end
@@ -206,7 +237,7 @@ def replay(plans, itemsize: int, params: Params, lowering=stepwise) -> float:
         while pc[rank] < len(code):
             kind, step, what = code[pc[rank]]
             if kind is LOCAL:
-                now += _local_cost(what, itemsize, params, size)
+                now += _local_cost(what, itemsize, params, sharing)
             elif kind is POST:
                 post(rank, now, step, what)
             else:                 # WAIT: always the end of this turn
@@ -253,22 +284,32 @@ def _fan(transfers):
 
 
 @functools.lru_cache(maxsize=8192)
-def _predict(collective, algorithm, size, args, itemsize, params) -> float:
+def _predict(collective, algorithm, size, args, itemsize, params, hosts=None,
+             inter=None) -> float:
     plans = [build_plan(collective, algorithm, rank, size, *args) for rank in range(size)]
-    return replay(plans, itemsize, params)
+    return replay(plans, itemsize, params, hosts=hosts, inter=inter)
 
 
 def predict(collective: str, algorithm: str, size: int, counts, root: int = 0,
-            itemsize: int = 4, params: Params | None = None, *, transport: str = "") -> float:
+            itemsize: int = 4, params: Params | None = None, *, transport: str = "",
+            hosts=None, inter: Params | None = None) -> float:
     """Predicted seconds of ``algorithm`` for ``collective`` on ``size`` ranks; ``counts`` is
     the schedule's counts argument in elements (see ``schedule.plan_args``); ``params``
     default to ``transport``'s defaults (``default_params``; a machine's own come from
-    ``tuning_file.load_params``). Cached by all of its arguments."""
+    ``tuning_file.load_params``). With ``hosts`` (rank -> host index, e.g. a Topology's
+    ``host_map``) and ``inter``, the two-level model (``replay``): ``params`` inside a host,
+    ``inter`` between hosts. Cached by all of its arguments."""
     _check(collective, algorithm, size)
     params = default_params(transport) if params is None else params
     if collective == "barrier":
         itemsize = 1                      # barrier tokens are one uint8 each
     args = plan_args(collective, size, _hashable(counts), root)
+    if hosts is not None and inter is not None:
+        hosts = tuple(hosts)
+        if len(hosts) != size:
+            raise ValueError(f"cost model: {collective} ({algorithm}): hosts name "
+                             f"{len(hosts)} ranks' hosts, but the world has {size}")
+        return _predict(collective, algorithm, size, args, itemsize, params, hosts, inter)
     return _predict(collective, algorithm, size, args, itemsize, params)
 
 
@@ -276,7 +317,9 @@ def _check(collective, algorithm, size):
     if collective not in COLLECTIVES:
         raise ValueError(f"cost model: unknown collective {collective!r}; known: "
                          f"{', '.join(COLLECTIVES)}")
-    if algorithm not in REGISTRY.get(collective, {}):
+    if is_family_name(algorithm):
+        schedule_function(collective, algorithm)     # a ValueError saying what is wrong
+    elif algorithm not in REGISTRY.get(collective, {}):
         raise ValueError(f"cost model: {collective} has no algorithm {algorithm!r}; valid: "
                          f"{', '.join(sorted(REGISTRY.get(collective, {})))}")
     if not isinstance(size, int) or size < 1:

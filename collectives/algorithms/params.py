@@ -151,6 +151,29 @@ def default_params(transport: str) -> Params:
     return DEFAULTS.get(transport, DEFAULTS[FALLBACK_TRANSPORT])
 
 
+# Between hosts, for the two-level model (``cost.replay``'s ``inter``: ``DEFAULTS`` price the
+# messages inside a host and every local operation, these the messages between hosts). α is
+# the transport's own per-message cost plus the network's latency; β one host's network link,
+# which the host's ranks share (``ports``: the host's rails, one NIC each); γ unused (local
+# operations are priced inside the host). Assumed links, not fitted: no two-host run has been
+# measured yet; a job on other links passes its own (bench/hierarchy.py takes them as
+# arguments).
+INTER_HOST_DEFAULTS = {
+    # The socket transport between hosts on 10 GbE: the socket step's α (the intra default's)
+    # plus a kernel TCP round trip across a switch; 1.1 GB/s of payload on 10 Gb/s.
+    "socket": Params(alpha=1e-4, beta=1 / 1.1e9, gamma=1 / 5e9),
+    # MPI between hosts on 100 Gb/s InfiniBand (EDR): the executor's α (the intra default's)
+    # plus the fabric's few microseconds; about 11 GB/s of payload per host.
+    "mpi": Params(alpha=8e-6, beta=1 / 11e9, gamma=1 / 5e9),
+}
+
+
+def inter_host_params(transport: str) -> Params:
+    """The links between hosts ``transport`` is assumed to run on (``INTER_HOST_DEFAULTS``;
+    MPI's for transports without their own)."""
+    return INTER_HOST_DEFAULTS.get(transport, INTER_HOST_DEFAULTS[FALLBACK_TRANSPORT])
+
+
 # Names whose home is ``collectives.tuning_file`` (the one reader and writer of the tuning
 # file), answered here too for code that imports them from this module.
 _MOVED = {"ENV_TUNING": "ENV_TUNING", "read_tuning": "read", "write_tuning": "write",
