@@ -371,3 +371,34 @@ def test_summary_gives_symmetric_memorys_best_over_ours_where_the_run_has_its_ro
         format_summary(summarize(records))
     plain = [r for r in records if not r["algorithm"].startswith("symm_mem")]
     assert "SymmetricMemory" not in format_summary(summarize(plain))
+
+
+def test_summary_crosses_each_algorithm_at_its_best_form_measured_and_predicted():
+    """Ring against tree compares the best form of each (the pipelined trees are the tree's,
+    the bidirectional ring the ring's), measured and as the model predicts; the summary names
+    the forms that won."""
+    from collectives.bench import format_summary, summarize
+
+    def row(algorithm, size, us, predicted):
+        return {"collective": "all_reduce", "algorithm": algorithm, "size": size,
+                "time_p50_us": us, "busbw_gbs": size / us, "ratio_to_native": None,
+                "chosen": algorithm, "predicted_us": predicted}
+    small, large = 4096, 1 << 24
+    records = [row("ring", small, 100.0, 90.0), row("ring", large, 1000.0, 900.0),
+               row("tree", small, 50.0, 60.0), row("tree", large, 4000.0, 3000.0),
+               row("double_binary_tree", small, 80.0, 70.0),
+               row("double_binary_tree", large, 1100.0, 800.0),
+               row("recursive_doubling", small, 40.0, 50.0),
+               row("recursive_doubling", large, 2000.0, 1500.0)]
+    c = summarize(records)["all_reduce"]["crossings"]
+    assert set(c) == {"ring vs tree", "ring vs recursive_doubling", "tree vs recursive_doubling"}
+    # measured: the unpipelined tree wins small, the double binary tree is the tree at 16M,
+    # still behind ring; the model has the double binary tree ahead at 16M
+    assert c["ring vs tree"]["text"] == "tree faster at 4K; ring faster at 16M (crosses at 16M)"
+    assert c["ring vs tree"]["predicted"]["text"] == "tree faster at 4K-16M"
+    assert c["ring vs tree"]["forms"] == {"tree 16M": "double_binary_tree"}
+    assert c["tree vs recursive_doubling"]["crosses_at"] == [large]
+    text = format_summary(summarize(records))
+    assert ("ring vs tree: tree faster at 4K; ring faster at 16M (crosses at 16M); the model: "
+            "tree faster at 4K-16M") in text
+    assert "best forms: tree 16M double_binary_tree" in text

@@ -86,8 +86,9 @@ def summarize(records: list[dict]) -> dict:
     """Per collective: the best algorithm at each size (ours and overall; ``auto`` is not a
     candidate, it runs one of ours) with the others within the run's noise of it (``tied``),
     auto's time over the best measured algorithm's at that size (``auto_vs_best``, with the one
-    auto chose), where ring and each log-p algorithm cross (which is faster over each run of
-    sizes, a tie where the gap is inside the noise), and the spread of the model's error
+    auto chose), where ring, tree and recursive doubling cross, each at its best form, measured
+    (which is faster over each run of sizes, a tie where the gap is inside the noise) and as
+    the model predicts (``crossings``), and the spread of the model's error
     (measured / predicted) over the rows; ``noise`` (``run_noise``) for the whole run."""
     noise = run_noise(records)
     margin = noise["fraction"]
@@ -134,18 +135,59 @@ def summarize(records: list[dict]) -> dict:
                              "best": symmetric["algorithm"].partition(":")[0],
                              "ratio_to_native": symmetric.get("ratio_to_native")},
                          "anchor": anchor / fastest if anchor and fastest else None})
-        crossings = {}
-        by = {(r["algorithm"], r["size"]): r["time_p50_us"] for r in rows}
-        sizes = sorted({r["size"] for r in rows})
-        for other in ("tree", "recursive_doubling"):
-            common = [s for s in sizes if ("ring", s) in by and (other, s) in by]
-            if common:
-                crossings[other] = _crossing("ring", other, common, by, margin)
         errors = sorted(r["model_error"] for r in rows if r.get("model_error"))
         model = ({"min": errors[0], "median": errors[len(errors) // 2], "max": errors[-1]}
                  if errors else None)
-        out[collective] = {"best": best, "crossings": crossings, "model_error": model}
+        out[collective] = {"best": best, "crossings": crossings(rows, margin),
+                           "model_error": model}
     out["noise"] = noise
+    return out
+
+
+# Each family at its best form: the fastest of its members measured at a size (the pipelined
+# trees are the tree's best forms, the bidirectional ring the ring's), so that "ring against
+# tree" compares the algorithms, not one unpipelined implementation.
+FAMILIES = {"ring": ("ring", "ring_bidirectional"),
+            "tree": ("tree", "tree_pipelined", "double_binary_tree"),
+            "recursive_doubling": ("recursive_doubling",)}
+
+
+def _best_forms(rows, key):
+    """{(family, size): time} and {(family, size): member} of each family's fastest member by
+    ``key`` (``time_p50_us`` measured, ``predicted_us`` the model's), where one was timed."""
+    times, forms = {}, {}
+    for r in rows:
+        value = r.get(key)
+        family = next((f for f, members in FAMILIES.items() if r["algorithm"] in members), None)
+        if family is None or value is None:
+            continue
+        at = (family, r["size"])
+        if at not in times or value < times[at]:
+            times[at], forms[at] = value, r["algorithm"]
+    return times, forms
+
+
+def crossings(rows, noise=0.0) -> dict:
+    """Where ring, tree and recursive doubling (each at its best form) cross, measured (ties
+    inside the run's ``noise``) and as the model predicts (its ``predicted_us``), for the
+    pairs timed at common sizes: {"ring vs tree": {..._crossing's, "predicted": ...,
+    "forms": the members other than the family's first that were fastest, by size}}."""
+    measured, forms = _best_forms(rows, "time_p50_us")
+    predicted, _ = _best_forms(rows, "predicted_us")
+    sizes = sorted({r["size"] for r in rows})
+    out = {}
+    for a, b in (("ring", "tree"), ("ring", "recursive_doubling"),
+                 ("tree", "recursive_doubling")):
+        common = [s for s in sizes if (a, s) in measured and (b, s) in measured]
+        if not common:
+            continue
+        c = _crossing(a, b, common, measured, noise)
+        priced = [s for s in common if (a, s) in predicted and (b, s) in predicted]
+        c["predicted"] = _crossing(a, b, priced, predicted) if priced else None
+        c["forms"] = {f"{family} {format_size(s)}": forms[family, s]
+                      for s in common for family in (a, b)
+                      if forms[family, s] != FAMILIES[family][0]}
+        out[f"{a} vs {b}"] = c
     return out
 
 
@@ -233,8 +275,13 @@ def format_summary(summary: dict) -> str:
                          + _verdict(worst, margin)
                          + f"; auto row / that row {min(twins):.2f} .. {max(twins):.2f} "
                          "(one schedule measured twice)")
-        for other, c in info["crossings"].items():
-            lines.append(f"#    ring vs {other}: {c['text']}")
+        for pair, c in info["crossings"].items():
+            predicted = c.get("predicted")
+            lines.append(f"#    {pair}: {c['text']}"
+                         + (f"; the model: {predicted['text']}" if predicted else ""))
+            if c.get("forms"):
+                lines.append("#      best forms: " + ", ".join(
+                    f"{where} {member}" for where, member in c["forms"].items()))
         if info.get("model_error"):
             m = info["model_error"]
             lines.append(f"#    model: measured/predicted {m['min']:.2f} .. {m['max']:.2f} "
@@ -296,6 +343,7 @@ def write_plot(path, records, meta):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
     collectives = list(dict.fromkeys(r["collective"] for r in records))
+    margin = run_noise(records)["fraction"]
     styles = {"native": "--", "auto": ":"}
     cols = min(2, len(collectives))
     rows = (len(collectives) + cols - 1) // cols
@@ -326,6 +374,14 @@ def write_plot(path, records, meta):
         ax.set_xticks(ticks)
         ax.set_xticklabels([format_size(t) for t in ticks], rotation=45)
         ax.grid(True, which="both", alpha=0.3)
+        # where ring, tree and recursive doubling (best forms) cross, measured
+        for pair, c in crossings([r for r in records if r["collective"] == collective],
+                                 margin).items():
+            for size in c["crosses_at"]:
+                ax.axvline(size, linestyle=":", color="gray", linewidth=1)
+                ax.annotate(pair.replace("recursive_doubling", "RD"), (size, 1.0),
+                            xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
+                            va="top", ha="right", color="gray")
         ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(collectives):]:
         ax.set_visible(False)
