@@ -159,7 +159,7 @@ def _best_forms(rows, key):
     for r in rows:
         value = r.get(key)
         family = next((f for f, members in FAMILIES.items() if r["algorithm"] in members), None)
-        if family is None or value is None:
+        if family is None or not value:     # unpriced, or free (one rank): nothing to cross
             continue
         at = (family, r["size"])
         if at not in times or value < times[at]:
