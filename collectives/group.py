@@ -29,6 +29,8 @@ from threading import get_ident
 import numpy as np
 
 from .algorithms import AUTO, NATIVE, canonical, check_algorithm
+from .algorithms.hierarchical import qualify
+from .algorithms.topology import Topology
 from .algorithms.schedule import COLLECTIVES, ROOTED, buffer_sizes, build_plan, plan_args
 from . import debug, settings, signature, tuning
 from .errors import CollectiveError
@@ -63,10 +65,14 @@ algorithm_overrides = tuning.parse_overrides    # text of $COLLECTIVES_ALGORITHM
 
 
 class ProcessGroup:
-    """``ranks`` are the global ranks of the members, in group-rank order."""
+    """``ranks`` are the global ranks of the members, in group-rank order. ``topology``: the
+    members grouped into hosts (``algorithms.topology.Topology`` or its text, in group
+    ranks); None: ``COLLECTIVES_TOPOLOGY``, which names the job's ranks (a subgroup takes its
+    members' hosts from it), else none. It names the hosts of ``hierarchical:<intra>+<inter>``
+    algorithms given without ``@<topology>``, and lets ``auto`` price hosts apart."""
 
     def __init__(self, transport, *, backend: str, timeout: float = 1800.0, group_id: int = 0,
-                 ranks=None, name: str = ""):
+                 ranks=None, name: str = "", topology=None):
         self.transport = transport
         self.backend = backend
         # seconds, None for no deadline (what every executor and transport wait takes)
@@ -75,6 +81,7 @@ class ProcessGroup:
         self.group_id = group_id
         self.ranks = list(range(transport.size)) if ranks is None else list(ranks)
         self.name = name
+        self.topology = self._topology(topology, subgroup=ranks is not None)
         # why calls on it are refused (destroy_process_group sets it); None while usable
         self.destroyed = None
         self._sequence = 0
@@ -108,7 +115,7 @@ class ProcessGroup:
         call, made by every rank when the group is made (and by the benchmark after it
         calibrates). Under ``COLLECTIVES_DEBUG=INFO`` the table is logged once."""
         table = tuning.DecisionTable.for_group(self.size, self.transport, self.executor,
-                                               window=self.window)
+                                               window=self.window, topology=self.topology)
         self.table = table
         self._forget_repeats()
         if self.size > 1:
@@ -116,6 +123,27 @@ class ProcessGroup:
         if debug.level() != "OFF" and self.rank == 0:
             debug.logger("collectives").info(
                 f"group {self.name or self.group_id}: {table.format(computed_only=True)}")
+
+    def _topology(self, given, subgroup: bool):
+        """The group's Topology (see the class), checked against its size; ValueError naming
+        this rank and where the topology came from otherwise."""
+        where = "topology="
+        if given is None:
+            given, where = settings.TOPOLOGY(), f"{settings.TOPOLOGY.name}="
+            if given is None:
+                return None
+            if subgroup and given.size != self.size and \
+                    all(0 <= r < given.size for r in self.ranks):
+                # the job's hosts, seen from a subgroup: its members' hosts, in group ranks
+                given = Topology.from_map([given.host_of(r) for r in self.ranks])
+        operation = f"ProcessGroup {self.name or self.group_id} on rank {self.rank}"
+        try:
+            topology = Topology.of(given)
+            topology.check_size(self.size, f"{operation} ({where}{topology.spec})")
+        except (TypeError, ValueError) as exc:
+            message = str(exc) if str(exc).startswith(operation) else f"{operation}: {exc}"
+            raise type(exc)(message) from None
+        return topology
 
     @property
     def overrides(self) -> dict[str, str]:
@@ -323,8 +351,10 @@ class ProcessGroup:
 
     def resolve_algorithm(self, collective: str, algorithm: str | None, nbytes: int) -> str:
         """The call's ``algorithm=`` if given, else the decision table's row (which holds
-        COLLECTIVES_ALGORITHM, the tuning file and the model) for its size."""
-        name = algorithm or AUTO
+        COLLECTIVES_ALGORITHM, the tuning file and the model) for its size. A hierarchical
+        name without ``@<topology>`` takes the group's topology (a ValueError naming the
+        call and the rank where the group has none)."""
+        name = qualify(algorithm or AUTO, self.topology)    # hierarchical:a+b -> ...@hosts
         try:
             if name == AUTO and collective in COLLECTIVES:
                 return self.table.algorithm(collective, nbytes)

@@ -53,10 +53,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 
 from . import settings, tuning_file
-from .algorithms import PROVE_MAX_ELEMENTS, auto_candidates, cost, prove_opted_in
+from .algorithms import PROVE_MAX_ELEMENTS, auto_candidates, cost, prove_opted_in, two_level
+from .algorithms.hierarchical import SUPPORTED as HIERARCHICAL
+from .algorithms.hierarchical import qualify
+from .algorithms.topology import Topology
+from .algorithms.two_level import hierarchical_names
 from .algorithms.schedule import COLLECTIVES, auto_names, is_opted_in, is_package_schedule
 from .tuning_file import DECISIONS
 from .tuning_file import RATIOS as RATIOS_KEY
@@ -112,21 +117,34 @@ class Decision:
 _where = tuning_file.where
 
 
-def parse_overrides(text: str | None, native_available: bool = True) -> dict[str, str]:
-    """``all_reduce=ring,all_gather=tree`` (COLLECTIVES_ALGORITHM) as {collective: name}."""
+def parse_overrides(text: str | None, native_available: bool = True,
+                    topology=None) -> dict[str, str]:
+    """``all_reduce=ring,all_gather=tree`` (COLLECTIVES_ALGORITHM) as {collective: name}.
+    A hierarchical name without ``@<topology>`` (``all_reduce=hierarchical:ring+ring``) takes
+    ``topology`` (the group's); without one it is a ValueError saying so.
+
+    Hierarchical names contain commas only inside their topology (``@3,5``): an item that
+    has no ``=`` continues the item before it when that one names a topology."""
     from .algorithms import canonical, check_algorithm
+    from .algorithms.hierarchical import qualify
     name = settings.ALGORITHM.name
+    items: list[str] = []
+    for part in filter(None, (part.strip() for part in (text or "").split(","))):
+        if "=" not in part and items and "@" in items[-1]:
+            items[-1] += "," + part           # hierarchical:ring+ring@3,5: the topology's comma
+        else:
+            items.append(part)
     overrides = {}
-    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+    for item in items:
         collective, sep, algorithm = item.partition("=")
         if not sep:
             raise ValueError(f"{name}: {item!r} is not of the form collective=algorithm")
+        collective, algorithm = collective.strip(), qualify(algorithm.strip(), topology)
         try:
-            check_algorithm(collective.strip(), algorithm.strip(),
-                            native_available=native_available)
+            check_algorithm(collective, algorithm, native_available=native_available)
         except ValueError as exc:
             raise ValueError(f"{name}={text!r}: {exc}") from None
-        overrides[collective.strip()] = canonical(collective.strip(), algorithm.strip())
+        overrides[collective] = canonical(collective, algorithm)
     return overrides
 
 
@@ -209,6 +227,38 @@ def _log_choice(collective, size, nbytes, transport, ranked):
 
 
 # ---------------------------------------------------------------------------------------------
+# Across hosts
+
+# The (intra, inter) pairs auto prices as hierarchical candidates, where the collective has
+# their parts (two_level.hierarchical_names): the ring's bandwidth inside, a ring or
+# recursive doubling (fewer steps on the slow links) or a tree across, direct where hosts
+# are few. Few on purpose: each is replayed per size class.
+HIERARCHICAL_PAIRS = (("ring", "ring"), ("ring", "recursive_doubling"),
+                      ("recursive_doubling", "recursive_doubling"), ("ring", "tree"),
+                      ("direct", "direct"), ("ring", "direct"))
+
+
+def _multi_host(topology) -> bool:
+    """Whether two link classes matter: two hosts at least, one of them with two ranks."""
+    return len(topology.hosts) > 1 and max(topology.sizes) > 1
+
+
+@functools.lru_cache(maxsize=4096)
+def two_level_ranking(collective: str, topology, nbytes: int, intra, inter,
+                      candidates: tuple) -> tuple:
+    """``cost.ranking``'s order for ``candidates`` (flat or hierarchical names) on
+    ``topology``, priced by the two-level model (``two_level.estimate``: ``intra`` inside a
+    host, ``inter`` between hosts); a candidate it cannot price ranks last (inf). Cached:
+    the groups of one process share a size class's pricing."""
+    timed = []
+    for name in candidates:
+        seconds = two_level.estimate(collective, name, topology, nbytes, intra=intra,
+                                     inter=inter)
+        timed.append((math.inf if seconds is None else seconds, name))
+    return tuple(sorted(timed, key=lambda item: (float(f"{item[0]:.12g}"), item[1])))
+
+
+# ---------------------------------------------------------------------------------------------
 # The table
 
 
@@ -217,11 +267,16 @@ class DecisionTable:
 
     def __init__(self, size: int, transport: str, *, tuning: str = "", overrides=None,
                  window: int = 1, segment: int | None = None, native_available: bool = False,
-                 agreed=None, model: str | None = None, rank: int | None = None):
+                 agreed=None, model: str | None = None, rank: int | None = None,
+                 topology=None):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"decision table: world size must be a positive integer, "
                              f"got {size!r}")
         self.size, self.transport, self.tuning = size, transport, tuning or ""
+        # the ranks grouped into hosts (None: one level, as if on one host)
+        self.topology = None if topology is None else Topology.of(topology)
+        if self.topology is not None:
+            self._proven(lambda: self.topology.check_size(size, "decision table"), rank)
         self.overrides = dict(overrides or {})
         for collective, name in self.overrides.items():
             if name == "native" and not native_available:
@@ -233,6 +288,15 @@ class DecisionTable:
         self.entry = tuning_file.entry(self.tuning, transport)
         self.model = model or transport
         self.params = tuning_file.load_params(transport, self.tuning, self.model)
+        # Across hosts: the two-level model prices every candidate, flat or hierarchical, with
+        # the links between hosts (the tuning file's "inter", else the transport's assumed
+        # ones); the hierarchical names auto may choose, per collective
+        self.inter, self.hierarchical = None, {}
+        if self.topology is not None and _multi_host(self.topology):
+            self.inter = tuning_file.load_inter_params(transport, self.tuning)
+            self.hierarchical = {c: tuple(qualify(n, self.topology) for n in
+                                          hierarchical_names(c, HIERARCHICAL_PAIRS))
+                                 for c in HIERARCHICAL if c not in self.overrides}
         self._measured: dict[str, list] = {}     # collective -> measured points (lazily)
         self._rows: dict[tuple[str, int], Decision] = {}
         # the schedules registered with auto=True that auto may choose here (collective ->
@@ -244,7 +308,9 @@ class DecisionTable:
         sources = {"size": size, "transport": transport, "model": self.model,
                    "overrides": sorted(self.overrides.items()), "params": repr(self.params),
                    "entry": self.entry, "agreed": sorted(self.agreed.items()),
-                   "opted_in": sorted(self.opted_in.items())}
+                   "opted_in": sorted(self.opted_in.items()),
+                   "topology": None if self.topology is None else self.topology.spec,
+                   "inter": repr(self.inter)}
         blob = json.dumps(sources, sort_keys=True, default=repr).encode()
         self.digest = hashlib.sha256(blob).digest()[:DIGEST_BYTES]
         tuning_file.validate(self.entry, self.tuning)   # malformed: an error now, every rank
@@ -252,24 +318,28 @@ class DecisionTable:
             self._proven(lambda: auto_candidates(collective, size), rank)
 
     @classmethod
-    def for_group(cls, size: int, transport, executor=None, *,
-                  window: int = 1) -> "DecisionTable":
+    def for_group(cls, size: int, transport, executor=None, *, window: int = 1,
+                  topology=None) -> "DecisionTable":
         """The table of a group of ``size`` ranks over ``transport``, from the settings;
         ``executor`` (the group's, ``executors.Executor``) says which cost model ranks its
         schedules and what settings its ranks must share (None: the transport's model,
-        nothing shared)."""
+        nothing shared); ``topology`` (the group's hosts, or None) qualifies hierarchical
+        names of ``COLLECTIVES_ALGORITHM`` and brings the two-level model in."""
         native = transport.native is not None
+        rank = getattr(transport, "rank", None)
+        overrides = cls._proven(lambda: parse_overrides(settings.ALGORITHM(), native,
+                                                        topology), rank)
         # the host executors cut messages as the transport says (socket: segment_bytes; none:
         # whole messages); device executors decide for themselves (nccl: per collective)
         xp = transport.xp
         segment = (getattr(transport, "segment_bytes", None) or 0) \
             if xp is None or xp.__name__ == "numpy" else None
         return cls(size, transport.name, tuning=settings.TUNING(),
-                   overrides=parse_overrides(settings.ALGORITHM(), native), window=window,
+                   overrides=overrides, window=window,
                    segment=segment, native_available=native,
                    agreed=None if executor is None else executor.agreed,
                    model=None if executor is None else executor.model_name,
-                   rank=getattr(transport, "rank", None))
+                   rank=rank, topology=topology)
 
     @staticmethod
     def _proven(prove, rank=None):
@@ -309,6 +379,8 @@ class DecisionTable:
     def label(self) -> str:
         """What the sources were, for messages (the tuning file and the override)."""
         text = f"{settings.TUNING.name}={self.tuning or '(unset)'}"
+        if self.topology is not None:
+            text += f", topology {self.topology.spec}"
         if self.overrides:
             text += f", {settings.ALGORITHM.name}=" + ",".join(
                 f"{c}={a}" for c, a in sorted(self.overrides.items()))
@@ -377,7 +449,13 @@ class DecisionTable:
         candidates = self._candidates(collective, cls)
         if not candidates:
             raise ValueError(f"{collective} has no algorithm registered")
-        ranked = cost.ranking(collective, self.size, class_bytes(cls), self.params, candidates)
+        if self.inter is None:
+            ranked = cost.ranking(collective, self.size, class_bytes(cls), self.params,
+                                  candidates)
+        else:
+            ranked = two_level_ranking(collective, self.topology, class_bytes(cls),
+                                       self.params, self.inter,
+                                       candidates + self.hierarchical.get(collective, ()))
         (best_time, best), rest = ranked[0], ranked[1:]
         note = f"predicted {cost.format_seconds(best_time)}"
         if rest:

@@ -6,7 +6,13 @@
     {transport: {"alpha": .., "beta": .., "gamma": ..,       the cost model's Params
                  shape terms (params.SHAPE_FIELDS),          where they differ from the defaults
                  "decisions": {collective: {"<world size>": [row, ...]}},   bench.py --tune
-                 "measured": {collective: {"<world size>": {algorithm: [[bytes, ratio]]}}}}}
+                 "measured": {collective: {"<world size>": {algorithm: [[bytes, ratio]]}}},
+                 "inter": {"alpha": .., "beta": .., "gamma": .., "ports": ..}}}
+
+``inter`` (optional) is the links between hosts as the two-level model reads them (a group
+with a topology of several hosts: ``algorithms/two_level.py``): α per message, β of one
+host's link, ``ports`` its rails; without it ``params.INTER_HOST_DEFAULTS`` (assumed links).
+Rewriting the entry's own parameters keeps it: it was measured on another link.
 
 A row of ``decisions`` is ``{"bytes", "algorithm", "by", "median_us", "noise", "rounds",
 "threshold"}`` (``tuning.py`` says what each means); ``measured`` holds measured / predicted
@@ -32,11 +38,12 @@ from .algorithms import capabilities
 from .algorithms.measured import KEY as RATIOS
 from .algorithms.measured import NONE as NO_CORRECTIONS
 from .algorithms.measured import Corrections
-from .algorithms.params import SHAPE_FIELDS, Params, default_params
+from .algorithms.params import SHAPE_FIELDS, Params, default_params, inter_host_params
 from .algorithms.schedule import COLLECTIVES, auto_names
 
 ENV_TUNING = settings.TUNING.name
 DECISIONS = "decisions"
+INTER = "inter"
 
 
 def where(path: str) -> str:
@@ -182,6 +189,8 @@ def validate(found: dict, path: str = "") -> None:
             decision_rows(listed, collective, f"{where(path)}: {collective} p={p}")
     if RATIOS in found:
         ratios_of(found[RATIOS], f"{where(path)}: {RATIOS!r}")
+    if INTER in found:
+        inter_of(found, path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,6 +208,33 @@ def load_params(transport: str, path: str | None = None, model: str | None = Non
     if found is not None:
         return params_of(found, transport, path)
     return default_params(model or transport)
+
+
+def inter_of(found: dict, path: str = "") -> Params:
+    """An entry's ``inter`` as Params: α, β, γ required, ``ports`` (rails per host) 1 where
+    not given; ValueError naming the file otherwise."""
+    raw = found.get(INTER)
+    try:
+        if not isinstance(raw, dict):
+            raise TypeError(f"expected an object, got {type(raw).__name__}")
+        values = [float(raw[k]) for k in ("alpha", "beta", "gamma")]
+        ports = int(raw.get("ports", 1))
+        if any(not math.isfinite(v) or v < 0 for v in values) or ports < 1:
+            raise ValueError("every number must be finite and >= 0, ports >= 1")
+        return Params(*values, ports=ports)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{where(path)}: {INTER!r} needs numbers alpha, beta, gamma >= 0 "
+                         f"and an integer ports >= 1 ({exc})") from None
+
+
+def load_inter_params(transport: str, path: str | None = None) -> Params:
+    """The links between hosts for ``transport``: the tuning file's ``inter`` in its entry
+    (``path``, else ``COLLECTIVES_TUNING``), else ``params.inter_host_params``."""
+    path = settings.TUNING() if path is None else path
+    found = entry(path, transport)
+    if INTER in found:
+        return inter_of(found, path)
+    return inter_host_params(transport)
 
 
 def load_corrections(transport: str, path: str | None = None) -> Corrections:
@@ -223,8 +259,25 @@ def save_params(path: str, transport: str, params: Params) -> None:
     # α, β, γ always; a shape term only where it differs from the transport's default, which
     # is what loading fills in for a missing one
     default = asdict(default_params(transport))
+    old = data.get(transport) if isinstance(data.get(transport), dict) else {}
     data[transport] = {name: value for name, value in asdict(params).items()
                        if name not in SHAPE_FIELDS or value != default[name]}
+    if INTER in old:                    # the links between hosts: measured apart, kept
+        data[transport][INTER] = old[INTER]
+    write(path, data)
+
+
+def save_inter_params(path: str, transport: str, inter: Params) -> None:
+    """Write (or replace) ``transport``'s links between hosts (``inter``: α, β, γ, ports) in
+    the file at ``path``, keeping the rest of its entry; an entry made here for the first
+    time takes ``transport``'s default parameters inside a host."""
+    data = read(path) if os.path.exists(path) else {}
+    if not isinstance(data.get(transport), dict):
+        save_params(path, transport, default_params(transport))
+        data = read(path)
+    data[transport][INTER] = {"alpha": inter.alpha, "beta": inter.beta, "gamma": inter.gamma,
+                              "ports": inter.ports}
+    inter_of(data[transport], path)                              # what we write, we can read
     write(path, data)
 
 
