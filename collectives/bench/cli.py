@@ -88,8 +88,9 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
                    + ", ".join(BENCH_COLLECTIVES))
     p.add_argument("--algorithms", default=",".join(ALGORITHMS),
                    help="comma-separated algorithms (also any registered one, e.g. direct, "
-                   "ring_bidirectional); those a collective lacks are skipped; native is the "
-                   "transport's library, auto what algorithm=\"auto\" picks")
+                   "ring_bidirectional, and hierarchical:<intra>+<inter> on the group's "
+                   "COLLECTIVES_TOPOLOGY); those a collective lacks are skipped; native is "
+                   "the transport's library, auto what algorithm=\"auto\" picks")
     p.add_argument("--sizes", default=DEFAULT_SIZES,
                    help="bytes of each call's larger buffer: LOW:HIGH (x4 steps), "
                    "LOW:HIGH:FACTOR, a size, or a comma-separated list; K, M, G suffixes "
@@ -169,9 +170,25 @@ def parse_args(argv=None):
     return build_parser().parse_args(argv)
 
 
+def _hierarchical_name(name) -> bool:
+    """``hierarchical:<intra>+<inter>`` (the group's topology added) or with ``@<hosts>``
+    (no commas: ``@2x4``), valid for at least one collective."""
+    from ..algorithms import hierarchical
+    if not hierarchical.is_hierarchical(name):
+        return False
+    for collective in hierarchical.SUPPORTED:
+        try:
+            hierarchical.parse(collective, hierarchical.qualify(name, "1"))
+            return True
+        except ValueError:
+            pass
+    return False
+
+
 def _names(text, valid, what):
     names = tuple(n.strip() for n in text.split(",") if n.strip())
-    bad = [n for n in names if n not in valid]
+    bad = [n for n in names if n not in valid
+           and not (what == "algorithm" and _hierarchical_name(n))]
     if bad or not names:
         raise ValueError(f"bench: unknown {what} {', '.join(bad) or '(none)'}; "
                          f"valid: {', '.join(valid)}")

@@ -25,6 +25,7 @@ rows' ratio_to_ceiling).
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from contextlib import contextmanager, nullcontext
@@ -33,7 +34,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..algorithms import capabilities, cost
+from ..algorithms import capabilities, cost, two_level
+from ..algorithms.hierarchical import SUPPORTED as HIERARCHICAL
+from ..algorithms.hierarchical import is_hierarchical, qualify
 from ..ops import ReduceOp
 from .cases import ALGORITHMS, BENCH_COLLECTIVES, BUS_FACTOR, REDUCING, Case, element_count, \
     format_size, parse_dtype
@@ -98,7 +101,8 @@ def plan_rows(config: Config, group) -> list[tuple]:
     dtype, op = parse_dtype(config.dtype), ReduceOp.parse(config.op)
     rows = []
     for collective in config.collectives:
-        names = [a for a in config.algorithms if a in have[collective] or a == "auto"]
+        names = [a for a in config.algorithms if a in have[collective] or a == "auto"
+                 or (is_hierarchical(a) and collective in HIERARCHICAL)]
         if "native" in config.algorithms and native is not None and native.supports(
                 collective, dtype, op if collective in REDUCING else ReduceOp.SUM):
             names.insert(0, "native")
@@ -231,14 +235,25 @@ def _add_model(record, entry, group, params, native_name):
     if entry.algorithm == "native":
         record.update(chosen="native", predicted_us=None, model_error=None)
         return
-    chosen = entry.chosen or entry.algorithm
+    chosen = qualify(entry.chosen or entry.algorithm, group.topology)
     record["chosen"] = chosen
-    if not entry.priced or chosen not in capabilities().get(record["collective"], ()):
+    known = chosen in capabilities().get(record["collective"], ()) or is_hierarchical(chosen)
+    if not entry.priced or not known:
         record.update(predicted_us=None, model_error=None)
         return
     itemsize = record["size"] // max(1, record["count"])
-    predicted = cost.estimate(record["collective"], chosen, group.size, record["size"], params,
-                              itemsize) * 1e6
+    inter = group.table.inter          # set where the group's topology has several hosts
+    if inter is not None:              # the two-level model, as auto priced the row
+        predicted = two_level.estimate(record["collective"], chosen, group.topology,
+                                       record["size"], intra=params, inter=inter,
+                                       itemsize=itemsize)
+        if predicted is None:          # a flat schedule it has no form for at this scale
+            record.update(predicted_us=None, model_error=None)
+            return
+        predicted *= 1e6
+    else:
+        predicted = cost.estimate(record["collective"], chosen, group.size, record["size"],
+                                  params, itemsize) * 1e6
     record.update(predicted_us=predicted,
                   model_error=record["time_p50_us"] / predicted if predicted > 0 else None)
 
