@@ -3,10 +3,11 @@ instruction's columns, the flag words every rank keeps, the error kinds a kernel
 and the words of the special kernels' small programs. ``docs/peer-memory.md`` explains it.
 
 Everything that speaks the protocol names it from here: the lowering that writes programs
-(``algorithms/pushed.py``), the CPU model that runs them (``tests/schedules/peer_model.py``),
-the executor and the transport that launch the kernels and read their errors, and the CUDA
-kernel itself, whose header ``header()`` generates from these definitions (``cuda_peer.py``
-prepends it), so the kernel holds no bare instruction number, column or flag offset.
+(``algorithms/pushed.py``), the pushed-form simulator that runs them on the CPU
+(``algorithms/pushed_sim.py``), the executor and the transport that launch the kernels and
+read their errors, and the CUDA kernel itself, whose header ``header()`` generates from
+these definitions (``cuda_peer.py`` prepends it), so the kernel holds no bare instruction
+number, column or flag offset.
 
 Names in C: an instruction kind ``OP_<KIND>``; column 0 and 1 of every row ``COL_KIND``,
 ``COL_STEP``; a column ``COL_<KIND>_<COLUMN>``, and ``COL_<GROUP>_<COLUMN>`` for a column

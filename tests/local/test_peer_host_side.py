@@ -1,7 +1,8 @@
 """The peer-memory path's host side on the CPU, over a stand-in for CuPy's runtime: how the
 group's memory grows (``transports/peer.py``) and which calls the executor hands to NCCL
 send/recv, with what buffers (``executors/peer.py``). The kernel itself runs only on GPUs
-(tests/gpu/test_peer.py); its protocol runs in tests/schedules/peer_model.py."""
+(tests/gpu/test_peer.py); its protocol runs on the CPU in
+algorithms/pushed_sim.py."""
 import contextlib
 from types import SimpleNamespace
 

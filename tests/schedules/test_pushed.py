@@ -1,17 +1,16 @@
 """The peer-memory lowering (algorithms/pushed.py) and its flag protocol, on the CPU: every
-registered schedule run by the protocol model (peer_model.py: each rank's program on
-several workers, interleaved at random, data moved in small pieces) against numpy's answer,
-over consecutive calls that reuse the staging memory."""
+registered schedule run by the pushed-form simulator (algorithms/pushed_sim.py: each rank's
+program on several workers, interleaved at random, data moved in small pieces) against
+numpy's answer, over consecutive calls that reuse the staging memory."""
 import numpy as np
 import pytest
 
 from collectives.algorithms import capabilities, pushed, simulate
+from collectives.algorithms.pushed_sim import CalledOtherwise, Group, InPlace, Stuck
 from collectives.algorithms.schedule import (Matrix, Plan, Recv, Reduce, Region, Send, Step,
                                              buffer_sizes, build_plan, plan_args)
 from collectives.algorithms.transforms import read_input_first
 from collectives.kernels import peer_protocol
-
-from peer_model import CalledOtherwise, Group, InPlace, Stuck
 
 CASES = [(c, a) for c, algos in capabilities().items() for a in algos]
 
