@@ -1,75 +1,43 @@
 """The peer-memory executor: a whole plan in one kernel launch, GPUs writing into each other's
-memory over NVLink (``algorithms/pushed.py`` for the protocol, ``kernels/cuda_peer.py`` for the
-kernel, ``transports/peer.py`` for the mapped memory).
+memory over NVLink. docs/peer-memory.md explains the protocol (programs, epochs, staging,
+flag words, errors, the kernels without a program); ``algorithms/pushed.py`` lowers plans to
+programs, ``kernels/cuda_peer.py`` builds the kernels, ``transports/peer.py`` maps the memory.
 
-Per call on the host: a cached look-up of the plan's program (lowered once, uploaded once),
-a check of the error words (host memory, no synchronization), and one kernel launch on the
-caller's stream (two, with copies by the copy engines between them, where those gather).
-Nothing waits on the host; like the NCCL executor, the result is ordered on the caller's
-stream.
+Per call on the host: a cached look-up of the plan's entry (``_Entry``: the program lowered
+and uploaded once, the kernel's parameters packed once for ``cuLaunchKernel``), a check of
+the error words (host memory, no synchronization), and one kernel launch on the caller's
+stream (two, with copies by the copy engines between them, where those gather). Nothing
+waits on the host; like the NCCL executor, the result is ordered on the caller's stream.
+Calls on different streams are kept in issue order (a call on another stream than the
+previous one waits for the previous call's event), so flags and message numbers advance in
+the same order on every rank.
 
 Where it does not apply it hands the plan to the NCCL executor: a plan built by hand (the
 other ranks' plans cannot be derived), a dtype or reduction the kernel does not have
-(complex, longdouble), or a call made while a CUDA graph is being captured that needs the
-staging area to grow (growing exchanges handles, which capture forbids).
-
-Calls on different streams are kept in issue order: when a call comes on another stream
-than the previous one, its stream first waits for the previous call's (an event). Flags and
-message numbers therefore advance in the same order on every rank, as the plans require.
+(complex, longdouble), a call made while a CUDA graph is being captured that needs the
+staging area to grow (growing exchanges handles, which capture forbids), and a call whose
+largest message is above COLLECTIVES_PEER_MAX_BYTES where some rank's plan stages its output
+(staging costs two passes over the output, which past some size cost more than NCCL
+send/recv into the caller's buffer; alike on every rank). Caller buffers are never mapped
+into other processes; an output in the group's symmetric memory (``symmetric_empty``) or a
+registered buffer is written by peers directly.
 
 ``blocks``: the kernel's thread blocks, one per COLLECTIVES_PEER_BLOCK_BYTES of what the
-busiest rank sends in one step, up to COLLECTIVES_PEER_BLOCKS (every rank computes the same
-number: the delivered words are per block). Every block moves its share of each message of
-a step, one message after another, so a step to three peers wants three times the blocks of
-a step to one: the blocks are counted from the step's sum, not its largest message. Each
-block's share is kept large enough that its fixed cost (a flag per message) stays small
-beside the bytes it moves; smaller shares than the default gain nothing (BENCHMARKS.md has
-the sweep).
+busiest rank sends in one step (the step's sum: a block moves its share of every message),
+up to COLLECTIVES_PEER_BLOCKS; alike on every rank, since the delivered words are per block.
 
-Caller buffers are never mapped into other processes (opening an IPC handle per call costs
-far more than a collective): ``input`` is read where it is, receives land in the group's
-staging memory, and ``output`` is staged (copied in where read before written, copied out
-region by region after its last write, both inside the kernel) only on a rank where some
-rendezvous receive lands in it, unless it lies in the group's symmetric memory
-(``ProcessGroup.symmetric_empty``): then peers write into it directly.
-Staging costs two passes over the output, which grow with the message while the launches
-and host work this executor saves do not: past some size NCCL send/recv, which receives into
-the caller's buffer, is faster. So calls whose largest message is above
-COLLECTIVES_PEER_MAX_BYTES go there, where some rank's plan stages its output (it would
-without symmetric memory: alike on every rank, whatever each passes). A plan that stages
-nothing (reduce_scatter's) pays no such passes and stays here at every size, as does what
-runs pipelined (below).
+Which kernel runs a plan instead of the program (``_entry``; each decided alike on every
+rank, except in place, which the kernel checks): ``two_shot_in_place`` for a two_shot
+all_reduce in place on symmetric memory up to COLLECTIVES_PEER_IN_PLACE_BYTES
+(``IN_PLACE_AUTO``); ``copies_around`` for a direct all_gather or all_to_all of alike blocks
+from COLLECTIVES_PEER_COPY_ENGINE_BYTES (off by default: ``COPY_ENGINE_AUTO``);
+``pipelined_reduce_scatter`` for a direct reduce_scatter, all_gather or all_to_all or a
+two_shot all_reduce of alike blocks from COLLECTIVES_PEER_PIPELINE_BYTES, an all_reduce's
+gather by the copy engines from COLLECTIVES_PEER_COPY_ENGINE_BYTES (``_by_copies``).
 
-One plan runs as a kernel of its own instead of the program: a two_shot all_reduce called in
-place on symmetric (or registered) memory, up to COLLECTIVES_PEER_IN_PLACE_BYTES
-(``two_shot_in_place``: one pass of reads from every peer's buffer and writes back to all,
-on the interpreter's words: nothing staged, nothing copied out; by default up to where those
-reads keep ahead of the program's pushes, further on 2 ranks, where each rank reads from
-one peer, than on more: ``IN_PLACE_AUTO``). Which kernel a rank runs depends on its own
-buffer, so the kernel checks that every peer runs it too (error kind 4 otherwise). Another:
-a direct reduce_scatter of large blocks (COLLECTIVES_PEER_PIPELINE_BYTES), where the
-program's pass that reduces the received blocks follows its pushes, so a call takes the
-sum of both: ``pipelined_reduce_scatter`` runs them beside each other, some thread blocks
-pushing chunk after chunk while the others reduce each chunk as it arrives, so the
-reduction hides behind the transfer. A two_shot all_reduce of such blocks runs on it too, then
-reads every peer's reduced block into the caller's output: from
-COLLECTIVES_PEER_COPY_ENGINE_BYTES a block with the copy engines, between two launches of the
-kernel (``_by_copies``), which move more over NVLink than thread blocks' loads do. A direct
-all_gather or all_to_all of such blocks runs on it too: the pushers push this rank's input
-(its block for each peer) into the peers' slots, or straight into a peer's output where that
-lies in symmetric memory (each rank says where, as its epochs do for the program), while
-the other thread blocks copy each chunk out of this rank's slots into its output as soon as
-every peer has pushed it, beside the pushes, where the program copies out only after its
-last push. Every rank runs it alike whatever its output, so a mix of symmetric and staged
-outputs needs no agreement. Or with the copy engines, opt-in (``copies_around``: each rank's
-input staged chunk by chunk beside the copies of every peer's chunks out of that peer's
-staging memory; off by default, since that staging slows the copies below the pipelined
-kernel: ``COPY_ENGINE_AUTO``).
-
-Errors: a kernel that timed out or saw a peer abort leaves (kind, step, peer) in the error
-words; the next call on this group, and ``synchronize``, raise CollectiveTimeout or
-TransportError naming them, and every later call fails (the flags of a failed call are
-inconsistent, so the group cannot go on).
+Errors: what a kernel recorded in the error words is raised by the next call on this group
+and by ``synchronize`` (``check``: CollectiveTimeout or TransportError naming the rank, step
+and peer), and every later call fails (the flags of a failed call are inconsistent).
 """
 from __future__ import annotations
 
@@ -81,10 +49,18 @@ from .. import settings
 from ..algorithms import pushed
 from ..algorithms.schedule import build_plan
 from ..errors import CollectiveTimeout, TransportError
-from ..kernels import cuda_peer
+from ..kernels import cuda_peer, peer_protocol
+from ..kernels.peer_protocol import (COPIES_END, COPIES_STAGE, COPIES_WAIT, COPIES_WORDS,
+                                     ERROR_KIND_WORD)
 from . import nccl
 
 DEFAULT_TIMEOUT = 1800.0          # seconds a device wait may last when the call gives none
+
+# Where each kernel parameter lies among an entry's values (peer_protocol.KERNEL_PARAMETERS);
+# the few a call sets, bound once
+_AT = peer_protocol.PARAMETER
+_IN, _OUT, _CALLER_OUT, _TIMEOUT_NS, _PLACE = (
+    _AT[name] for name in ("in", "out", "caller_out", "timeout_ns", "place"))
 
 
 def _launch(*args):
@@ -161,7 +137,7 @@ class _Entry:
         # what values hold of the memory (set by place) and of the call's timeout (None: the
         # default, in values from the start)
         self.layout = self.timeout = None
-        self.values[15].value = int(DEFAULT_TIMEOUT * 1e9)
+        self.values[_TIMEOUT_NS].value = int(DEFAULT_TIMEOUT * 1e9)
         self.staged = program.output_staged
         # a call whose copy engines copy (_by_copies): the kernel that ends it and its code;
         # the rounds of copies, each (the code of the wait before it or None, [(peer, where
@@ -175,22 +151,24 @@ class _Entry:
         element count; the same parameters, blocks and memory otherwise."""
         import cupy
         self.code = cupy.asarray(np.array([plan.args[0]], np.int64))
-        self.values[0].value = self.code.data.ptr
+        self.values[_AT["code_at"]].value = self.code.data.ptr
         self.function = cuda_peer.in_place_kernel(op, dtype, fences, plan.size).kernel.ptr
         self.kernel = "two_shot_in_place"
 
     def pipelined(self, plan, dtype, op, fences, copy_engine=0):
-        """Run as ``pipelined_reduce_scatter`` instead of the program: its "program" is (count
-        per rank, chunks, pushers, kind). A reduce_scatter (kind 0) takes the program's
-        blocks, parameters and staging (its scratch slots, one per peer, are where the
-        pushes land); a two_shot all_reduce the same slots from the staging memory's start,
-        its reduced block after them, and writes the caller's output itself (nothing
-        staged): with thread blocks (kind 1), or where a rank's block has at least
-        ``copy_engine`` bytes (COLLECTIVES_PEER_COPY_ENGINE_BYTES; 0: never) with the copy
-        engines, a copy per peer after this kernel (kind 2), then ``copies_around``'s end.
-        A direct all_gather (3) or all_to_all (4) takes the slots from the staging memory's
-        start and writes the caller's output itself too, peers pushing straight into it
-        where it is symmetric (each rank's own choice)."""
+        """Run as ``pipelined_reduce_scatter`` instead of the program: its "program" is
+        peer_protocol.PIPELINED_WORDS (count per rank, chunks, pushers, kind). A
+        reduce_scatter (PIPELINED_REDUCE_SCATTER) takes the program's blocks, parameters and
+        staging (its scratch slots, one per peer, are where the pushes land); a two_shot
+        all_reduce the same slots from the staging memory's start, its reduced block after
+        them, and writes the caller's output itself (nothing staged): with thread blocks
+        (PIPELINED_ALL_REDUCE), or where a rank's block has at least ``copy_engine`` bytes
+        (COLLECTIVES_PEER_COPY_ENGINE_BYTES; 0: never) with the copy engines, a copy per
+        peer after this kernel (PIPELINED_ALL_REDUCE_BY_COPIES), then ``copies_around``'s
+        end. A direct all_gather (PIPELINED_ALL_GATHER) or all_to_all (PIPELINED_ALL_TO_ALL)
+        takes the slots from the staging memory's start and writes the caller's output
+        itself too, peers pushing straight into it where it is symmetric (each rank's own
+        choice)."""
         import cupy
         collective = plan.collective
         count = block_count(plan)
@@ -198,13 +176,16 @@ class _Entry:
         chunks = int(min(PIPELINE_MAX_CHUNKS, max(1, block // PIPELINE_CHUNK_BYTES)))
         pushers = max(1, self.blocks * PIPELINE_PUSHERS // 4)
         copied = collective == "all_reduce" and copy_engine and block >= copy_engine
-        kind = 2 if copied else PIPELINED_KINDS[collective]
-        self.code = cupy.asarray(np.array([count, chunks, pushers, kind], np.int64))
-        self.values[0].value = self.code.data.ptr
+        kind = peer_protocol.PIPELINED_ALL_REDUCE_BY_COPIES if copied else \
+            PIPELINED_KINDS[collective]
+        words = {"COUNT": count, "CHUNKS": chunks, "PUSHERS": pushers, "KIND": kind}
+        self.code = cupy.asarray(np.array([words[name] for name in peer_protocol.PIPELINED_WORDS],
+                                          np.int64))
+        self.values[_AT["code_at"]].value = self.code.data.ptr
         own_slots = collective != "reduce_scatter"     # not the program's staging layout
         if own_slots:
             self.scratch_at, self.staged = 0, False
-            self.values[9].value = 0
+            self.values[_AT["scratch_at"]].value = 0
         self.staging = max(256 if own_slots else self.staging, _align(
             self.scratch_at + (plan.size - 1 + (collective == "all_reduce")) * block))
         self.function = cuda_peer.pipelined_kernel(op, dtype, fences, plan.size).kernel.ptr
@@ -239,12 +220,13 @@ class _Entry:
             pieces, at = [(0, 0)], [(q, q * block, 0) for q in _peers(plan)]
             own = (0, rank * block)
         self.function = cuda_peer.copies_kernel(op, dtype, fences, size).kernel.ptr
-        self.code = cupy.asarray(np.array([block, 0, chunks, len(pieces)] +
+        self.code = cupy.asarray(np.array(copies_words(BYTES=block, MODE=COPIES_STAGE,
+                                                       CHUNKS=chunks, PIECES=len(pieces)) +
                                           [o for piece in pieces + [own] for o in piece],
                                           np.int64))
-        self.values[0].value = self.code.data.ptr
+        self.values[_AT["code_at"]].value = self.code.data.ptr
         self.scratch_at, self.staged, self.aside = 0, False, True
-        self.values[9].value = 0
+        self.values[_AT["scratch_at"]].value = 0
         self.staging = max(256, _align(len(pieces) * block))
         self._copies(plan, dtype, op, fences, at, block, chunks, chunks + 1, waits=True)
         self.kernel = f"copies_{plan.collective}"
@@ -253,29 +235,31 @@ class _Entry:
         """The copies of every peer's ``block`` bytes, each (peer, where it goes in the
         output, where it lies in the peer's staging memory) of ``at``, in ``chunks`` rounds
         (with ``waits``, each after a one-block launch that waits until every peer has
-        staged its chunk: ``copies_around``'s mode 2), then ``copies_around``'s end (mode 1)
-        with ``message``."""
+        staged its chunk: ``copies_around``'s COPIES_WAIT), then ``copies_around``'s end
+        (COPIES_END) with ``message``."""
         import cupy
         self.finish_function = cuda_peer.copies_kernel(op, dtype, fences, plan.size).kernel.ptr
-        self.finish = cupy.asarray(np.array([0, 1, message], np.int64))
+        self.finish = cupy.asarray(np.array(copies_words(BYTES=0, MODE=COPIES_END,
+                                                         MESSAGE=message), np.int64))
         bounds = chunk_bounds(block, chunks)
         if waits:
-            self.waits = cupy.asarray(np.array([[0, 2, k + 1, self.blocks]
+            self.waits = cupy.asarray(np.array([copies_words(BYTES=0, MODE=COPIES_WAIT,
+                                                             MESSAGE=k + 1, BLOCKS=self.blocks)
                                                 for k in range(chunks)], np.int64))
-        self.rounds = [(self.waits.data.ptr + 32 * k if waits else None,
+        self.rounds = [(self.waits.data.ptr + 8 * COPIES_WAIT_WORDS * k if waits else None,
                         [(q, out_at + lo, src_at + lo, hi - lo) for q, out_at, src_at in at])
                        for k, (lo, hi) in enumerate(bounds)]
 
     def place(self, memory):
         """Set the values that come from the group's memory (which moves when it grows)."""
         values = self.values
-        values[5].value = memory.data_ptr + self.scratch_at
-        values[7].value = memory.peer_data_array.data.ptr
-        values[8].value = memory.peer_flags_array.data.ptr
-        values[16].value = memory.peer_inbox_array.data.ptr
-        values[17].value = memory.inbox_half
-        values[18].value = memory.peer_lines_array.data.ptr
-        values[19].value = memory.lines_half
+        values[_AT["scratch"]].value = memory.data_ptr + self.scratch_at
+        values[_AT["peer_data_at"]].value = memory.peer_data_array.data.ptr
+        values[_AT["peer_flags_at"]].value = memory.peer_flags_array.data.ptr
+        values[_AT["peer_inbox_at"]].value = memory.peer_inbox_array.data.ptr
+        values[_AT["inbox_half"]].value = memory.inbox_half
+        values[_AT["peer_lines_at"]].value = memory.peer_lines_array.data.ptr
+        values[_AT["lines_half"]].value = memory.lines_half
         self.layout = memory.layout
 
 
@@ -325,8 +309,12 @@ def in_place(plan, dtype, most: int) -> bool:
 PIPELINE_CHUNK_BYTES = 4 << 20
 PIPELINE_MAX_CHUNKS = 64
 PIPELINE_PUSHERS = 2
-# the kernel's ``kind`` by collective (an all_reduce gathered by the copy engines: 2)
-PIPELINED_KINDS = {"reduce_scatter": 0, "all_reduce": 1, "all_gather": 3, "all_to_all": 4}
+# the kernel's ``kind`` by collective (an all_reduce gathered by the copy engines:
+# PIPELINED_ALL_REDUCE_BY_COPIES)
+PIPELINED_KINDS = {"reduce_scatter": peer_protocol.PIPELINED_REDUCE_SCATTER,
+                   "all_reduce": peer_protocol.PIPELINED_ALL_REDUCE,
+                   "all_gather": peer_protocol.PIPELINED_ALL_GATHER,
+                   "all_to_all": peer_protocol.PIPELINED_ALL_TO_ALL}
 # the schedule the kernel runs, by collective
 _PIPELINED_SCHEDULES = {"reduce_scatter": "direct", "all_reduce": "two_shot",
                         "all_gather": "direct", "all_to_all": "direct"}
@@ -371,6 +359,19 @@ def copied(plan, dtype, least: int) -> bool:
         _schedule_of(plan, "direct")
 
 
+def copies_words(**words) -> list:
+    """The leading words of a ``copies_around`` code by name (peer_protocol.COPIES_WORDS:
+    BYTES, MODE, then the mode's); a word not given is 0."""
+    code = [0] * (max(COPIES_WORDS[name] for name in words) + 1)
+    for name, value in words.items():
+        code[COPIES_WORDS[name]] = value
+    return code
+
+
+# the words of one COPIES_WAIT code: its rows lie this many int64 words apart
+COPIES_WAIT_WORDS = len(copies_words(BYTES=0, MODE=COPIES_WAIT, MESSAGE=0, BLOCKS=0))
+
+
 # The copy engines' calls staged chunk by chunk (``_Entry.copied``): blocks cut into chunks
 # of at least COLLECTIVES_PEER_COPY_CHUNK_BYTES, at most this many of them (each costs a
 # launch that waits, and copies of its size)
@@ -385,7 +386,7 @@ def copy_chunks(block: int, least: int) -> int:
 
 def chunk_bounds(nbytes: int, chunks: int) -> list:
     """[(lo, hi)] in bytes of each chunk of ``nbytes``: 16-byte units shared out as
-    ``copies_around`` does (its mode 0 stages exactly these)."""
+    ``copies_around`` does (its COPIES_STAGE stages exactly these)."""
     units = -(-nbytes // 16)
     return [(min(nbytes, units * k // chunks * 16), min(nbytes, units * (k + 1) // chunks * 16))
             for k in range(chunks)]
@@ -474,7 +475,7 @@ class PeerExecutor:
             raise self.failed
         memory = self.memory
         words = memory.words
-        if words is None or words[0]:
+        if words is None or words[ERROR_KIND_WORD]:     # a kernel reported
             self.check(operation or plan.collective)
         if dtype is None:
             dtype = next(a.dtype for a in buffers.values() if a is not None)
@@ -508,13 +509,14 @@ class PeerExecutor:
                 stream.wait_event(last.record())
         values = entry.values
         if entry.timeout != timeout:
-            values[15].value = int((DEFAULT_TIMEOUT if timeout is None else timeout) * 1e9)
+            seconds = DEFAULT_TIMEOUT if timeout is None else timeout
+            values[_TIMEOUT_NS].value = int(seconds * 1e9)
             entry.timeout = timeout
         caller_out = 0 if output is None else output.data.ptr
-        values[20].value = place
-        values[3].value = 0 if input is None else input.data.ptr
-        values[4].value = memory.data_ptr if entry.staged else caller_out
-        values[6].value = caller_out
+        values[_PLACE].value = place
+        values[_IN].value = 0 if input is None else input.data.ptr
+        values[_OUT].value = memory.data_ptr if entry.staged else caller_out
+        values[_CALLER_OUT].value = caller_out
         if entry.finish is not None:
             self._by_copies(entry, stream, caller_out)
             return
@@ -547,7 +549,7 @@ class PeerExecutor:
         try:
             for wait, copies in entry.rounds:
                 if wait is not None:
-                    values[0].value = wait
+                    values[_AT["code_at"]].value = wait
                     _launch(entry.finish_function, 1, 1, 1, threads, 1, 1, 0, stream.ptr,
                             entry.params, 0)
                 for q, at, src_at, nbytes in copies:
@@ -555,14 +557,14 @@ class PeerExecutor:
                                         runtime.memcpyDefault, stream.ptr)
             if entry.aside:
                 stream.wait_event(first.record())
-            values[0].value = entry.finish.data.ptr
+            values[_AT["code_at"]].value = entry.finish.data.ptr
             _launch(entry.finish_function, 1, 1, 1, threads, 1, 1, 0, stream.ptr,
                     entry.params, 0)
         except Exception as exc:     # the call is begun and cannot end here: no later call
             self.failed = exc        # may use the group's words
             raise
         finally:
-            values[0].value = entry.code.data.ptr
+            values[_AT["code_at"]].value = entry.code.data.ptr
 
     def _fit(self, entry, stream, operation, rank, timeout=None):
         """Grow the group's memory to what ``entry`` needs (collective: every rank's entry
@@ -651,15 +653,15 @@ class PeerExecutor:
         kind, step, peer = reported
         where = f"{operation} on rank {self.transport.rank}"
         at = "" if step < 0 else f" (plan step {step + 1})"
-        if kind == 1:
+        if kind == peer_protocol.ERROR_TIMED_OUT:
             error = CollectiveTimeout(f"{where}: timed out on the GPU waiting for rank "
                                       f"{peer}{at}; every rank of the group stopped")
-        elif kind == 4:
+        elif kind == peer_protocol.ERROR_CALLED_OTHERWISE:
             error = TransportError(f"{where}: rank {peer} did not run this all_reduce as this "
                                    f"rank did, in place on a buffer in the group's symmetric "
                                    f"memory (two_shot, COLLECTIVES_PEER_IN_PLACE_BYTES): every "
                                    f"rank must call it so, or none; every rank stopped")
-        elif kind == 3:
+        elif kind == peer_protocol.ERROR_CLOSED:
             error = TransportError(f"{where}: the group's peer memory is closed (the group "
                                    f"was destroyed or aborted)")
         else:

@@ -1,4 +1,6 @@
 """Peer memory: the GPUs of one group map each other's staging memory over NVLink.
+docs/peer-memory.md explains the protocol that runs on it (flag words, staging, inboxes,
+where outputs land, error words); this module allocates and maps the memory.
 
 Per group, opened once: each rank allocates a small block of flag words and a staging area
 (growable) with ``cudaMalloc`` (a whole allocation: an IPC handle names the allocation, never
@@ -18,19 +20,16 @@ CollectiveTimeout at the call's timeout, and the NCCL communicator is aborted, a
 wait past its deadline is (the all_gather cannot be withdrawn).
 
 Symmetric memory (``symmetric``): allocations every rank makes together and every peer maps,
-handed to the caller as arrays. A call whose output lies in one needs no staging: peers write
-their messages straight into it (``pushed.lower(symmetric=True)``), which saves two passes
-over the output where calls are large. Each rank tells its senders, with each epoch, where
-its output is (``place``), so ranks need not agree on it: one rank's output may be
-symmetric while another's is staged.
+handed to the caller as arrays; a call whose output lies in one needs no staging (peers write
+into it directly). ``place`` says where an output lies, for the kernel to tell its senders.
 
 Registered buffers (``register``): the caller's own allocations, mapped by every peer once
 (collective: every rank registers its buffer at the same point), then used as symmetric
-memory is: a call whose output lies in one has peers write into it directly. An IPC handle
-names a whole allocation, so each rank sends its handle with the buffer's offset in it, and
-the driver's buffer id is kept: an output whose allocation is no longer the one registered
-(freed and allocated again at the same address) is staged, never written through the stale
-mapping. The caller keeps a registered buffer allocated until ``deregister``.
+memory is. An IPC handle names a whole allocation, so each rank sends its handle with the
+buffer's offset in it, and the driver's buffer id is kept: an output whose allocation is no
+longer the one registered (freed and allocated again at the same address) is staged, never
+written through the stale mapping. The caller keeps a registered buffer allocated until
+``deregister``.
 
 Never uses NVLink multicast (cuMulticastCreate): only point-to-point mappings.
 """
@@ -45,6 +44,8 @@ import numpy as np
 
 from ..errors import CollectiveTimeout, TransportError
 from ..kernels.cuda_peer import ABORT_WORD, FLAG_BYTES, HEAP_SHIFT, MAX_HEAPS
+from ..kernels.peer_protocol import (ERROR_CLOSED, ERROR_KIND_WORD, ERROR_NONE, ERROR_PEER_WORD,
+                                     ERROR_STEP_WORD)
 
 _HANDLE = 64                 # sizeof(cudaIpcMemHandle_t)
 _INFO = 64 + 16 + 16         # handle, host digest, PCI bus id
@@ -370,13 +371,14 @@ class PeerMemory:
 
     def error(self):
         """(kind, step, peer) the kernel reported, or None: read from mapped host memory.
-        (3, -1, rank) once the memory is closed."""
+        (ERROR_CLOSED, -1, rank) once the memory is closed."""
         words = self.words
         if words is None:
-            return 3, -1, self.rank
-        if words[0] == 0:
+            return ERROR_CLOSED, -1, self.rank
+        if words[ERROR_KIND_WORD] == ERROR_NONE:
             return None
-        return int(words[0]), int(words[1]), int(words[2])
+        return (int(words[ERROR_KIND_WORD]), int(words[ERROR_STEP_WORD]),
+                int(words[ERROR_PEER_WORD]))
 
     def raise_abort(self, peers: bool) -> None:
         """Set this rank's abort word (and every peer's, with ``peers``): a kernel of this
