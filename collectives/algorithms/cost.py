@@ -81,12 +81,10 @@ from __future__ import annotations
 
 import collections
 import functools
-import heapq
 import math
 
-from ..errors import CollectiveError
 from .formulas import copied_bytes, formula  # noqa: F401  (tests reach the closed forms here)
-from .lowered import LOCAL, POST, stepwise
+from .lowered import stepwise
 from .measured import NONE as NO_CORRECTIONS
 from .measured import Corrections
 # The parameters, where the model's callers (the decision table, the bench) reach them.
@@ -94,6 +92,7 @@ from .params import (DEFAULTS, FALLBACK_TRANSPORT, HOST_SHARED_BYTES,  # noqa: F
                      SHAPE_FIELDS, SOCKET_SPILL_BYTES, Params, default_params)
 from .schedule import (COLLECTIVES, REGISTRY, Copy, auto_names, build_plan, is_family_name,
                        partition, plan_args, schedule_function)
+from .replay_engine import Payload, Replay
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,7 +116,8 @@ def replay(plans, itemsize: int, params: Params, lowering=stepwise, *, hosts=Non
     Each rank's program is ``lowering(plan)`` (``algorithms.lowered``; by default the step
     walk, which the executors run): a POST posts its transfers at the rank's clock; a WAIT
     ends when the last of its requests has ended; a LOCAL costs its operations. After a WAIT
-    the rank runs the local operations of the same step, then queues to post again.
+    the rank runs the local operations of the same step, then queues to post again. The
+    replay is ``replay_engine``'s (the simulator's too), carrying clocks (``_Clocks``).
 
     Two link classes: with ``hosts`` (rank -> host index) and ``inter``, a transfer between
     ranks of two hosts costs ``inter``'s α and β instead of ``params``' (which price the
@@ -125,148 +125,66 @@ def replay(plans, itemsize: int, params: Params, lowering=stepwise, *, hosts=Non
     link: each host has ``inter.ports`` links out and as many in (rails), and a transfer holds
     one at each end for its β·n, not its α (latency overlaps; bytes share the link), so the
     ranks of a host that cross at once share its bandwidth."""
-    size = len(plans)
-    alpha, ports = params.alpha, params.ports
-    link = params.link_beta or params.beta
-    beta_at = params.beta_at
-    two_level = hosts is not None and inter is not None
-    sharing = size               # ranks whose reductions share one memory bandwidth
-    if two_level:
-        rails = range(inter.ports)
-        count = max(hosts, default=-1) + 1
-        nic_out = [[0.0] * inter.ports for _ in range(count)]
-        nic_in = [[0.0] * inter.ports for _ in range(count)]
-        sharing = max(collections.Counter(hosts).values(), default=1)   # one host's ranks
-    programs = [lowering(plan).code for plan in plans]
-    pc = [0] * size               # each rank's next instruction
-    ended = [[] for _ in range(size)]   # per rank: request number -> when it ended (None: not yet)
-    waiting = [None] * size       # the request numbers of the WAIT a rank stopped at
-    left = [0] * size             # how many of them have not ended
-    wait_end = [0.0] * size       # when the rank reached that WAIT, or a later end of its requests
-    send_free = [[0.0] * ports for _ in range(size)]   # when each send port is free again
-    recv_free = [[0.0] * ports for _ in range(size)]
-    any_port = range(ports)
-    finished = [None] * size
-    # (src, dst) -> posted, not yet matched (FIFO): (count, request number, posted at, step,
-    # messages of that POST to / from this peer, messages of that POST in all)
-    sends: dict = {}
-    recvs: dict = {}
-    events = [(0.0, rank) for rank in range(size)]   # (time, rank): the rank posts next
+    clocks = _Clocks(len(plans), itemsize, params, hosts if inter is not None else None, inter)
+    return max(Replay(plans, lowering, clocks).run(), default=0.0)
 
-    def complete(rank, end):
-        """The rank's WAIT is over at ``end``: its step's local operations, then queue."""
-        code, i = programs[rank], pc[rank]
-        step = code[i][1]
-        i += 1
-        while i < len(code) and code[i][0] is LOCAL and code[i][1] == step:
-            end += _local_cost(code[i][2], itemsize, params, sharing)
-            i += 1
-        pc[rank] = i
-        heapq.heappush(events, (end, rank))
 
-    def match(src, dst):
-        s, r = sends.get((src, dst)), recvs.get((src, dst))
-        while s and r:
-            sent, into = s.popleft(), r.popleft()
-            if sent[0] != into[0]:
-                raise CollectiveError(
-                    f"{plans[src].collective} ({plans[src].algorithm}): rank {src} step "
-                    f"{sent[3] + 1} sends {sent[0]} elements to rank {dst}, whose step "
-                    f"{into[3] + 1} receives {into[0]}")
-            out_free, in_free = send_free[src], recv_free[dst]
-            out_port = min(any_port, key=out_free.__getitem__)
-            in_port = min(any_port, key=in_free.__getitem__)
-            start = max(sent[2], into[2], out_free[out_port], in_free[in_port])
-            nbytes = sent[0] * itemsize
-            if two_level and hosts[src] != hosts[dst]:
-                # between hosts: the bytes hold a rail of each host's link, in arrival order
-                outs, ins = nic_out[hosts[src]], nic_in[hosts[dst]]
-                rail_out = min(rails, key=outs.__getitem__)
-                rail_in = min(rails, key=ins.__getitem__)
-                start = max(start, outs[rail_out], ins[rail_in])
-                busy = inter.beta_at(nbytes) * nbytes
-                outs[rail_out] = ins[rail_in] = start + busy
-                end = start + inter.alpha + busy
-            else:
-                # messages to one peer share that pair's link (the bidirectional ring at
-                # p = 2); messages running at once share the rank's link
-                beta = beta_at(nbytes) * max(sent[4], into[4])
-                together = min(ports, max(sent[5], into[5]))
-                if together > 1:
-                    beta = max(beta, together * link)
-                end = start + alpha + beta * nbytes
-            out_free[out_port] = in_free[in_port] = end
-            for rank, number in ((src, sent[1]), (dst, into[1])):
-                ended[rank][number] = end
-                wanted = waiting[rank]
-                if wanted is not None and number in wanted:
-                    if end > wait_end[rank]:
-                        wait_end[rank] = end
-                    left[rank] -= 1
-                    if not left[rank]:
-                        waiting[rank] = None
-                        complete(rank, wait_end[rank])
+class _Clocks(Payload):
+    """The cost model's payload: a clock per rank, a send and a receive port per rank (or
+    ``ports`` of each), and with ``hosts`` each host's rails between hosts. The tag of a
+    POST's receives (or sends): (when they were posted, how many go to (come from) each peer,
+    how many in all)."""
 
-    def post(rank, now, step, what):
-        into, out = what
-        mine = ended[rank]
-        fan = _fan(into)
-        for r in into:
-            peer = r.peer
-            queue = recvs.get((peer, rank))
-            if queue is None:
-                queue = recvs[(peer, rank)] = collections.deque()
-            queue.append((r.region.count, len(mine), now, step, fan(peer), len(into)))
-            mine.append(None)
-        fan = _fan(out)
-        for s in out:
-            peer = s.peer
-            queue = sends.get((rank, peer))
-            if queue is None:
-                queue = sends[(rank, peer)] = collections.deque()
-            queue.append((s.region.count, len(mine), now, step, fan(peer), len(out)))
-            mine.append(None)
-        for r in into:
-            match(r.peer, rank)
-        for s in out:
-            match(rank, s.peer)
+    timed = True
 
-    while events:
-        now, rank = heapq.heappop(events)
-        code = programs[rank]
-        while pc[rank] < len(code):
-            kind, step, what = code[pc[rank]]
-            if kind is LOCAL:
-                now += _local_cost(what, itemsize, params, sharing)
-            elif kind is POST:
-                post(rank, now, step, what)
-            else:                 # WAIT: always the end of this turn
-                numbers = range(what.start, what.stop) if what.__class__ is slice else what
-                mine, end, pending = ended[rank], now, 0
-                for number in numbers:
-                    done = mine[number]
-                    if done is None:
-                        pending += 1
-                    elif done > end:
-                        end = done
-                if pending:
-                    waiting[rank], left[rank], wait_end[rank] = numbers, pending, end
-                else:
-                    complete(rank, end)
-                break
-            pc[rank] += 1
+    def __init__(self, size, itemsize, params, hosts, inter):
+        self.itemsize, self.params, self.hosts, self.inter = itemsize, params, hosts, inter
+        self.alpha, self.ports = params.alpha, params.ports
+        self.link = params.link_beta or params.beta
+        self.send_free = [[0.0] * params.ports for _ in range(size)]   # when each port is free
+        self.recv_free = [[0.0] * params.ports for _ in range(size)]
+        self.any_port = range(params.ports)
+        self.sharing = size          # ranks whose reductions share one memory bandwidth
+        if hosts is not None:
+            self.rails = range(inter.ports)
+            count = max(hosts, default=-1) + 1
+            self.nic_out = [[0.0] * inter.ports for _ in range(count)]
+            self.nic_in = [[0.0] * inter.ports for _ in range(count)]
+            self.sharing = max(collections.Counter(hosts).values(), default=1)  # one host's
+
+    def posted(self, rank, transfers, now):
+        return now, _fan(transfers), len(transfers)
+
+    def local(self, rank, ops, now):
+        return now + _local_cost(ops, self.itemsize, self.params, self.sharing)
+
+    def moved(self, src, dst, sent, into):
+        (posted, fan_out, out_all), (taken, fan_in, in_all) = sent[3], into[3]
+        out_free, in_free = self.send_free[src], self.recv_free[dst]
+        out_port = min(self.any_port, key=out_free.__getitem__)
+        in_port = min(self.any_port, key=in_free.__getitem__)
+        start = max(posted, taken, out_free[out_port], in_free[in_port])
+        nbytes = sent[0].region.count * self.itemsize
+        hosts = self.hosts
+        if hosts is not None and hosts[src] != hosts[dst]:
+            # between hosts: the bytes hold a rail of each host's link, in arrival order
+            outs, ins = self.nic_out[hosts[src]], self.nic_in[hosts[dst]]
+            rail_out = min(self.rails, key=outs.__getitem__)
+            rail_in = min(self.rails, key=ins.__getitem__)
+            start = max(start, outs[rail_out], ins[rail_in])
+            busy = self.inter.beta_at(nbytes) * nbytes
+            outs[rail_out] = ins[rail_in] = start + busy
+            end = start + self.inter.alpha + busy
         else:
-            finished[rank] = now
-
-    stuck = [r for r in range(size) if finished[r] is None]
-    if stuck:
-        first = stuck[0]
-        code = programs[first]
-        raise CollectiveError(
-            f"{plans[first].collective} ({plans[first].algorithm}) deadlocks at world size "
-            f"{size}: {len(stuck)} ranks never finish; rank {first} waits in step "
-            f"{code[min(pc[first], len(code) - 1)][1] + 1}")
-    return max(finished, default=0.0)
+            # messages to one peer share that pair's link (the bidirectional ring at
+            # p = 2); messages running at once share the rank's link
+            beta = self.params.beta_at(nbytes) * max(fan_out(dst), fan_in(src))
+            together = min(self.ports, max(out_all, in_all))
+            if together > 1:
+                beta = max(beta, together * self.link)
+            end = start + self.alpha + beta * nbytes
+        out_free[out_port] = in_free[in_port] = end
+        return end
 
 
 def _one(peer) -> int:

@@ -4,15 +4,15 @@ program the host executor runs (``lowered``: the step walk, or the overlapped wa
 Matching is rendezvous: a send completes only when the receiver has posted the matching
 receive in its current step, so a schedule that could deadlock on a real transport deadlocks
 here too, and is reported. Messages between a pair match in FIFO order; a size mismatch is an
-error. Used by the tests to prove schedules at world sizes no machine here has, and by
-research code to run an algorithm on a list of arrays:
+error. That replay is ``replay_engine``'s, the cost model's too; here it carries data. Used
+by the tests to prove schedules at world sizes no machine here has, and by research code to
+run an algorithm on a list of arrays:
 
     >>> from collectives.algorithms.simulate import run
     >>> outs = run("all_reduce", "ring", [np.ones(5), np.arange(5.0), np.full(5, 2.0)])
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import gc
 
@@ -21,7 +21,8 @@ import numpy as np
 from ..errors import CollectiveError
 from ..kernels.reduce import check_op, finish_average, reducer
 from ..ops import ReduceOp
-from .lowered import POST, WAIT, Chain, stepwise
+from .lowered import Chain, stepwise
+from .replay_engine import Payload, Replay
 from .schedule import (COLLECTIVES, ROOTED, Copy, Matrix, buffer_sizes, build_plan,
                        is_family_name, plan_args, schedule_function)
 
@@ -48,125 +49,53 @@ def execute_all(plans, buffers, reduce=None, *, lowering=stepwise):
     scratch included), each as the program an executor runs: ``lowering(plan)`` (the step walk
     by default; ``lowered.overlapped`` for the overlapped one; any pass over them, such as
     ``lowered.chained``: a Chain runs as a fused kernel would). Raises CollectiveError on a
-    deadlock or a size mismatch."""
-    size = len(plans)
-    programs = [lowering(plan).code for plan in plans]
-    pc = [0] * size                           # the next instruction of each rank
-    posted = [0] * size                       # requests each rank posted (their numbers)
-    unfinished = [set() for _ in range(size)]     # per rank: requests posted, not completed
-    # Posted transfers not matched yet, per ordered pair src * size + dst, oldest first:
-    # (region, its view, request number). A pair is dropped once empty, so ``key in sends``
-    # says whether anything waits there. Lists, not deques: at p = 1024 the direct algorithms
-    # keep half a million pairs waiting at once, nearly all holding one message.
-    sends, recvs = {}, {}
-    ready = collections.deque(range(size))
-    blocked = [None] * size                   # requests the WAIT a rank stopped at still needs
-    views = [_Views(b) for b in buffers]
+    deadlock or a size mismatch. The replay is ``replay_engine``'s, carrying data."""
+    Replay(plans, lowering, _Data(buffers, reduce)).run()
 
-    def step_of(rank):
-        code = programs[rank]
-        return code[min(pc[rank], len(code) - 1)][1] if code else 0
 
-    def complete(rank, number):
-        unfinished[rank].discard(number)
-        waiting = blocked[rank]
-        if waiting is not None:
-            waiting.discard(number)
-            if not waiting:
-                blocked[rank] = None
-                pc[rank] += 1
-                ready.append(rank)
+class _Data(Payload):
+    """The simulator's payload: a message's data lands in the receiver's region when the two
+    ends match; local operations run on the rank's buffers."""
 
-    def post(table, key, rank, region):
-        number = posted[rank]
-        posted[rank] += 1
-        unfinished[rank].add(number)
-        table.setdefault(key, []).append((region, views[rank][region], number))
+    def __init__(self, buffers, reduce):
+        self.views = [_Views(b) for b in buffers]
+        self.reduce = reduce
 
-    def match(src, dst):
-        key = src * size + dst
-        s, r = sends.get(key), recvs.get(key)
-        if not (s and r):             # an earlier match of this post may have emptied it
-            return
-        while s and r:
-            (sent, data, n_send), (into, landing, n_recv) = s.pop(0), r.pop(0)
-            if sent.count != into.count:
-                raise CollectiveError(
-                    f"{plans[src].collective} ({plans[src].algorithm}): rank {src} step "
-                    f"{step_of(src) + 1} sends {sent.count} elements to rank {dst}, whose step "
-                    f"{step_of(dst) + 1} receives {into.count}")
-            landing[...] = data
-            complete(src, n_send)
-            complete(dst, n_recv)
-        if not s:
-            del sends[key]
-        if not r:
-            del recvs[key]
+    def posted(self, rank, transfers, now):
+        return self.views[rank]
 
-    def fused(rank, chain):
+    def moved(self, src, dst, sent, into):
+        into[3][into[0].region][...] = sent[3][sent[0].region]
+        return 0.0
+
+    def local(self, rank, ops, now):
+        at, reduce = self.views[rank], self.reduce
+        for op in ops:
+            if isinstance(op, Copy):
+                at[op.dst][...] = at[op.src]
+            elif isinstance(op, Chain):
+                self.fused(at, op)
+            else:
+                reduce(at[op.dst], at[op.a], at[op.b])
+        return now
+
+    def fused(self, at, chain):
         """A Chain as a fused kernel runs it (every operand loaded before anything is
         stored), not op by op, so a chain the hazard rule should not have allowed gives
         different bits here."""
-        at = views[rank]
         acc = at[chain.a].copy()
         operands = [at[b].copy() for b in chain.bs]
         stores = {}
         for i, b in enumerate(operands):
-            reduce(acc, acc, b)
+            self.reduce(acc, acc, b)
             if i in chain.writes:
                 stores[i] = acc.copy()
         for dst, after in zip(chain.dsts, chain.writes):
             at[dst][...] = stores[after]
 
-    def run_until_blocked(rank):
-        code, at = programs[rank], views[rank]
-        while pc[rank] < len(code):
-            kind, _, what = code[pc[rank]]
-            if kind is POST:
-                receives, sending = what
-                # every transfer of the instruction is posted before any is matched
-                for peer, region in receives:
-                    post(recvs, peer * size + rank, rank, region)
-                for peer, region in sending:
-                    post(sends, rank * size + peer, rank, region)
-                pc[rank] += 1
-                for peer, _ in receives:
-                    if peer * size + rank in sends:
-                        match(peer, rank)
-                for peer, _ in sending:
-                    if rank * size + peer in recvs:
-                        match(rank, peer)
-            elif kind is WAIT:
-                numbers = range(what.start, what.stop) if isinstance(what, slice) else what
-                waiting = unfinished[rank].intersection(numbers)
-                if waiting:
-                    blocked[rank] = waiting
-                    return
-                pc[rank] += 1
-            else:
-                for op in what:
-                    if isinstance(op, Copy):
-                        at[op.dst][...] = at[op.src]
-                    elif isinstance(op, Chain):
-                        fused(rank, op)
-                    else:
-                        reduce(at[op.dst], at[op.a], at[op.b])
-                pc[rank] += 1
-
-    while ready:
-        rank = ready.popleft()
-        if blocked[rank] is None:
-            run_until_blocked(rank)
-
-    stuck = [r for r in range(size) if pc[r] < len(programs[r])]
-    if stuck:
-        first = stuck[0]
-        step = plans[first].steps[step_of(first)]
-        raise CollectiveError(
-            f"{plans[first].collective} ({plans[first].algorithm}) deadlocks at world size "
-            f"{size}: {len(stuck)} ranks never finish; rank {first} waits in step "
-            f"{step_of(first) + 1} (sends to {[s.peer for s in step.sends]}, receives from "
-            f"{[r.peer for r in step.recvs]})")
+    def stuck_detail(self, plan, step):
+        return (f" (sends to {[s.peer for s in step.sends]}, receives from "
+                f"{[r.peer for r in step.recvs]})")
 
 
 class _Views(dict):
