@@ -14,6 +14,7 @@ always have them); bfloat16 and bool reductions are not offered to gloo.
 """
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import numpy as np
@@ -31,16 +32,18 @@ def gloo_baseline(group, timeout: float):
         return None, f"torch is not importable ({exc}), so there is no gloo to compare with"
     if not tdist.is_available() or not tdist.is_gloo_available():
         return None, "this torch build has no gloo backend"
-    # rank 0 opens torch's store on a free port and tells the others through our broadcast
+    # rank 0 opens torch's store on a free port and tells the others through our broadcast;
+    # on the launcher's master address where there is one (ranks on other hosts reach it)
     store = None
     port = np.zeros(1, np.int64)
+    host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
     if group.rank == 0:
-        store = tdist.TCPStore("127.0.0.1", 0, group.size, is_master=True,
+        store = tdist.TCPStore(host, 0, group.size, is_master=True,
                                timeout=timedelta(seconds=timeout), wait_for_workers=False)
         port[0] = store.port
     group.prepare("broadcast", output=port, root=0, algorithm="ring")()
     if store is None:
-        store = tdist.TCPStore("127.0.0.1", int(port[0]), group.size, is_master=False,
+        store = tdist.TCPStore(host, int(port[0]), group.size, is_master=False,
                                timeout=timedelta(seconds=timeout))
     tdist.init_process_group("gloo", store=store, rank=group.rank, world_size=group.size,
                              timeout=timedelta(seconds=timeout))
