@@ -25,7 +25,6 @@ rows' ratio_to_ceiling).
 """
 from __future__ import annotations
 
-import math
 import os
 import threading
 from contextlib import contextmanager, nullcontext
