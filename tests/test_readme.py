@@ -109,6 +109,12 @@ BLOCKS = {
     "# in the same Python session as the block above, which registered my_ring": Python(
         continues="from collectives.algorithms.schedule import algorithm, partition, "
                   "sendrecv"),
+    # Algorithms
+    "COLLECTIVES_SECRET=<one secret> COLLECTIVES_TOPOLOGY=2x4 python -m collectives.run "
+    "--nnodes 2 \\": Exempt(
+        "needs two hosts with a train.py on each; tests/reliability/test_two_hosts.py runs "
+        "the same launcher flags across two network namespaces, and "
+        "tests/reliability/test_two_hosts_slow_link.py a hierarchical job on COLLECTIVES_TOPOLOGY"),
     # The cost model
     "mpiexec -n 8 python benchmarks/bench.py --calibrate tuning.json --tune tuning.json "
     "--rounds 3": Shell(),
