@@ -4,8 +4,8 @@ rank's memory (a *push*), and ranks order themselves with flags instead of messa
 Pure: the program is a table of integers in the protocol's instruction set
 (``kernels/peer_protocol.py``; docs/peer-memory.md explains the protocol: epochs, rendezvous
 and eager messages, flagged lines, the flag words); here it is only built, row by row by
-column name. The peer-memory executor runs it on the GPU, ``tests/schedules/peer_model.py``
-on the CPU.
+column name. The peer-memory executor runs it on the GPU,
+``collectives/algorithms/pushed_sim.py`` on the CPU.
 
 What the lowering decides, per rank and call:
 
