@@ -183,7 +183,7 @@ def crossings(rows, noise=0.0) -> dict:
             continue
         c = _crossing(a, b, common, measured, noise)
         priced = [s for s in common if (a, s) in predicted and (b, s) in predicted]
-        c["predicted"] = _crossing(a, b, priced, predicted) if priced else None
+        c["predicted"] = _crossing(a, b, priced, predicted, tie="even") if priced else None
         c["forms"] = {f"{family} {format_size(s)}": forms[family, s]
                       for s in common for family in (a, b)
                       if forms[family, s] != FAMILIES[family][0]}
@@ -191,8 +191,8 @@ def crossings(rows, noise=0.0) -> dict:
     return out
 
 
-def _crossing(a, b, sizes, time_at, noise=0.0) -> dict:
-    """Which of ``a``/``b`` is faster over each run of sizes ("tie" where their gap is inside
+def _crossing(a, b, sizes, time_at, noise=0.0, tie="tie (within the noise)") -> dict:
+    """Which of ``a``/``b`` is faster over each run of sizes (``tie`` where their gap is inside
     the run's ``noise``), and the sizes where the faster one flips."""
     winners = []
     for s in sizes:
@@ -205,7 +205,7 @@ def _crossing(a, b, sizes, time_at, noise=0.0) -> dict:
         if i == len(sizes) or winners[i] != winners[start]:
             span = format_size(sizes[start]) + ("" if i - 1 == start
                                                 else f"-{format_size(sizes[i - 1])}")
-            runs.append(f"tie (within the noise) at {span}" if winners[start] == "tie"
+            runs.append(f"{tie} at {span}" if winners[start] == "tie"
                         else f"{winners[start]} faster at {span}")
             start = i
     decided = [(s, w) for s, w in zip(sizes, winners) if w != "tie"]
