@@ -23,11 +23,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _terminated(signum, frame):
-    """SIGTERM (a device session's outer ``timeout``): leave through the launches' ``finally``,
-    which kill their jobs. The default would end this process at once, and the MPI jobs it
-    started (each in a session of its own) would go on using the GPUs under the next command
-    of the session (a cut test run once left every later 4-GPU run of its call without peer
-    memory and NCCL 2.3x slower)."""
+    """SIGTERM (an outer ``timeout``): leave through the launches' ``finally``, which kill
+    their jobs. The default would end this process at once, and the MPI jobs it started (each
+    in a process session of its own) would go on using the GPUs under the next command, which
+    would then run without peer memory and with NCCL slowed by them."""
     raise SystemExit(128 + signum)
 
 
@@ -36,7 +35,7 @@ if threading.current_thread() is threading.main_thread():
 
 
 def limit_for(world_size: int) -> float:
-    """Seconds one world size may take (the device session sets them below its step limit)."""
+    """Seconds one world size may take (set below the limit of the command that runs the tests)."""
     default = os.environ.get("COLLECTIVES_GPU_TEST_SECONDS", "240")
     return float(os.environ.get(f"COLLECTIVES_GPU_TEST_SECONDS_{world_size}", default))
 

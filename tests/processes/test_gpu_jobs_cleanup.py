@@ -1,7 +1,7 @@
 """The GPU tests' launcher (``tests/gpu/gpu_jobs.py``) on the CPU: a test run ended from
-outside (SIGTERM, as a device session's ``timeout`` ends it) kills the job it launched, whose
-ranks run in a session of their own, instead of leaving them on the GPUs for the next command
-(the sixteenth session lost a device call's 4-GPU measurements to such a job)."""
+outside (SIGTERM, as an outer ``timeout`` ends it) kills the job it launched, whose ranks run
+in a process session of their own, instead of leaving them on the GPUs for the next command,
+where they would take the GPUs' peer memory and slow every measurement after them."""
 import os
 import signal
 import subprocess

@@ -526,7 +526,7 @@ def test_a_calibrated_socket_file_keeps_the_spill_term(tmp_path):
 def test_calibrate_refuses_a_group_whose_plans_run_on_another_medium():
     """An nccl group on peer memory ranks its schedules with the ``nccl_peer`` model; a
     ping-pong over NCCL send/recv measures the other medium, and its fit would replace those
-    defaults in the tuning file (the seventeenth session's note): ``calibrate`` refuses,
+    defaults in the tuning file with constants of the wrong medium: ``calibrate`` refuses,
     naming the operation, the rank and what to do, before anything moves."""
     from types import SimpleNamespace
 
