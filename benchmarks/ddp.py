@@ -189,7 +189,11 @@ def spread(values) -> float:
     return (q[2] - q[0]) / q[1]
 
 
-def rank_main(args) -> int:
+def torch_groups(device_type: str):
+    """One rank's two groups of the same ranks, for a benchmark run under a launcher:
+    ``init_process_group`` on our backend (the default group) and ``new_group`` on the native
+    one (gloo on CPUs, NCCL on GPUs; this rank's GPU from LOCAL_RANK). Returns (rank, device,
+    native backend's name, native group, {name: group})."""
     sys.path.insert(0, ROOT)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
@@ -199,14 +203,22 @@ def rank_main(args) -> int:
 
     rank = int(os.environ["RANK"])
     device = torch.device("cpu")
-    if args.device == "cuda":
+    if device_type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
         torch.cuda.set_device(device)
     dist.init_process_group(OURS)
-    size = dist.get_world_size()
-    native_name = NATIVE[args.device]
+    native_name = NATIVE[device_type]
     native_group = dist.new_group(backend=native_name)
-    groups = {OURS: dist.group.WORLD, native_name: native_group}
+    return rank, device, native_name, native_group, {OURS: dist.group.WORLD,
+                                                     native_name: native_group}
+
+
+def rank_main(args) -> int:
+    import torch
+    import torch.distributed as dist
+
+    rank, device, native_name, native_group, groups = torch_groups(args.device)
+    size = dist.get_world_size()
     mesh = dict(zip(groups, meshes(args, native_group))) if args.wrap == "fsdp2" else {}
     runs = {name: trainer(args, group, device, mesh.get(name)) for name, group in groups.items()}
     start = full_parameters(runs[native_name][0])

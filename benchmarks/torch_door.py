@@ -45,9 +45,8 @@ import statistics
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NATIVE = {"cpu": "gloo", "cuda": "nccl"}
-OURS = "collectives"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddp import NATIVE, OURS, ROOT, gpu_path, torch_groups  # noqa: E402  (beside this script)
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 DEFAULT_SIZES = {"cpu": "4K:1M", "cuda": "4K:1G"}
 CLOCKS = {"cpu": ("host",), "cuda": ("host", "event")}
@@ -247,23 +246,11 @@ def choose_iters(args, row, groups, native_group, device) -> int:
 
 
 def rank_main(args) -> int:
-    sys.path.insert(0, ROOT)
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     import torch
     import torch.distributed as dist
-    import collectives.c10d  # noqa: F401  (registers "collectives")
 
-    rank = int(os.environ["RANK"])
-    device = torch.device("cpu")
-    if args.device == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
-        torch.cuda.set_device(device)
-    dist.init_process_group(OURS)
+    rank, device, native_name, native_group, groups = torch_groups(args.device)
     size = dist.get_world_size()
-    native_name = NATIVE[args.device]
-    native_group = dist.new_group(backend=native_name)
-    groups = {OURS: dist.group.WORLD, native_name: native_group}
     records = []
     for collective in args.collective_list:
         for nbytes in args.size_list:
@@ -301,16 +288,6 @@ def record(collective, row, iters, wrong, rounds, native_name, device) -> dict:
                       "rounds_us": us, "ratio": statistics.median(ratios), "ratios": ratios,
                       "noise": (max(ratios) - min(ratios)) / statistics.median(ratios)}
     return out
-
-
-def gpu_path(group) -> str:
-    """How our group ran CUDA tensors (the executor and its peer path); "" on CPUs."""
-    gpu = getattr(group, "_gpu", None)
-    if gpu is None:
-        return ""
-    execute = gpu.execute
-    return f"{getattr(execute, '__module__', type(execute).__module__)} " \
-           f"({gpu.executor.peer_path or 'no peer-memory path'})"
 
 
 def report(args, size, device, native_name, records, path=""):

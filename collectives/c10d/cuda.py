@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from .. import tensors
 from ..ops import ReduceOp
-from .work import torch_seconds
+from .work import WorkBase, torch_seconds
 
 _DONE_EVENTS = 256      # done events reused in turn: a Work older than this many calls waits
                         # for a later call's end (ordered after its own, never before)
@@ -53,7 +53,7 @@ _STREAMS_KEPT = 64      # callers' streams with a CuPy wrapper kept
 _SPARSE_INDICES = hasattr(dist.AllreduceOptions, "sparseIndices")
 
 
-class CudaWork(dist._Work):
+class CudaWork(WorkBase):
     """torch's Work of one collective enqueued on a stream of this GPU (see the module
     docstring): ``wait`` orders the current stream after it; ``is_completed`` asks the GPU;
     ``get_future`` is torch's CUDA-aware Future of ``result``. ``stream``: the raw stream it
@@ -95,19 +95,6 @@ class CudaWork(dist._Work):
 
     def exception(self):
         return None
-
-    def result(self):
-        self.wait()
-        return self._result
-
-    def synchronize(self) -> None:
-        self.wait()
-
-    def source_rank(self) -> int:
-        raise ValueError(f"{self._operation}: source_rank is known only for a completed "
-                         f"receive from any source")
-
-    _source_rank = source_rank
 
     def __repr__(self):
         state = "completed" if self.is_completed() else "pending"

@@ -88,7 +88,29 @@ def torch_seconds(timeout) -> float | None:
     return limit if limit > 0 else None
 
 
-class Work(dist._Work):
+class WorkBase(dist._Work):
+    """What each of our Works answers alike, given ``wait``, ``_operation``, ``_result`` and
+    ``source_rank_value`` (the sender's group rank of a completed receive from any source)."""
+
+    source_rank_value = None
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def source_rank(self) -> int:
+        if self.source_rank_value is None:
+            raise ValueError(f"{self._operation}: source_rank is known only for a completed "
+                             f"receive from any source")
+        return self.source_rank_value
+
+    _source_rank = source_rank
+
+
+class Work(WorkBase):
     """torch's Work over one of our operations: ``wait`` (raising the operation's error),
     ``get_future`` (a ``torch.futures.Future`` of ``result()``, as gloo's), ``is_completed``,
     ``is_success``, ``exception``, ``result``, ``synchronize``, ``source_rank`` (any-source
@@ -181,21 +203,6 @@ class Work(dist._Work):
 
     def exception(self):
         return None if self._ours is None else self._ours.exception()
-
-    def result(self):
-        self.wait()
-        return self._result
-
-    def synchronize(self) -> None:
-        self.wait()
-
-    def source_rank(self) -> int:
-        if self.source_rank_value is None:
-            raise ValueError(f"{self._operation}: source_rank is known only for a completed "
-                             f"receive from any source")
-        return self.source_rank_value
-
-    _source_rank = source_rank
 
     def __repr__(self):
         state = "completed" if self.is_completed() else "pending"
